@@ -1,0 +1,29 @@
+# The two quickstart commands: `make demo` (the main job) and `make test` (the whole suite).
+PYTHON ?= python3
+PIP_FLAGS ?= --quiet --disable-pip-version-check
+
+.PHONY: install demo test test-rust test-python lint bench
+
+install:
+	$(PYTHON) -m pip install $(PIP_FLAGS) -e ".[test]"
+
+demo: install
+	$(PYTHON) -m tokentrail demo
+
+test: install test-rust test-python
+
+test-rust:
+	cargo test --quiet
+
+test-python:
+	HYPOTHESIS_PROFILE=ci $(PYTHON) -m pytest -q
+
+lint:
+	ruff check python tests benches
+	ruff format --check python tests benches
+	cargo clippy --all-targets -- -D warnings
+	cargo fmt --check
+
+bench: install
+	$(PYTHON) -m pip install $(PIP_FLAGS) --force-reinstall --no-deps .
+	$(PYTHON) benches/run_all.py

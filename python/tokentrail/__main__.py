@@ -1,0 +1,5 @@
+import sys
+
+from tokentrail.cli import main
+
+sys.exit(main())

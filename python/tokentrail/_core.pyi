@@ -1,0 +1,173 @@
+"""Type stubs for `tokentrail._core`, the Rust hot path.
+
+Same names and semantics as `tokentrail.reference`, which is the spec.
+"""
+
+from collections.abc import Iterable, Sequence
+from typing import Final, TypeAlias, final
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "CLEAN",
+    "FORK",
+    "POLICIES",
+    "REALIGN",
+    "BuiltSample",
+    "Drift",
+    "DriftEvent",
+    "Linearized",
+    "SampleBuilder",
+    "Span",
+    "common_prefix_len",
+    "linearize",
+]
+
+_TokenIds: TypeAlias = Sequence[int | np.integer] | npt.NDArray[np.integer]
+_Logprobs: TypeAlias = Iterable[float] | npt.NDArray[np.floating] | None
+_TurnInput: TypeAlias = tuple[_TokenIds, _TokenIds, _Logprobs]
+
+CLEAN: Final = "clean"
+REALIGN: Final = "realign"
+FORK: Final = "fork"
+POLICIES: Final[tuple[str, ...]]
+
+def common_prefix_len(a: _TokenIds, b: _TokenIds) -> int:
+    """Length of the longest common prefix of two token sequences."""
+
+@final
+class Drift:
+    """How an incoming prompt relates to the tokens a builder holds."""
+
+    def __new__(cls, kind: str, at: int, drifted: int) -> Drift: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def at(self) -> int: ...
+    @property
+    def drifted(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Span:
+    """One turn's sampled output inside a builder: tokens [start, end)."""
+
+    def __new__(cls, turn: int, start: int, end: int) -> Span: ...
+    @property
+    def turn(self) -> int: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+
+@final
+class SampleBuilder:
+    """Accumulates one coherent run of turns into tokens, loss mask and logprobs."""
+
+    def __new__(cls, policy: str = "minimal", fork_threshold: int = 1024) -> SampleBuilder: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def fork_threshold(self) -> int: ...
+    def __len__(self) -> int: ...
+    def classify(self, prompt_ids: _TokenIds, output_len: int = 0) -> Drift: ...
+    def append_turn(
+        self,
+        prompt_ids: _TokenIds,
+        output_ids: _TokenIds,
+        logprobs: _Logprobs = None,
+        *,
+        trained: bool = True,
+        turn: int = 0,
+    ) -> Drift:
+        """Append a turn, healing a REALIGN. A FORK is refused: start a new builder."""
+    def has_trained_response(self) -> bool: ...
+    @property
+    def tokens(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def loss_mask(self) -> npt.NDArray[np.uint8]: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def response_start(self) -> int: ...
+    @property
+    def spans(self) -> list[Span]: ...
+    @property
+    def realigned(self) -> dict[int, int]: ...
+    def finish(self, max_sample_tokens: int = 0) -> BuiltSample:
+        """Cut the sample to `max_sample_tokens` (0: no limit) and return its arrays."""
+
+@final
+class BuiltSample:
+    """One linearized run: `tokens` in full, `loss_mask`/`logprobs` over the response part."""
+
+    @property
+    def tokens(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def loss_mask(self) -> npt.NDArray[np.uint8]: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def response_start(self) -> int: ...
+    @property
+    def truncated(self) -> bool: ...
+    @property
+    def turns(self) -> list[int]: ...
+    @property
+    def trained(self) -> dict[int, int]: ...
+    @property
+    def realigned(self) -> dict[int, int]: ...
+    @property
+    def truncated_tokens(self) -> dict[int, int]: ...
+    chain: int
+    def has_trained_response(self) -> bool:
+        """Whether any token of `loss_mask` is trained."""
+
+@final
+class DriftEvent:
+    """A drift decision taken while adding a turn to a run of a chain."""
+
+    def __new__(cls, chain: int, turn: int, kind: str, at: int, drifted: int) -> DriftEvent: ...
+    @property
+    def chain(self) -> int: ...
+    @property
+    def turn(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def at(self) -> int: ...
+    @property
+    def drifted(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Linearized:
+    """Every sample of a set of chains, with the drift decisions taken on the way."""
+
+    @property
+    def samples(self) -> list[BuiltSample]: ...
+    @property
+    def drifts(self) -> list[DriftEvent]: ...
+    @property
+    def trained(self) -> dict[int, int]: ...
+    @property
+    def realigned(self) -> dict[int, int]: ...
+    @property
+    def truncated(self) -> dict[int, int]: ...
+
+def linearize(
+    turns: Sequence[_TurnInput],
+    chains: Iterable[Iterable[int]],
+    *,
+    policy: str = "minimal",
+    fork_threshold: int = 1024,
+    max_sample_tokens: int = 0,
+) -> Linearized:
+    """Linearize chains of turns into samples."""

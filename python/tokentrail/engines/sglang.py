@@ -1,0 +1,145 @@
+"""SGLang through its native `/generate` endpoint: token ids in, ids and logprobs out.
+
+Output ids and logprobs both come from `meta_info.output_token_logprobs`; the stop token stays in
+them. A cancelled `generate` sends `/abort_request` so the engine frees the slot at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tokentrail.engines.base import EngineError, GenerateRequest, Generation, HTTPEngine
+
+if TYPE_CHECKING:
+    from tokentrail.tokenizer import LoadedTokenizer
+
+logger = logging.getLogger(__name__)
+
+ABORT_TIMEOUT_S = 5.0
+
+
+class SGLangEngine(HTTPEngine):
+    """A client of one SGLang server or SGLang Model Gateway (router) at `base_url`.
+
+    Wire format (sglang `io_struct.GenerateReqInput`, `http_server.py`):
+    request `{"input_ids", "sampling_params", "return_logprob": true, "logprob_start_len": -1,
+    "rid", "stream": false}`; answer `{"text", "output_ids", "meta_info": {"id",
+    "finish_reason": {"type": "stop"|"length"|"abort", ...}, "prompt_tokens",
+    "completion_tokens", "output_token_logprobs": [[logprob, token_id, text|null], ...]}}`;
+    errors `{"error": {"message"}}` with HTTP 400. The session id goes in `X-SMG-Routing-Key`.
+    """
+
+    name = "sglang"
+
+    def __init__(
+        self, base_url: str, tokenizer: LoadedTokenizer | None = None, *, timeout: float = 600.0
+    ) -> None:
+        super().__init__(base_url, timeout=timeout)
+        self.tokenizer = tokenizer
+
+    def request_body(self, req: GenerateRequest) -> dict[str, Any]:
+        s = req.sampling
+        params: dict[str, Any] = {
+            "max_new_tokens": s.max_new_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "stop": list(s.stop),
+            # Special tokens stay in the text; ids are untouched by either flag, but the text is
+            # what a reader of SGLang's logs compares against.
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "no_stop_trim": True,
+        }
+        if s.seed is not None:
+            params["sampling_seed"] = s.seed
+        return {
+            "input_ids": list(req.input_ids),
+            "sampling_params": params,
+            "return_logprob": True,
+            # -1: logprobs of output tokens only; a prompt start would cost a prefill of logits
+            # and defeat the radix cache for the prompt.
+            "logprob_start_len": -1,
+            "rid": req.request_id,
+            "stream": False,
+        }
+
+    async def generate(self, req: GenerateRequest) -> Generation:
+        start = time.perf_counter()
+        try:
+            data = await self._request_json(
+                "POST", "/generate", self.request_body(req), self._headers(req)
+            )
+        except asyncio.CancelledError:
+            # The client went away: closing the connection alone leaves SGLang decoding until it
+            # notices, so tell it now.
+            await self._abort_in_background(self.abort(req.request_id))
+            raise
+        elapsed = time.perf_counter() - start
+        return parse_generate_response(data, req, elapsed)
+
+    async def abort(self, request_id: str) -> None:
+        try:
+            await self._request_json(
+                "POST", "/abort_request", {"rid": request_id}, timeout=ABORT_TIMEOUT_S
+            )
+        except EngineError as exc:
+            logger.debug("sglang: abort of %s failed: %s", request_id, exc)
+
+
+def parse_generate_response(data: Any, req: GenerateRequest, elapsed: float) -> Generation:
+    """A `Generation` from a non-streaming `/generate` answer."""
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]  # a batch of one
+    meta = data.get("meta_info") if isinstance(data, dict) else None
+    if not isinstance(meta, dict):
+        raise EngineError("sglang answer has no meta_info")
+    entries = meta.get("output_token_logprobs")
+    if not isinstance(entries, list):
+        raise EngineError("sglang answer has no meta_info.output_token_logprobs (return_logprob)")
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for entry in entries:
+        if (
+            not isinstance(entry, list | tuple)
+            or len(entry) < 2
+            or not isinstance(entry[0], int | float)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int)
+        ):
+            raise EngineError(f"sglang output_token_logprobs entry is malformed: {entry!r}")
+        logprobs.append(float(entry[0]))
+        ids.append(entry[1])
+    output_ids = data.get("output_ids")
+    if output_ids is not None and list(output_ids) != ids:
+        raise EngineError(
+            f"sglang output_ids ({len(output_ids)} tokens) disagree with "
+            f"output_token_logprobs ({len(ids)} tokens)"
+        )
+
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else finish
+    if kind == "abort" and isinstance(finish, dict):
+        status = finish.get("status_code")
+        # An abort with an error status is the engine refusing the request (a prompt over the
+        # context length, say), not a cancel: the harness should see the engine's message.
+        if isinstance(status, int) and status >= 400:
+            raise EngineError(f"sglang: {finish.get('message') or 'request aborted'}", status)
+        logger.debug("sglang: request %s aborted: %s", req.request_id, finish.get("message"))
+    if kind not in ("stop", "length", "abort"):
+        raise EngineError(f"sglang answer has an unknown finish_reason {finish!r}")
+
+    prompt_tokens = meta.get("prompt_tokens")
+    if not isinstance(prompt_tokens, int):
+        prompt_tokens = len(req.input_ids)
+    elif prompt_tokens != len(req.input_ids):
+        logger.warning(
+            "sglang counted %d prompt tokens for request %s, tokentrail sent %d",
+            prompt_tokens,
+            req.request_id,
+            len(req.input_ids),
+        )
+    return Generation(ids, logprobs, kind, prompt_tokens, elapsed)

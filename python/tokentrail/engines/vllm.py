@@ -1,0 +1,160 @@
+"""vLLM through its OpenAI `/v1/completions` endpoint with a token-id prompt.
+
+`return_token_ids` gives the sampled ids (stop token included) and `logprobs: 0` the sampled
+token's logprob. vLLM aborts a request when its connection closes, so aborting is cancelling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tokentrail.engines.base import EngineError, GenerateRequest, Generation, HTTPEngine
+
+if TYPE_CHECKING:
+    from tokentrail.tokenizer import LoadedTokenizer
+
+logger = logging.getLogger(__name__)
+
+MODELS_TIMEOUT_S = 30.0
+
+
+class VLLMEngine(HTTPEngine):
+    """A client of one vLLM OpenAI-compatible server at `base_url`.
+
+    Wire format (vllm `entrypoints/openai/protocol.py`, `serving_completion.py`): request
+    `{"model", "prompt": [ids], "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
+    "logprobs": 0, "return_token_ids": true, "skip_special_tokens": false,
+    "include_stop_str_in_output": true, "stream": false}`; answer `{"choices": [{"token_ids",
+    "prompt_token_ids", "logprobs": {"token_logprobs": [...]}, "finish_reason"}], "usage"}`;
+    errors `{"error": {"message", "type", "code"}}` (older: `{"object": "error", "message"}`).
+
+    There is no abort endpoint: vLLM's `with_cancellation` cancels a non-streaming request when
+    the client disconnects, so `abort(rid)` cancels the in-flight HTTP call and `generate`
+    returns an empty `abort` generation.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        base_url: str,
+        tokenizer: LoadedTokenizer | None = None,
+        *,
+        model: str | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        super().__init__(base_url, timeout=timeout)
+        self.tokenizer = tokenizer
+        self.model = model
+        self._inflight: dict[str, asyncio.Task[Any]] = {}
+        self._aborted: set[str] = set()
+
+    async def model_name(self) -> str:
+        """The served model: the one given, else the first id of `GET /v1/models` (cached)."""
+        if self.model is None:
+            data = await self._request_json("GET", "/v1/models", timeout=MODELS_TIMEOUT_S)
+            models = data.get("data") if isinstance(data, dict) else None
+            if not models or not isinstance(models[0], dict) or "id" not in models[0]:
+                raise EngineError("vllm: GET /v1/models lists no model")
+            self.model = str(models[0]["id"])
+        return self.model
+
+    def request_body(self, req: GenerateRequest, model: str) -> dict[str, Any]:
+        s = req.sampling
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": list(req.input_ids),
+            "max_tokens": s.max_new_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "stop": list(s.stop),
+            # 0 top alternatives: vLLM still returns the sampled token's own logprob.
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+            "stream": False,
+        }
+        if s.seed is not None:
+            body["seed"] = s.seed
+        return body
+
+    async def generate(self, req: GenerateRequest) -> Generation:
+        start = time.perf_counter()
+        model = await self.model_name()
+        call = asyncio.ensure_future(
+            self._request_json(
+                "POST", "/v1/completions", self.request_body(req, model), self._headers(req)
+            )
+        )
+        self._inflight[req.request_id] = call
+        try:
+            data = await call
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if req.request_id in self._aborted and not (current and current.cancelling()):
+                # `abort` cancelled the call and closed its connection; nothing was sampled
+                # that vLLM will report.
+                return Generation([], [], "abort", len(req.input_ids), time.perf_counter() - start)
+            call.cancel()  # our caller was cancelled: dropping the connection aborts in vLLM
+            raise
+        finally:
+            self._inflight.pop(req.request_id, None)
+            self._aborted.discard(req.request_id)
+        return parse_completion_response(data, req, time.perf_counter() - start)
+
+    async def abort(self, request_id: str) -> None:
+        call = self._inflight.get(request_id)
+        if call is None or call.done():
+            return
+        self._aborted.add(request_id)
+        call.cancel()
+        try:
+            await asyncio.wait({call}, timeout=5.0)
+        except Exception as exc:  # best effort, never raises
+            logger.debug("vllm: abort of %s: %s", request_id, exc)
+
+
+def parse_completion_response(data: Any, req: GenerateRequest, elapsed: float) -> Generation:
+    """A `Generation` from a non-streaming `/v1/completions` answer."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise EngineError("vllm answer has no choices")
+    choice = choices[0]
+    ids = choice.get("token_ids")
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in ids
+    ):
+        raise EngineError(
+            "vllm answer has no choices[0].token_ids (a vLLM without return_token_ids?)"
+        )
+    lp = choice.get("logprobs")
+    logprobs = lp.get("token_logprobs") if isinstance(lp, dict) else None
+    if not isinstance(logprobs, list) or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) for x in logprobs
+    ):
+        raise EngineError("vllm answer has no choices[0].logprobs.token_logprobs")
+    if len(logprobs) != len(ids):
+        raise EngineError(f"vllm returned {len(ids)} token ids but {len(logprobs)} logprobs")
+
+    finish = choice.get("finish_reason")
+    if finish not in ("stop", "length", "abort"):
+        raise EngineError(f"vllm answer has an unknown finish_reason {finish!r}")
+
+    prompt_ids = choice.get("prompt_token_ids")
+    if isinstance(prompt_ids, list) and prompt_ids != list(req.input_ids):
+        logger.warning(
+            "vllm saw a prompt of %d tokens for request %s, tokentrail sent %d different ones",
+            len(prompt_ids),
+            req.request_id,
+            len(req.input_ids),
+        )
+    usage = data.get("usage")
+    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if not isinstance(prompt_tokens, int):
+        prompt_tokens = len(req.input_ids)
+    return Generation(list(ids), [float(x) for x in logprobs], finish, prompt_tokens, elapsed)

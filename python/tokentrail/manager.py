@@ -1,0 +1,417 @@
+"""`TrajectoryManager`: routes each recorded turn into its session's tree and, at the end,
+linearizes the tree into loss-masked samples with a ledger of every generated token.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokentrail import ledger as L
+from tokentrail.backend import load_backend
+from tokentrail.echo import is_echo
+from tokentrail.errors import MessageError, PolicyError, SessionError
+from tokentrail.ledger import Ledger, TurnLedger
+from tokentrail.sample import Sample
+from tokentrail.tree import DemotedTurn, Node, iter_nodes, leaves, message_key, walk
+from tokentrail.turn import CheckedTurn, TurnRecord, validate_turn
+
+logger = logging.getLogger(__name__)
+
+DRIFT_POLICIES = ("minimal", "slime")
+
+
+@dataclass(frozen=True)
+class DriftRecord:
+    """One drift decision taken while linearizing: at which turn, of what kind, how big."""
+
+    turn_index: int
+    kind: str
+    at: int
+    drifted: int
+
+
+@dataclass
+class Trajectory:
+    samples: list[Sample]
+    ledger: Ledger
+    drifts: list[DriftRecord] = field(default_factory=list)
+
+    @property
+    def drift_counts(self) -> dict[str, int]:
+        return dict(Counter(d.kind for d in self.drifts))
+
+
+@dataclass
+class _Session:
+    root: Node = field(default_factory=Node)
+    turns: int = 0
+    merges: int = 0
+    restored: int = 0
+    restored_by_tool: Counter[str] = field(default_factory=Counter)
+
+
+def tool_names(message: dict[str, Any] | None) -> list[str]:
+    if not message:
+        return []
+    names = []
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            names.append(fn["name"])
+    return names
+
+
+class TrajectoryManager:
+    """Per-session message trees of recorded turns, linearized into training samples.
+
+    Not thread-safe across threads without the internal lock; every public method takes it,
+    so concurrent rollout threads may share one manager.
+    """
+
+    def __init__(
+        self,
+        *,
+        fork_threshold_tokens: int = 1024,
+        drift_policy: str = "minimal",
+        backend: str | None = None,
+    ) -> None:
+        if drift_policy not in DRIFT_POLICIES:
+            raise PolicyError(f"unknown drift_policy {drift_policy!r}; expected {DRIFT_POLICIES}")
+        if isinstance(fork_threshold_tokens, bool) or not isinstance(fork_threshold_tokens, int):
+            raise PolicyError("fork_threshold_tokens must be an int")
+        if fork_threshold_tokens < 0:
+            raise PolicyError(f"fork_threshold_tokens must be >= 0, got {fork_threshold_tokens}")
+        self.fork_threshold_tokens = fork_threshold_tokens
+        self.drift_policy = drift_policy
+        self.core = load_backend(backend)
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.RLock()
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def has_session(self, sid: str) -> bool:
+        return sid in self._sessions
+
+    def turn_count(self, sid: str) -> int:
+        session = self._sessions.get(sid)
+        return session.turns if session else 0
+
+    def drop_session(self, sid: str) -> bool:
+        with self._lock:
+            return self._sessions.pop(sid, None) is not None
+
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    def root(self, sid: str) -> Node:
+        """The session's tree (read it, do not change it)."""
+        session = self._sessions.get(sid)
+        if session is None:
+            raise SessionError(f"no session {sid!r}")
+        return session.root
+
+    # -- recording ----------------------------------------------------------------------------
+
+    def record_turn(
+        self,
+        sid: str,
+        *,
+        turn: TurnRecord,
+        prompt_messages: list[dict[str, Any]],
+        response_message: dict[str, Any] | None,
+        metadata: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> int | None:
+        """Route one turn into the session's tree; return its turn index (1-based).
+
+        Everything is validated before the tree changes, so a bad turn leaves it as it was.
+        """
+        _check_sid(sid)
+        keys = _message_keys(prompt_messages, "prompt_messages")
+        if response_message is not None:
+            if not isinstance(response_message, dict):
+                raise MessageError("response_message must be a dict or None")
+            response_key = message_key(response_message)
+        else:
+            response_key = None
+        checked = validate_turn(turn)
+        if not keys:
+            logger.warning("record_turn(%s): empty prompt_messages; turn skipped", sid)
+            return None
+
+        with self._lock:
+            session = self._sessions.setdefault(sid, _Session())
+            node, i = walk(session.root, keys)
+            node, i = self._merge_rewrite(session, node, prompt_messages, keys, i)
+            for message, key in zip(prompt_messages[i:], keys[i:], strict=True):
+                node = node.add_child(Node(message, key=key))
+            session.turns += 1
+            leaf = Node(response_message, key=response_key)
+            leaf.role = "assistant"
+            leaf.turn, leaf.turn_index, leaf.tools = checked, session.turns, tools
+            leaf.metadata = dict(metadata or {})
+            node.add_child(leaf)
+            return session.turns
+
+    def _merge_rewrite(
+        self,
+        session: _Session,
+        node: Node,
+        messages: list[dict[str, Any]],
+        keys: list[str],
+        i: int,
+    ) -> tuple[Node, int]:
+        """A short generated answer the harness rewrote takes the rewrite as its message.
+
+        The generated turn stops training (it is demoted and masked as `merged_rewrite`) and
+        the rewritten message routes the rest of the prompt, so the branch does not fork.
+        """
+        if self.fork_threshold_tokens == 0 or i >= len(messages):
+            return node, i
+        if messages[i].get("role") != "assistant":
+            return node, i
+        assistants = [c for c in node.children if c.role == "assistant"]
+        if len(assistants) != 1:
+            return node, i
+        (target,) = assistants
+        if target.turn is None or target.children:
+            return node, i
+        if len(target.turn.output_ids) >= self.fork_threshold_tokens:
+            return node, i
+        target.demoted.append(DemotedTurn(target.turn_index or 0, target.turn, target.message))
+        logger.debug("turn %s demoted by a rewrite of its message", target.turn_index)
+        target.turn = None
+        target.turn_index = None
+        target.rekey(messages[i], keys[i])
+        session.merges += 1
+        return target, i + 1
+
+    # -- echo restore -------------------------------------------------------------------------
+
+    def restore_generated_messages(
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Replace every recognized echo of a generated message with the message we stored.
+
+        Walks the session's tree from the root: exact matches advance; where nothing matches
+        exactly, a generated assistant child that `messages[i]` is an echo of (see
+        `tokentrail.echo`) is substituted and the walk goes on. Returns a new list; the caller's
+        list and dicts are left alone.
+        """
+        keys = _message_keys(messages, "messages")
+        out = list(messages)
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                return out
+            node = session.root
+            for i, key in enumerate(keys):
+                nxt = node.child(key)
+                if nxt is None:
+                    nxt = self._echo_target(node, messages[i], tools)
+                    if nxt is None:
+                        break
+                    out[i] = copy.deepcopy(nxt.message)
+                    if not nxt.metadata.get("restored"):
+                        nxt.metadata["restored"] = True
+                        session.restored += 1
+                        session.restored_by_tool.update(tool_names(nxt.message))
+                node = nxt
+        return out
+
+    @staticmethod
+    def _echo_target(
+        node: Node, message: dict[str, Any], tools: list[dict[str, Any]] | None
+    ) -> Node | None:
+        if message.get("role") != "assistant":
+            return None
+        for child in node.children:
+            if child.turn is not None and child.message is not None:
+                try:
+                    if is_echo(child.message, message, tools):
+                        return child
+                except MessageError as exc:
+                    logger.debug("not an echo, malformed message: %s", exc)
+                    return None
+        return None
+
+    def restored_echoes(self, sid: str) -> int:
+        session = self._sessions.get(sid)
+        return session.restored if session else 0
+
+    # -- linearization ------------------------------------------------------------------------
+
+    def finish(
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        extra_metadata: dict[str, Any] | None = None,
+        max_sample_tokens: int = 0,
+    ) -> Trajectory:
+        """Linearize and consume the session: samples, ledger and the drift decisions."""
+        if isinstance(max_sample_tokens, bool) or not isinstance(max_sample_tokens, int):
+            raise PolicyError("max_sample_tokens must be an int")
+        if max_sample_tokens < 0:
+            raise PolicyError(f"max_sample_tokens must be >= 0, got {max_sample_tokens}")
+        with self._lock:
+            session = self._sessions.pop(sid, None)
+        if session is None:
+            return Trajectory([], Ledger())
+        return self._linearize(sid, session, float(reward), extra_metadata, max_sample_tokens)
+
+    def get_trajectory(
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        extra_metadata: dict[str, Any] | None = None,
+        max_sample_tokens: int = 0,
+    ) -> list[Sample]:
+        return self.finish(
+            sid, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=max_sample_tokens
+        ).samples
+
+    def _linearize(
+        self,
+        sid: str,
+        session: _Session,
+        reward: float,
+        extra_metadata: dict[str, Any] | None,
+        max_sample_tokens: int,
+    ) -> Trajectory:
+        generated = sorted(
+            (n for n in iter_nodes(session.root) if n.turn is not None),
+            key=lambda n: n.turn_index or 0,
+        )
+        index = {id(n): k for k, n in enumerate(generated)}
+        chains = []
+        for leaf in leaves(session.root):
+            chain = [index[id(n)] for n in leaf.path() if n.turn is not None]
+            if chain:
+                chains.append(chain)
+        turns = [(n.turn.prompt_ids, n.turn.output_ids, n.turn.logprobs) for n in generated]
+        lin = self.core.linearize(
+            turns,
+            chains,
+            policy=self.drift_policy,
+            fork_threshold=self.fork_threshold_tokens,
+            max_sample_tokens=max_sample_tokens,
+        )
+
+        samples = [
+            self._sample(sid, built, generated, reward, extra_metadata) for built in lin.samples
+        ]
+        ledger = self._ledger(session, generated, lin)
+        drifts = [
+            DriftRecord(generated[d.turn].turn_index or 0, d.kind, d.at, d.drifted)
+            for d in lin.drifts
+        ]
+        return Trajectory(samples, ledger, drifts)
+
+    @staticmethod
+    def _sample(
+        sid: str,
+        built: Any,
+        generated: list[Node],
+        reward: float,
+        extra_metadata: dict[str, Any] | None,
+    ) -> Sample:
+        nodes = [generated[t] for t in built.turns]
+        turns: list[CheckedTurn] = [n.turn for n in nodes if n.turn is not None]
+        last = nodes[-1]
+        metadata: dict[str, Any] = {
+            "session_id": sid,
+            "chain": built.chain,
+            "turns": [n.turn_index for n in nodes],
+            "truncated": bool(built.truncated),
+            "use_tool": any(tool_names(n.message) for n in nodes),
+            "ill_formed": any(t.ill_formed for t in turns),
+            "finish_reason": last.turn.finish_reason if last.turn else None,
+            "tools": last.tools,
+        }
+        metadata.update(extra_metadata or {})
+        return Sample(
+            tokens=built.tokens,
+            loss_mask=built.loss_mask,
+            rollout_log_probs=built.logprobs,
+            response_length=len(built.loss_mask),
+            reward=reward,
+            metadata=metadata,
+        )
+
+    @staticmethod
+    def _ledger(session: _Session, generated: list[Node], lin: Any) -> Ledger:
+        rows: list[TurnLedger] = []
+        for k, node in enumerate(generated):
+            assert node.turn is not None
+            masked = {
+                L.REALIGNED: lin.realigned.get(k, 0),
+                L.TRUNCATED: lin.truncated.get(k, 0),
+            }
+            rows.append(
+                _row(
+                    node.turn_index or 0,
+                    tool_names(node.message),
+                    node.turn,
+                    lin.trained.get(k, 0),
+                    masked,
+                )
+            )
+        for node in iter_nodes(session.root):
+            for demoted in node.demoted:
+                n = len(demoted.turn.output_ids)
+                rows.append(
+                    _row(
+                        demoted.turn_index,
+                        tool_names(demoted.message),
+                        demoted.turn,
+                        0,
+                        {L.MERGED_REWRITE: n},
+                    )
+                )
+        rows.sort(key=lambda r: r.turn_index)
+        return Ledger(
+            turns=rows,
+            restored_echoes=session.restored,
+            restored_by_tool=dict(session.restored_by_tool),
+        )
+
+
+def _row(
+    turn_index: int, tools: list[str], turn: CheckedTurn, trained: int, masked: dict[str, int]
+) -> TurnLedger:
+    generated = len(turn.output_ids)
+    masked = {reason: n for reason, n in masked.items() if n}
+    gap = generated - trained - sum(masked.values())
+    if gap:
+        logger.error("turn %d: %d generated tokens are not accounted for", turn_index, gap)
+        masked[L.UNACCOUNTED] = gap
+    return TurnLedger(turn_index, tools, generated, trained, masked)
+
+
+def _check_sid(sid: object) -> None:
+    if not isinstance(sid, str) or not sid:
+        raise SessionError(f"session id must be a non-empty str, got {sid!r}")
+
+
+def _message_keys(messages: object, what: str) -> list[str]:
+    if not isinstance(messages, list):
+        raise MessageError(f"{what} must be a list of messages, got {type(messages).__name__}")
+    keys = []
+    for pos, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise MessageError(f"{what}[{pos}] must be a dict, got {type(m).__name__}")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise MessageError(f"{what}[{pos}] has no role")
+        keys.append(message_key(m))
+    return keys

@@ -1,0 +1,1 @@
+"""Wire protocols the adapter speaks: Anthropic Messages and OpenAI Chat Completions."""

@@ -1,0 +1,131 @@
+"""The routing tree of one session: every prompt message a node, every generated turn a leaf.
+
+Turns are routed by walking from the root and matching each prompt message exactly (role and
+canonical JSON); what does not match is mounted as a new branch. Sub-agents, compaction and
+rewritten histories become siblings, and each root-to-leaf path is one conversation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tokentrail.errors import MessageError
+from tokentrail.turn import CheckedTurn
+
+
+def message_key(message: dict[str, Any]) -> str:
+    """Canonical JSON of a message: key order ignored, list order and JSON types kept."""
+    try:
+        return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise MessageError(f"message is not JSON-serializable: {exc}") from None
+
+
+@dataclass
+class DemotedTurn:
+    """A generated turn whose node was taken over by a rewrite of its message."""
+
+    turn_index: int
+    turn: CheckedTurn
+    message: dict[str, Any] | None
+
+
+class Node:
+    __slots__ = (
+        "role",
+        "message",
+        "key",
+        "parent",
+        "children",
+        "_by_key",
+        "turn",
+        "turn_index",
+        "tools",
+        "metadata",
+        "demoted",
+    )
+
+    def __init__(
+        self,
+        message: dict[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        parent: Node | None = None,
+    ) -> None:
+        self.message = message
+        self.role = message.get("role") if message is not None else None
+        self.key = key if key is not None or message is None else message_key(message)
+        self.parent = parent
+        self.children: list[Node] = []
+        self._by_key: dict[str, Node] = {}
+        # Set on generated assistant leaves only.
+        self.turn: CheckedTurn | None = None
+        self.turn_index: int | None = None
+        self.tools: list[dict[str, Any]] | None = None
+        self.metadata: dict[str, Any] = {}
+        self.demoted: list[DemotedTurn] = []
+
+    @property
+    def generated(self) -> bool:
+        return self.turn is not None
+
+    def child(self, key: str) -> Node | None:
+        return self._by_key.get(key)
+
+    def add_child(self, child: Node) -> Node:
+        child.parent = self
+        self.children.append(child)
+        if child.key is not None:
+            self._by_key.setdefault(child.key, child)
+        return child
+
+    def rekey(self, message: dict[str, Any], key: str) -> None:
+        """Replace this node's message (a rewrite merge), keeping the parent's index right."""
+        parent = self.parent
+        if parent is not None and parent._by_key.get(self.key) is self:
+            del parent._by_key[self.key]
+            other = next((c for c in parent.children if c is not self and c.key == self.key), None)
+            if other is not None:
+                parent._by_key[self.key] = other
+        self.message, self.key, self.role = message, key, message.get("role")
+        if parent is not None:
+            parent._by_key.setdefault(key, self)
+
+    def path(self) -> list[Node]:
+        """Nodes from the first below the root down to this one."""
+        out: list[Node] = []
+        cur: Node | None = self
+        while cur is not None and cur.parent is not None:
+            out.append(cur)
+            cur = cur.parent
+        out.reverse()
+        return out
+
+
+def walk(root: Node, keys: list[str]) -> tuple[Node, int]:
+    """Follow exact matches from the root; return the deepest node and how many matched."""
+    cur, i = root, 0
+    while i < len(keys):
+        nxt = cur.child(keys[i])
+        if nxt is None:
+            break
+        cur, i = nxt, i + 1
+    return cur, i
+
+
+def iter_nodes(root: Node) -> Iterator[Node]:
+    """Depth-first, children in insertion order; iterative so deep sessions cannot overflow."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children))
+
+
+def leaves(root: Node) -> Iterator[Node]:
+    for node in iter_nodes(root):
+        if not node.children and node is not root:
+            yield node

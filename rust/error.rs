@@ -1,0 +1,115 @@
+//! The one error type of tokentrail's core: bad input, named by what is wrong with it.
+use std::fmt;
+
+/// Everything the core refuses. The binding maps each variant to a named Python exception
+/// (`TokenIdError`, `LogprobLengthError` or `PolicyError`, all `ValueError`s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A token id is negative, not an integer, or does not fit in 32 bits; the message says
+    /// which input and where.
+    TokenId(String),
+    /// A turn's logprobs do not match its output tokens one for one.
+    LogprobLength { logprobs: usize, outputs: usize },
+    /// A drift policy other than "minimal" or "slime"; holds the name as Python shows it.
+    UnknownPolicy(String),
+    /// A setting that must be `>= 0` was negative.
+    Negative { setting: &'static str, value: i64 },
+    /// A turn forks from the held tokens, so it cannot join this builder.
+    Fork { turn: i64, at: usize },
+    /// A chain names a turn index that does not exist.
+    TurnOutOfRange {
+        chain: usize,
+        turn: i64,
+        turns: usize,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::TokenId(message) => f.write_str(message),
+            Error::LogprobLength { logprobs, outputs } => {
+                write!(f, "{logprobs} logprobs for {outputs} output tokens")
+            }
+            Error::UnknownPolicy(shown) => write!(
+                f,
+                "unknown drift policy {shown}; expected one of ('minimal', 'slime')"
+            ),
+            Error::Negative { setting, value } => {
+                write!(f, "{setting} must be >= 0, got {value}")
+            }
+            Error::Fork { turn, at } => write!(
+                f,
+                "turn {turn} forks from the held tokens at {at}; start a new builder"
+            ),
+            Error::TurnOutOfRange { chain, turn, turns } => write!(
+                f,
+                "chain {chain} names turn {turn}, but there are {turns} turns"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `value` as a count, or `Error::Negative` naming the setting.
+pub fn non_negative(setting: &'static str, value: i64) -> Result<usize, Error> {
+    usize::try_from(value).map_err(|_| Error::Negative { setting, value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_match_the_reference() {
+        let cases = [
+            (
+                Error::LogprobLength {
+                    logprobs: 2,
+                    outputs: 3,
+                },
+                "2 logprobs for 3 output tokens",
+            ),
+            (
+                Error::UnknownPolicy("'greedy'".into()),
+                "unknown drift policy 'greedy'; expected one of ('minimal', 'slime')",
+            ),
+            (
+                Error::Negative {
+                    setting: "fork_threshold",
+                    value: -1,
+                },
+                "fork_threshold must be >= 0, got -1",
+            ),
+            (
+                Error::Fork { turn: 4, at: 7 },
+                "turn 4 forks from the held tokens at 7; start a new builder",
+            ),
+            (
+                Error::TurnOutOfRange {
+                    chain: 1,
+                    turn: 9,
+                    turns: 3,
+                },
+                "chain 1 names turn 9, but there are 3 turns",
+            ),
+        ];
+        for (error, message) in cases {
+            assert_eq!(error.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn non_negative_passes_counts_and_names_negatives() {
+        assert_eq!(non_negative("x", 0), Ok(0));
+        assert_eq!(non_negative("x", 5), Ok(5));
+        assert_eq!(
+            non_negative("x", -2),
+            Err(Error::Negative {
+                setting: "x",
+                value: -2
+            })
+        );
+    }
+}

@@ -1,0 +1,161 @@
+"""Run the real Claude Code CLI headless against a local Anthropic Messages server.
+
+`install_claude_code` installs the pinned npm package once into a cache; `run_claude` runs one
+`claude -p` session in a scratch HOME that talks to `base_url` only and returns its stream-json
+events. The CLI sends the session id as `Authorization: Bearer <session_id>`, streams every
+`POST /v1/messages?beta=true`, and first sends an unauthenticated `HEAD /` (any answer will do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+CLAUDE_CODE_VERSION = "2.1.197"
+PACKAGE = "@anthropic-ai/claude-code"
+
+# Environment of every run; nothing else is inherited from the caller but PATH, so a developer's
+# own API key or proxy settings never reach the CLI.
+BASE_ENV = {
+    # Needed as root: without it bypassPermissions refuses to start.
+    "IS_SANDBOX": "1",
+    # No telemetry, update checks or session-title side calls: only the agent's own requests.
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    # Drops the context-management and prompt-caching-scope betas, so requests have the shape
+    # recorded in shared/fixtures/claude_code_2.1.197_edit_write_bash.json.
+    "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
+    # The CLI retries 5xx itself, with backoff; keep a broken server from turning into a long
+    # wait. Each retry re-sends the identical body.
+    "CLAUDE_CODE_MAX_RETRIES": "2",
+}
+
+
+@dataclass
+class ClaudeRun:
+    """What one headless session printed: its stream-json events and its stderr."""
+
+    returncode: int
+    events: list[dict]
+    stdout: str
+    stderr: str
+
+    @property
+    def result(self) -> dict | None:
+        """The final `{"type": "result", ...}` event, if the CLI got that far."""
+        return next((e for e in reversed(self.events) if e.get("type") == "result"), None)
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("TOKENTRAIL_CACHE")
+    return Path(root) / "npm" if root else Path.home() / ".cache" / "tokentrail" / "npm"
+
+
+def install_claude_code(cache_dir: Path | None = None) -> Path | None:
+    """Install the pinned CLI once and return its executable; None when npm is missing."""
+    prefix = (cache_dir or default_cache_dir()) / f"claude-code-{CLAUDE_CODE_VERSION}"
+    if (exe := _find_executable(prefix)) is not None:
+        return exe
+    npm = shutil.which("npm")
+    if npm is None:
+        return None
+    # Install beside the target and rename into place, so concurrent test workers never see
+    # a half-written install.
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=prefix.name + ".", dir=prefix.parent))
+    try:
+        proc = subprocess.run(
+            [npm, "install", "--prefix", str(staging), f"{PACKAGE}@{CLAUDE_CODE_VERSION}",
+             "--no-audit", "--no-fund"],
+            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"npm install {PACKAGE}@{CLAUDE_CODE_VERSION}: {proc.stderr}")
+        if _find_executable(staging) is None:
+            raise RuntimeError(f"npm installed {PACKAGE} but no native binary for this platform")
+        try:
+            staging.rename(prefix)
+        except OSError:
+            if _find_executable(prefix) is None:  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return _find_executable(prefix)
+
+
+def _find_executable(prefix: Path) -> Path | None:
+    # The package ships a native binary in a per-platform optional dependency
+    # (@anthropic-ai/claude-code-linux-x64, ...); npm installs only the one matching this
+    # machine. Its postinstall merely links that binary over bin/claude.exe, so use the
+    # binary itself and do not depend on install scripts having run.
+    scope = prefix / "node_modules" / "@anthropic-ai"
+    found = sorted(p for p in scope.glob("claude-code-*/*") if p.name in ("claude", "claude.exe"))
+    return found[0] if found else None
+
+
+def run_claude(
+    exe: Path,
+    prompt: str,
+    *,
+    base_url: str,
+    session_id: str,
+    cwd: Path,
+    timeout: float = 120,
+    model: str = "test-model",
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> ClaudeRun:
+    """Run `claude -p prompt` in `cwd` with every permission granted, against `base_url`.
+
+    `env` adds to or overrides `BASE_ENV`. Raises TimeoutError, after killing the CLI and
+    anything it started, when the session outlasts `timeout` seconds.
+    """
+    with tempfile.TemporaryDirectory(prefix="claude-home-") as home:
+        (Path(home) / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True}))
+        full_env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "HOME": home,
+            "ANTHROPIC_BASE_URL": base_url,
+            "ANTHROPIC_AUTH_TOKEN": session_id,
+            **BASE_ENV,
+            **(env or {}),
+        }
+        argv = [
+            str(exe), "-p", prompt, "--model", model,
+            "--permission-mode", "bypassPermissions",
+            "--output-format", "stream-json", "--verbose",
+            *extra_args,
+        ]  # fmt: skip
+        # A session of its own, so a timeout can kill the shells its Bash tool started too.
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            raise TimeoutError(
+                f"claude did not finish within {timeout}s (killed); "
+                f"stderr tail: {stderr[-2000:]!r}; stdout tail: {stdout[-2000:]!r}"
+            ) from None
+    return ClaudeRun(proc.returncode, _parse_events(stdout), stdout, stderr)
+
+
+def _parse_events(stdout: str) -> list[dict]:
+    events = []
+    for line in stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # the CLI prints the odd plain line; stdout keeps it
+        if isinstance(event, dict):
+            events.append(event)
+    return events

@@ -1,0 +1,302 @@
+"""Echo restore: a harness's re-rendered echo is replaced by the message the model generated."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from tokens import assistant, play, prompt_ids, system, tool, user
+from tokentrail import TrajectoryManager
+from tokentrail.pipeline import prompt_messages_for_turn
+from tokentrail.protocols.anthropic import assistant_message, translate_request
+
+FIXTURE = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "fixtures"
+    / "claude_code_2.1.197_edit_write_bash.json"
+)
+
+
+def schema(name: str, properties: dict, required: list[str]) -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+EDIT = schema(
+    "Edit",
+    {
+        "file_path": {"type": "string"},
+        "old_string": {"type": "string"},
+        "new_string": {"type": "string"},
+        "replace_all": {"type": "boolean", "default": False},
+    },
+    ["file_path", "old_string", "new_string"],
+)
+WRITE = schema(
+    "Write", {"file_path": {"type": "string"}, "content": {"type": "string"}}, ["file_path"]
+)
+GREP = schema(
+    "Grep",
+    {"pattern": {"type": "string"}, "case_sensitive": {"type": "boolean", "default": True}},
+    ["pattern"],
+)
+TOOLS = [EDIT, WRITE, GREP]
+
+SYS = system("you edit code")
+U = user("fix calc.py")
+EDIT_CALL = assistant(
+    "Fixing.  ",
+    ("Edit", {"file_path": "calc.py", "old_string": "a+b   \n", "new_string": "# sum   \na + b\n"}),
+)
+EDIT_ECHO = assistant(
+    "Fixing.  ",
+    (
+        "Edit",
+        {
+            "replace_all": False,
+            "file_path": "calc.py",
+            "old_string": "a+b   \n",
+            "new_string": "# sum\na + b\n",
+        },
+    ),
+)
+WRITE_CALL = assistant("", ("Write", {"file_path": "u.py", "content": "def f():   \n  pass \t\n"}))
+WRITE_ECHO = assistant("", ("Write", {"file_path": "u.py", "content": "def f():\n  pass\n"}))
+
+
+def restored(mgr: TrajectoryManager, messages: list[dict], tools=TOOLS) -> list[dict]:
+    return mgr.restore_generated_messages("s", messages, tools)
+
+
+def test_edit_echo_with_both_edits_is_restored(backend: str) -> None:
+    mgr = TrajectoryManager(backend=backend)
+    play(mgr, "s", [SYS, U], EDIT_CALL)
+    incoming = [SYS, U, EDIT_ECHO, tool("ok")]
+    snapshot = copy.deepcopy(incoming)
+    out = restored(mgr, incoming)
+    assert out[2] == EDIT_CALL and out[2] is not EDIT_CALL
+    assert incoming == snapshot  # the caller's list and dicts are untouched
+    assert out[3] is incoming[3]
+    play(mgr, "s", out, assistant("done"))
+    traj = mgr.finish("s")
+    (sample,) = traj.samples
+    turn1 = traj.ledger.turns[0]
+    assert turn1.tools == ["Edit"] and turn1.trained == turn1.generated > 0
+    assert traj.ledger.restored_echoes == 1 and traj.ledger.restored_by_tool == {"Edit": 1}
+    assert traj.drift_counts == {"clean": 1}
+
+
+def test_write_echo_stripped_per_line_is_restored() -> None:
+    mgr = TrajectoryManager()
+    play(mgr, "s", [SYS, U], WRITE_CALL)
+    assert restored(mgr, [SYS, U, WRITE_ECHO])[2] == WRITE_CALL
+
+
+@pytest.mark.parametrize(
+    "filled, expected",
+    [(True, True), (False, False)],
+)
+def test_true_default(filled: bool, expected: bool) -> None:
+    mgr = TrajectoryManager()
+    call = assistant("", ("Grep", {"pattern": "x"}))
+    play(mgr, "s", [SYS, U], call)
+    echo = assistant("", ("Grep", {"pattern": "x", "case_sensitive": filled}))
+    assert (restored(mgr, [SYS, U, echo])[2] == call) is expected
+
+
+@pytest.mark.parametrize("filled, expected", [(False, True), (True, False)])
+def test_false_default(filled: bool, expected: bool) -> None:
+    mgr = TrajectoryManager()
+    call = assistant("", ("Edit", {"file_path": "a", "old_string": "x", "new_string": "y"}))
+    play(mgr, "s", [SYS, U], call)
+    echo = assistant(
+        "",
+        ("Edit", {"file_path": "a", "old_string": "x", "new_string": "y", "replace_all": filled}),
+    )
+    assert (restored(mgr, [SYS, U, echo])[2] == call) is expected
+
+
+def test_without_schema_only_whitespace_echoes_restore() -> None:
+    mgr = TrajectoryManager()
+    play(mgr, "s", [SYS, U], EDIT_CALL)
+    assert restored(mgr, [SYS, U, EDIT_ECHO], tools=None)[2] == EDIT_ECHO
+    whitespace_only = copy.deepcopy(EDIT_ECHO)
+    del whitespace_only["tool_calls"][0]["function"]["arguments"]["replace_all"]
+    assert restored(mgr, [SYS, U, whitespace_only], tools=None)[2] == EDIT_CALL
+
+
+def _edit(**changes) -> dict:
+    args = {"file_path": "calc.py", "old_string": "a+b   \n", "new_string": "# sum\na + b\n"}
+    args.update(changes)
+    return assistant("Fixing.  ", ("Edit", args))
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        _edit(old_string="a-b   \n"),
+        _edit(file_path="other.py"),
+        assistant("Fixing.  ", ("Write", {"file_path": "calc.py", "content": "# sum\na + b\n"})),
+        assistant("Fixing.  Edit calc.py"),
+        _edit(new_string="  # sum\na + b\n"),
+        assistant(
+            "Fixing.  ",
+            ("Edit", {"file_path": "calc.py", "old_string": "a+b   \n", "new_string": "#sum\n"}),
+        ),
+        assistant(
+            "Fixing.  ",
+            (
+                "Edit",
+                {"file_path": "calc.py", "old_string": "a+b   \n", "new_string": "# sum\na + b\n"},
+            ),
+            ("Write", {"file_path": "x", "content": ""}),
+        ),
+        assistant("Fixing.  "),
+        {**_edit(), "reasoning_content": "hmm"},
+        _edit(replace_all=True),
+    ],
+    ids=[
+        "old_string",
+        "file",
+        "tool",
+        "text",
+        "leading-ws",
+        "payload",
+        "extra-call",
+        "missing-call",
+        "reasoning",
+        "non-default",
+    ],
+)
+def test_rejections_are_not_restored(echo: dict) -> None:
+    mgr = TrajectoryManager()
+    play(mgr, "s", [SYS, U], EDIT_CALL)
+    out = restored(mgr, [SYS, U, echo])
+    assert out[2] is echo
+    assert mgr.restored_echoes("s") == 0
+
+
+def test_nested_defaults_and_payloads() -> None:
+    nested = schema(
+        "Patch",
+        {
+            "edits": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"text": {"type": "string"}, "fuzzy": {"default": 0}},
+                },
+            }
+        },
+        ["edits"],
+    )
+    mgr = TrajectoryManager()
+    call = assistant("", ("Patch", {"edits": [{"text": "a  \nb"}]}))
+    play(mgr, "s", [SYS, U], call)
+    echo = assistant("", ("Patch", {"edits": [{"text": "a\nb", "fuzzy": 0}]}))
+    assert mgr.restore_generated_messages("s", [SYS, U, echo], [nested])[2] == call
+    other = assistant("", ("Patch", {"edits": [{"text": "a\nb", "fuzzy": 2}]}))
+    assert mgr.restore_generated_messages("s", [SYS, U, other], [nested])[2] is other
+
+
+def test_every_earlier_echo_in_a_long_history_is_restored(backend: str) -> None:
+    """Five turns along the adapter's path, every echo rewritten: all train, one sample."""
+    calls = [
+        (EDIT_CALL, EDIT_ECHO),
+        (WRITE_CALL, WRITE_ECHO),
+        (
+            assistant("", ("Edit", {"file_path": "b", "old_string": "x", "new_string": "y \n"})),
+            assistant(
+                "",
+                (
+                    "Edit",
+                    {
+                        "file_path": "b",
+                        "old_string": "x",
+                        "new_string": "y\n",
+                        "replace_all": False,
+                    },
+                ),
+            ),
+        ),
+        (
+            assistant("", ("Write", {"file_path": "c.py", "content": "z = 1   \n"})),
+            assistant("", ("Write", {"file_path": "c.py", "content": "z = 1\n"})),
+        ),
+        (assistant("All done.  "), None),
+    ]
+    results = {}
+    for restore in (True, False):
+        mgr = TrajectoryManager(backend=backend)
+        harness = [SYS, U]  # what the harness sends: echoes rewritten
+        for k, (generated, echo) in enumerate(calls):
+            messages = prompt_messages_for_turn(mgr, "s", harness, TOOLS, restore=restore)
+            play(mgr, "s", messages, generated)
+            harness = [*harness, echo or generated, tool(f"result {k}")]
+        results[restore] = mgr.finish("s")
+    on, off = results[True], results[False]
+    assert len(on.samples) == 1
+    assert on.ledger.trained_tokens == on.ledger.generated_tokens
+    assert on.ledger.restored_echoes == 4
+    assert on.ledger.restored_by_tool == {"Edit": 2, "Write": 2}
+    assert all(t.trained == t.generated for t in on.ledger.turns)
+    # Without restore the same session loses those turns to merges.
+    assert off.ledger.trained_tokens < off.ledger.generated_tokens
+    assert off.ledger.masked_tokens.get("merged_rewrite", 0) > 0
+
+
+def _fixture() -> dict:
+    if not FIXTURE.exists():
+        pytest.skip(f"shared fixture missing at {FIXTURE}")
+    return json.loads(FIXTURE.read_text())
+
+
+def test_real_claude_code_fixture_replayed(backend: str) -> None:
+    fixture = _fixture()
+    mgr = TrajectoryManager(backend=backend)
+    generated: list[dict] = []
+    byte_different = 0
+    for i, exchange in enumerate(fixture["exchanges"]):
+        translated = translate_request(exchange["request"])
+        messages = prompt_messages_for_turn(mgr, "cc", translated.messages, translated.tools)
+        sent = [m for m in translated.messages if m["role"] == "assistant"]
+        got = [m for m in messages if m["role"] == "assistant"]
+        assert got == generated, f"exchange {i}"
+        byte_different += sum(a != b for a, b in zip(sent, generated, strict=True))
+        reply, _ = assistant_message(exchange["reply_content"])
+        play(mgr, "cc", messages, reply)
+        generated.append(reply)
+    # Claude Code rewrote the Edit and the util.py Write in every later request.
+    assert byte_different == 4 + 3
+    traj = mgr.finish("cc")
+    assert traj.ledger.restored_by_tool == {"Edit": 1, "Write": 1}
+    by_tool = traj.ledger.by_tool
+    for name in ("Edit", "Write", "Bash"):
+        assert by_tool[name]["turns_trained"] == by_tool[name]["turns"] > 0
+    assert traj.ledger.trained_tokens == traj.ledger.generated_tokens
+    assert len(traj.samples) == 1
+
+
+def test_restore_on_unknown_session_is_a_copy() -> None:
+    mgr = TrajectoryManager()
+    msgs = [SYS, U]
+    out = mgr.restore_generated_messages("nobody", msgs)
+    assert out == msgs and out is not msgs
+
+
+def test_prompt_ids_from_restored_messages_extend_the_held_tokens() -> None:
+    mgr = TrajectoryManager()
+    out1 = play(mgr, "s", [SYS, U], EDIT_CALL)
+    messages = restored(mgr, [SYS, U, EDIT_ECHO, tool("ok")])
+    held = prompt_ids([SYS, U]) + out1
+    assert prompt_ids(messages)[: len(held)] == held
+    assert prompt_ids([SYS, U, EDIT_ECHO, tool("ok")])[: len(held)] != held
