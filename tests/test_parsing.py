@@ -290,6 +290,18 @@ def messages(draw: st.DrawFn, coder: bool = False) -> dict[str, Any]:
     return message
 
 
+@given(
+    any_text,
+    st.sampled_from(["hermes", "qwen3_coder", None]),
+    st.sampled_from(["qwen3", None]),
+)
+def test_parse_never_raises(output: str, tool_parser: str | None, reasoning: str | None) -> None:
+    parsed = parse_output(output, tool_parser=tool_parser, reasoning_parser=reasoning)
+    assert parsed.message["role"] == "assistant"
+    if parsed.ill_formed:
+        assert parsed.reason and parsed.message == assistant(output)
+
+
 @given(messages())
 def test_hermes_round_trip(message: dict[str, Any]) -> None:
     assert parse_output(format_output(message)) == ParsedOutput(message)

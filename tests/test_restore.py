@@ -10,7 +10,7 @@ import pytest
 
 from tokens import assistant, play, prompt_ids, system, tool, user
 from tokentrail import TrajectoryManager
-from tokentrail.pipeline import prompt_messages_for_turn
+from tokentrail.pipeline import Restore, prompt_messages_for_turn
 from tokentrail.protocols.anthropic import assistant_message, translate_request
 
 FIXTURE = (
@@ -239,7 +239,8 @@ def test_every_earlier_echo_in_a_long_history_is_restored(backend: str) -> None:
         mgr = TrajectoryManager(backend=backend)
         harness = [SYS, U]  # what the harness sends: echoes rewritten
         for k, (generated, echo) in enumerate(calls):
-            messages = prompt_messages_for_turn(mgr, "s", harness, TOOLS, restore=restore)
+            mode = Restore.ON if restore else Restore.OFF
+            messages = prompt_messages_for_turn(mgr, "s", harness, TOOLS, restore=mode).render
             play(mgr, "s", messages, generated)
             harness = [*harness, echo or generated, tool(f"result {k}")]
         results[restore] = mgr.finish("s")
@@ -267,7 +268,7 @@ def test_real_claude_code_fixture_replayed(backend: str) -> None:
     byte_different = 0
     for i, exchange in enumerate(fixture["exchanges"]):
         translated = translate_request(exchange["request"])
-        messages = prompt_messages_for_turn(mgr, "cc", translated.messages, translated.tools)
+        messages = prompt_messages_for_turn(mgr, "cc", translated.messages, translated.tools).render
         sent = [m for m in translated.messages if m["role"] == "assistant"]
         got = [m for m in messages if m["role"] == "assistant"]
         assert got == generated, f"exchange {i}"

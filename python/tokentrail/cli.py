@@ -23,6 +23,7 @@ DEMO_OUT = "tokentrail-demo-samples.jsonl"
 def _serve(args: argparse.Namespace) -> int:
     from tokentrail.engines.base import create_engine
     from tokentrail.manager import TrajectoryManager
+    from tokentrail.pipeline import Restore
     from tokentrail.server import Adapter, AdapterConfig
     from tokentrail.tokenizer import load_tokenizer
 
@@ -35,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_turns_per_session=args.max_turns_per_session,
         max_context_tokens=args.max_context_tokens,
         admin_token=args.admin_token,
-        restore=not args.no_restore,
+        restore=Restore(args.restore),
     )
     manager = TrajectoryManager(
         fork_threshold_tokens=args.fork_threshold,
@@ -59,15 +60,18 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _demo_run(restore: bool, tokenizer: Any) -> tuple[dict[str, Any], Any]:
+async def _demo_run(restore: str, tokenizer: Any) -> tuple[dict[str, Any], Any]:
     import aiohttp
 
     from tokentrail.engines.scripted import ScriptedEngine
+    from tokentrail.pipeline import Restore
     from tokentrail.server import Adapter, AdapterConfig, start_server
     from tokentrail.sim import HarnessSim
 
     adapter = Adapter(
-        engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, config=AdapterConfig(restore=restore)
+        engine=ScriptedEngine(tokenizer),
+        tokenizer=tokenizer,
+        config=AdapterConfig(restore=Restore(restore)),
     )
     runner, url = await start_server(adapter)
     try:
@@ -122,8 +126,8 @@ def _demo(args: argparse.Namespace) -> int:
     from tokentrail.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
-    on, sim = asyncio.run(_demo_run(True, tokenizer))
-    off, _ = asyncio.run(_demo_run(False, tokenizer))
+    on, sim = asyncio.run(_demo_run("on", tokenizer))
+    off, _ = asyncio.run(_demo_run("off", tokenizer))
     out = Path(args.out)
     with out.open("w") as f:
         for sample in on["samples"]:
@@ -166,7 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--admin-token", default=None)
     serve.add_argument("--model-name", default="tokentrail")
     serve.add_argument("--backend", default=None, choices=["rust", "python"])
-    serve.add_argument("--no-restore", action="store_true", help="do not restore echoes")
+    serve.add_argument(
+        "--restore",
+        default="on",
+        choices=["on", "tree_only", "off"],
+        help="restore harness-re-rendered echoes before rendering (on), in the tree only, or off",
+    )
     serve.set_defaults(func=_serve)
 
     demo = sub.add_parser("demo", help="run a scripted coding session end to end")

@@ -23,7 +23,7 @@ from tokentrail.engines.base import Engine, EngineError, GenerateRequest, Sampli
 from tokentrail.errors import RequestError, TokentrailError
 from tokentrail.manager import Trajectory, TrajectoryManager
 from tokentrail.parsing import parse_output
-from tokentrail.pipeline import prompt_messages_for_turn
+from tokentrail.pipeline import Restore, prompt_messages_for_turn
 from tokentrail.protocols import anthropic, openai
 from tokentrail.protocols.common import Translated, mint_id
 from tokentrail.sample import Sample
@@ -62,7 +62,7 @@ class AdapterConfig:
     max_context_tokens: int = 0
     admin_token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
-    restore: bool = True
+    restore: Restore = Restore.ON
     default_max_tokens: int = 4096
 
 
@@ -323,11 +323,12 @@ class Adapter:
             raise HTTPError(400, str(exc)) from None
         clock.lap("translate")
 
-        messages = prompt_messages_for_turn(
+        turn_messages = prompt_messages_for_turn(
             self.manager, sid, translated.messages, translated.tools, restore=self.config.restore
         )
+        messages = turn_messages.record
         clock.lap("restore")
-        text = self._render(messages, translated.tools)
+        text = self._render(turn_messages.render, translated.tools)
         clock.lap("render")
         prompt_ids = self.tokenizer.encode(text)
         clock.lap("tokenize")
