@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tokentrail.chat_template import TemplateError, render
 from tokentrail.errors import (
     LogprobLengthError,
     MessageError,
@@ -12,7 +13,10 @@ from tokentrail.errors import (
 )
 from tokentrail.ledger import Ledger, TurnLedger
 from tokentrail.manager import DriftRecord, Trajectory, TrajectoryManager
+from tokentrail.parsing import ParsedOutput, format_output, parse_output
+from tokentrail.pipeline import Restore
 from tokentrail.sample import Sample
+from tokentrail.tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer
 from tokentrail.turn import TurnRecord
 
 __version__ = "0.1.0"
@@ -20,16 +24,25 @@ __version__ = "0.1.0"
 __all__ = [
     "DriftRecord",
     "Ledger",
+    "LoadedTokenizer",
     "LogprobLengthError",
     "MessageError",
+    "ParsedOutput",
     "PolicyError",
+    "Restore",
     "Sample",
     "SessionError",
+    "TemplateError",
     "TokenIdError",
+    "TokenizerError",
     "TokentrailError",
     "Trajectory",
     "TrajectoryManager",
     "TurnLedger",
     "TurnRecord",
     "__version__",
+    "format_output",
+    "load_tokenizer",
+    "parse_output",
+    "render",
 ]

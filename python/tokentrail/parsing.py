@@ -108,7 +108,12 @@ def format_output(
     """The text a Qwen3 model emits for `message`: reasoning, content, tool calls.
 
     The stop token (`<|im_end|>`) is not part of it. For Hermes calls the result is exactly what
-    templates/qwen3.jinja renders between `<|im_start|>assistant\\n` and `<|im_end|>`.
+    templates/qwen3.jinja renders between `<|im_start|>assistant\\n` and `<|im_end|>`, and
+    `parse_output` gives `message` back. The other way round, parsing then formatting returns
+    the sampled text only when the model wrote the canonical layout; it differs when the model
+    spaced its JSON differently (`{"a":1}`, `1e3`), put other newlines around `</think>` or
+    before a call, or left whitespace after its last call. Those tokens are what the engine
+    sampled; a re-render of the message does not reproduce them.
     """
     fmt = _tool_format(tool_format)
     if fmt is None:
