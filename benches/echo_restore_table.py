@@ -82,7 +82,8 @@ class Observed:
 
 
 async def measure(config: Config, tokenizer: Any) -> Row:
-    manager = TrajectoryManager()
+    # The upstream merge: what restore saves is what the merge would otherwise destroy.
+    manager = TrajectoryManager(rewrite_policy="merge")
     observed = Observed(manager)
     adapter = Adapter(
         engine=ScriptedEngine(tokenizer),

@@ -284,6 +284,10 @@ def test_routing_only_assistants_are_context(mgr: TrajectoryManager) -> None:
 
 
 class TestRewriteMerge:
+    @pytest.fixture
+    def mgr(self, backend: str) -> TrajectoryManager:
+        return TrajectoryManager(backend=backend, rewrite_policy="merge")
+
     def test_short_rewrite_is_absorbed_and_recorded(self, mgr: TrajectoryManager) -> None:
         play(mgr, "s", [SYS, U1], A1)
         rewritten = assistant("look (edited)", ("Read", {"path": "a.py"}))
@@ -309,7 +313,7 @@ class TestRewriteMerge:
         assert len(mgr.get_trajectory("s")) == 1
 
     def test_long_generated_turn_forks_instead(self, backend: str) -> None:
-        mgr = TrajectoryManager(backend=backend, fork_threshold_tokens=8)
+        mgr = TrajectoryManager(backend=backend, fork_threshold_tokens=8, rewrite_policy="merge")
         play(mgr, "s", [U1], _long_reply(20))
         play(mgr, "s", [U1, assistant("rewritten"), T1], A2)
         traj = mgr.finish("s")
@@ -317,10 +321,20 @@ class TestRewriteMerge:
         assert "merged_rewrite" not in traj.ledger.masked_tokens
 
     def test_threshold_zero_forks(self, backend: str) -> None:
-        mgr = TrajectoryManager(backend=backend, fork_threshold_tokens=0)
+        mgr = TrajectoryManager(backend=backend, fork_threshold_tokens=0, rewrite_policy="merge")
         play(mgr, "s", [U1], A1)
         play(mgr, "s", [U1, assistant("rewritten"), T1], A2)
         assert len(mgr.finish("s").samples) == 2
+
+    def test_fork_policy_trains_the_rewritten_turn_as_its_own_sample(self, backend: str) -> None:
+        mgr = TrajectoryManager(backend=backend, rewrite_policy="fork")
+        out1 = play(mgr, "s", [SYS, U1], A1)
+        out2 = play(mgr, "s", [SYS, U1, assistant("edited"), T1], A2)
+        traj = mgr.finish("s")
+        first, second = traj.samples
+        assert trained_span(first, out1) and trained_span(second, out2)
+        assert traj.ledger.trained_tokens == traj.ledger.generated_tokens
+        assert traj.ledger.masked_tokens == {}
 
     def test_two_assistant_children_fork(self, mgr: TrajectoryManager) -> None:
         play(mgr, "s", [U1], A1)
@@ -443,6 +457,8 @@ class TestBadInput:
             TrajectoryManager(fork_threshold_tokens=-1)
         with pytest.raises(PolicyError):
             TrajectoryManager(backend="fortran")
+        with pytest.raises(PolicyError):
+            TrajectoryManager(rewrite_policy="squash")
         with pytest.raises(PolicyError):
             TrajectoryManager().finish("s", max_sample_tokens=-5)
 

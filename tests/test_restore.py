@@ -236,7 +236,7 @@ def test_every_earlier_echo_in_a_long_history_is_restored(backend: str) -> None:
     ]
     results = {}
     for restore in (True, False):
-        mgr = TrajectoryManager(backend=backend)
+        mgr = TrajectoryManager(backend=backend, rewrite_policy="merge")
         harness = [SYS, U]  # what the harness sends: echoes rewritten
         for k, (generated, echo) in enumerate(calls):
             mode = Restore.ON if restore else Restore.OFF

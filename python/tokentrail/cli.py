@@ -41,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
     manager = TrajectoryManager(
         fork_threshold_tokens=args.fork_threshold,
         drift_policy=args.drift_policy,
+        rewrite_policy=args.rewrite_policy,
         backend=args.backend,
     )
     adapter = Adapter(
@@ -60,23 +61,32 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _demo_run(restore: str, tokenizer: Any) -> tuple[dict[str, Any], Any]:
+DEMO_CONFIGS = (
+    ("restore on", "on", "fork"),
+    ("restore off", "off", "fork"),
+    ("restore off, upstream merge", "off", "merge"),
+)
+
+
+async def _demo_run(restore: str, rewrite_policy: str, tokenizer: Any) -> tuple[dict, Any]:
     import aiohttp
 
     from tokentrail.engines.scripted import ScriptedEngine
+    from tokentrail.manager import TrajectoryManager
     from tokentrail.pipeline import Restore
     from tokentrail.server import Adapter, AdapterConfig, start_server
-    from tokentrail.sim import HarnessSim
+    from tokentrail.sim import HarnessSim, Workspace
 
     adapter = Adapter(
         engine=ScriptedEngine(tokenizer),
         tokenizer=tokenizer,
+        manager=TrajectoryManager(rewrite_policy=rewrite_policy),
         config=AdapterConfig(restore=Restore(restore)),
     )
     runner, url = await start_server(adapter)
     try:
         async with aiohttp.ClientSession() as http:
-            sim = await HarnessSim(url, "demo").run(DEMO_TASK, http)
+            sim = await HarnessSim(url, "demo", workspace=Workspace()).run(DEMO_TASK, http)
             async with http.post(
                 f"{url}/tokentrail/sessions/demo/finish", json={"reward": 1.0}
             ) as resp:
@@ -86,38 +96,29 @@ async def _demo_run(restore: str, tokenizer: Any) -> tuple[dict[str, Any], Any]:
     return finished, sim
 
 
-def _fraction(a: int, b: int) -> str:
-    return f"{a}/{b}"
-
-
-def _demo_table(on: dict[str, Any], off: dict[str, Any]) -> str:
-    lines = [
-        f"{'tool':<8}{'turns':>6}  {'trained turns':>15}  {'trained tokens':>17}  "
-        "masked (restore off)",
-        f"{'':<8}{'':>6}  {'on':>7} {'off':>7}  {'on':>8} {'off':>8}",
-    ]
-    tools = sorted(set(on["by_tool"]) | set(off["by_tool"]))
-    masked_off: dict[str, dict[str, int]] = {}
-    for turn in off["turns"]:
-        for tool in turn["tools"]:
-            for reason, n in turn["masked"].items():
-                masked_off.setdefault(tool, {}).setdefault(reason, 0)
-                masked_off[tool][reason] += n
-    for tool in tools:
-        a, b = on["by_tool"].get(tool, {}), off["by_tool"].get(tool, {})
-        reasons = ", ".join(f"{r}={n}" for r, n in sorted(masked_off.get(tool, {}).items()))
+def _demo_table(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """Per tool: trained turns and tokens under each configuration."""
+    width = max(len(name) for name, _ in runs) + 2
+    tools = sorted({tool for _, r in runs for tool in r["ledger"]["by_tool"]})
+    lines = [f"{'':<{width}}" + "".join(f"{tool:>14}" for tool in tools) + f"{'samples':>9}"]
+    for name, run in runs:
+        by_tool = run["ledger"]["by_tool"]
+        cells = []
+        for tool in tools:
+            row = by_tool.get(tool, {})
+            cells.append(f"{row.get('turns_trained', 0)}/{row.get('turns', 0)} turns")
         lines.append(
-            f"{tool:<8}{a.get('turns', 0):>6}  "
-            f"{_fraction(a.get('turns_trained', 0), a.get('turns', 0)):>7} "
-            f"{_fraction(b.get('turns_trained', 0), b.get('turns', 0)):>7}  "
-            f"{a.get('tokens_trained', 0):>8} {b.get('tokens_trained', 0):>8}  {reasons or '-'}"
+            f"{name:<{width}}" + "".join(f"{c:>14}" for c in cells) + f"{len(run['samples']):>9}"
         )
-    for name, ledger in (("on", on), ("off", off)):
+    lines.append("")
+    for name, run in runs:
+        ledger = run["ledger"]
         gen, trained = ledger["generated_tokens"], ledger["trained_tokens"]
         share = 100.0 * trained / gen if gen else 0.0
+        masked = ", ".join(f"{k}={v}" for k, v in ledger["masked_tokens"].items()) or "none"
         lines.append(
-            f"restore {name:<3}: {trained}/{gen} generated tokens trained ({share:.1f}%), "
-            f"masked {ledger['masked_tokens'] or '{}'}, echoes restored {ledger['restored_echoes']}"
+            f"{name:<{width}}{trained}/{gen} generated tokens trained ({share:.1f}%); "
+            f"masked: {masked}; echoes restored: {ledger['restored_echoes']}"
         )
     return "\n".join(lines)
 
@@ -126,24 +127,28 @@ def _demo(args: argparse.Namespace) -> int:
     from tokentrail.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
-    on, sim = asyncio.run(_demo_run("on", tokenizer))
-    off, _ = asyncio.run(_demo_run("off", tokenizer))
+    runs = []
+    for name, restore, policy in DEMO_CONFIGS:
+        finished, sim = asyncio.run(_demo_run(restore, policy, tokenizer))
+        runs.append((name, finished))
+        if name == DEMO_CONFIGS[0][0]:
+            first, first_sim = finished, sim
     out = Path(args.out)
     with out.open("w") as f:
-        for sample in on["samples"]:
+        for sample in first["samples"]:
             f.write(json.dumps(sample) + "\n")
-    calls = ", ".join(f"{k}={v}" for k, v in sorted(sim.tool_calls.items()))
+    calls = ", ".join(f"{k}={v}" for k, v in sorted(first_sim.tool_calls.items()))
     print("tokentrail demo: scripted engine, Qwen3 vocabulary, Claude Code 2.1.197-style harness")
     print(
-        f"session: {sim.requests} requests, tool calls {calls}; "
-        f"{sim.rewritten_echoes} tool calls re-rendered by the harness"
+        f"session: {first_sim.requests} requests, tool calls {calls}; "
+        f"{first_sim.rewritten_echoes} tool calls re-rendered by the harness"
     )
     print()
-    print(_demo_table(on["ledger"], off["ledger"]))
+    print(_demo_table(runs))
     print()
     print(
-        f"wrote {len(on['samples'])} samples (restore on) to {out}: one JSON object per line, "
-        "fields tokens, loss_mask, rollout_log_probs, response_length, reward, metadata"
+        f"wrote {len(first['samples'])} samples ({DEMO_CONFIGS[0][0]}) to {out}: one JSON object "
+        "per line with tokens, loss_mask, rollout_log_probs, response_length, reward, metadata"
     )
     return 0
 
@@ -165,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--reasoning-parser", default="qwen3", choices=["qwen3", "none"])
     serve.add_argument("--fork-threshold", type=int, default=1024)
     serve.add_argument("--drift-policy", default="minimal", choices=["minimal", "slime"])
+    serve.add_argument("--rewrite-policy", default="fork", choices=["fork", "merge"])
     serve.add_argument("--max-turns-per-session", type=int, default=0)
     serve.add_argument("--max-context-tokens", type=int, default=0)
     serve.add_argument("--admin-token", default=None)

@@ -23,6 +23,7 @@ from tokentrail.turn import CheckedTurn, TurnRecord, validate_turn
 logger = logging.getLogger(__name__)
 
 DRIFT_POLICIES = ("minimal", "slime")
+REWRITE_POLICIES = ("merge", "fork")
 
 
 @dataclass(frozen=True)
@@ -78,16 +79,22 @@ class TrajectoryManager:
         *,
         fork_threshold_tokens: int = 1024,
         drift_policy: str = "minimal",
+        rewrite_policy: str = "fork",
         backend: str | None = None,
     ) -> None:
         if drift_policy not in DRIFT_POLICIES:
             raise PolicyError(f"unknown drift_policy {drift_policy!r}; expected {DRIFT_POLICIES}")
+        if rewrite_policy not in REWRITE_POLICIES:
+            raise PolicyError(
+                f"unknown rewrite_policy {rewrite_policy!r}; expected {REWRITE_POLICIES}"
+            )
         if isinstance(fork_threshold_tokens, bool) or not isinstance(fork_threshold_tokens, int):
             raise PolicyError("fork_threshold_tokens must be an int")
         if fork_threshold_tokens < 0:
             raise PolicyError(f"fork_threshold_tokens must be >= 0, got {fork_threshold_tokens}")
         self.fork_threshold_tokens = fork_threshold_tokens
         self.drift_policy = drift_policy
+        self.rewrite_policy = rewrite_policy
         self.core = load_backend(backend)
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
@@ -168,10 +175,12 @@ class TrajectoryManager:
     ) -> tuple[Node, int]:
         """A short generated answer the harness rewrote takes the rewrite as its message.
 
-        The generated turn stops training (it is demoted and masked as `merged_rewrite`) and
-        the rewritten message routes the rest of the prompt, so the branch does not fork.
+        Under `rewrite_policy="merge"` the generated turn is demoted: it keeps its record, its
+        tokens are masked as `merged_rewrite`, and the rewritten message routes the rest of the
+        prompt, so the branch does not fork. Under `"fork"` nothing merges: the generated turn
+        stays a leaf and trains as its own sample.
         """
-        if self.fork_threshold_tokens == 0 or i >= len(messages):
+        if self.rewrite_policy == "fork" or self.fork_threshold_tokens == 0 or i >= len(messages):
             return node, i
         if messages[i].get("role") != "assistant":
             return node, i

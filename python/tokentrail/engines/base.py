@@ -151,8 +151,12 @@ class Engine(Protocol):
 
 
 def create_engine(spec: str, tokenizer: LoadedTokenizer, *, timeout: float = 600.0) -> Engine:
-    """Build an engine from `sglang://HOST:PORT`, `vllm://HOST:PORT`, `scripted` or
-    `scripted:FILE`. The address may also be a full URL: `sglang://https://host:port`."""
+    """Build an engine from `sglang://HOST:PORT`, `vllm://HOST:PORT`, `scripted`,
+    `scripted:FILE` or `simulated`. The address may also be a full URL: `sglang://https://host:port`."""
+    if spec == "simulated":
+        from tokentrail.engines.simulated import SimulatedEngine
+
+        return SimulatedEngine(tokenizer)
     if spec == "scripted" or spec.startswith("scripted:"):
         from tokentrail.engines.scripted import ScriptedEngine
 
@@ -173,7 +177,7 @@ def create_engine(spec: str, tokenizer: LoadedTokenizer, *, timeout: float = 600
             return VLLMEngine(url, tokenizer, timeout=timeout)
     raise EngineSpecError(
         f"unknown engine spec {spec!r}; use sglang://HOST:PORT, vllm://HOST:PORT, "
-        "scripted or scripted:FILE"
+        "scripted, scripted:FILE or simulated"
     )
 
 

@@ -141,10 +141,13 @@ class ScriptedEngine:
         """The text the model emits for reply `index`, end-of-turn token excluded."""
         return format_output(blocks_to_message(self.reply_blocks(index)), tool_format="hermes")
 
+    def choose(self, req: GenerateRequest) -> list[dict[str, Any]]:
+        """The content blocks to answer `req` with."""
+        return self.reply_blocks(self.reply_index(req.messages))
+
     async def generate(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
-        index = self.reply_index(req.messages)
-        text = self.reply_text(index)
+        text = format_output(blocks_to_message(self.choose(req)), tool_format="hermes")
         ids = self.tokenizer.encode(text) + [self.end_id]
         finish = "stop"
         cut = self._stop_cut(ids[:-1], text, req.sampling.stop)
@@ -154,9 +157,7 @@ class ScriptedEngine:
             ids = ids[: req.sampling.max_new_tokens]
             finish = "length"
         logprobs = [scripted_logprob(t, i) for i, t in enumerate(ids)]
-        logger.debug(
-            "scripted: reply %d for session %s, %d tokens", index, req.session_id, len(ids)
-        )
+        logger.debug("%s: %d tokens for session %s", self.name, len(ids), req.session_id)
         return Generation(ids, logprobs, finish, len(req.input_ids), time.perf_counter() - start)
 
     def _stop_cut(self, ids: list[int], text: str, stops: Sequence[str]) -> int | None:
