@@ -40,16 +40,22 @@ pub struct SampleBuilder {
 impl SampleBuilder {
     /// An empty builder; a negative `fork_threshold` is an `Error::Negative`.
     pub fn new(policy: Policy, fork_threshold: i64) -> Result<Self, Error> {
-        Ok(Self {
+        let fork_threshold = non_negative("fork_threshold", fork_threshold)?;
+        Ok(Self::with_threshold(policy, fork_threshold))
+    }
+
+    /// An empty builder, for a caller whose threshold is already a count.
+    pub fn with_threshold(policy: Policy, fork_threshold: usize) -> Self {
+        Self {
             policy,
-            fork_threshold: non_negative("fork_threshold", fork_threshold)?,
+            fork_threshold,
             tokens: Vec::new(),
             mask: Vec::new(),
             logprobs: Vec::new(),
             spans: Vec::new(),
             response_start: 0,
             realigned: Counts::new(),
-        })
+        }
     }
 
     pub fn policy(&self) -> Policy {
@@ -200,13 +206,15 @@ impl SampleBuilder {
     }
 
     /// The sample cut to `max_sample_tokens` (0: no limit); the builder stays as it is.
+    /// A negative `max_sample_tokens` is an `Error::Negative`.
     pub fn finish(&self, max_sample_tokens: i64) -> Result<BuiltSample, Error> {
-        self.clone().into_sample(max_sample_tokens)
+        let limit = non_negative("max_sample_tokens", max_sample_tokens)?;
+        Ok(self.clone().into_sample(limit))
     }
 
-    /// `finish` that hands over the builder's buffers instead of copying them.
-    pub fn into_sample(mut self, max_sample_tokens: i64) -> Result<BuiltSample, Error> {
-        let limit = non_negative("max_sample_tokens", max_sample_tokens)?;
+    /// `finish` for a caller whose limit is already a count: hands over the builder's buffers
+    /// instead of copying them.
+    pub fn into_sample(mut self, limit: usize) -> BuiltSample {
         let total = self.tokens.len();
         let keep = if limit == 0 { total } else { total.min(limit) };
         let mut trained = Counts::new();
@@ -223,7 +231,7 @@ impl SampleBuilder {
         self.mask.drain(..strip);
         self.logprobs.truncate(keep);
         self.logprobs.drain(..strip);
-        Ok(BuiltSample {
+        BuiltSample {
             tokens: self.tokens,
             loss_mask: self.mask,
             logprobs: self.logprobs,
@@ -234,7 +242,7 @@ impl SampleBuilder {
             realigned: self.realigned,
             truncated_tokens: truncated,
             chain: 0,
-        })
+        }
     }
 }
 

@@ -1,17 +1,57 @@
 //! Linearization: chains of turns become samples, each turn trained once, forks split runs.
 use std::mem;
 
-use crate::builder::{BuiltSample, SampleBuilder};
+use crate::builder::{checked_logprobs, BuiltSample, SampleBuilder};
 use crate::counts::Counts;
 use crate::drift::{DriftKind, Policy};
-use crate::error::Error;
+use crate::error::{non_negative, Error};
 
 /// One model call: the prompt it saw, the tokens it sampled and their logprobs, if any.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Built only by `Turn::new`, so its logprobs always fit its output.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Turn {
-    pub prompt: Vec<u32>,
-    pub output: Vec<u32>,
-    pub logprobs: Option<Vec<f32>>,
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+    logprobs: Option<Vec<f32>>,
+}
+
+impl Turn {
+    /// A turn whose `logprobs` are absent, empty (the same as absent) or one per output
+    /// token; any other length is an `Error::LogprobLength`.
+    pub fn new(
+        prompt: Vec<u32>,
+        output: Vec<u32>,
+        logprobs: Option<Vec<f32>>,
+    ) -> Result<Turn, Error> {
+        checked_logprobs(logprobs.as_deref(), output.len())?;
+        Ok(Turn {
+            prompt,
+            output,
+            logprobs: logprobs.filter(|logprobs| !logprobs.is_empty()),
+        })
+    }
+}
+
+/// How `linearize` heals drift and cuts samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    pub policy: Policy,
+    /// 0 turns every drift into a FORK.
+    pub fork_threshold: usize,
+    /// The longest sample kept; 0 keeps every token.
+    pub max_sample_tokens: usize,
+}
+
+impl Settings {
+    /// Settings from the signed values Python passes: a negative `fork_threshold`, then a
+    /// negative `max_sample_tokens`, is an `Error::Negative`.
+    pub fn new(policy: Policy, fork_threshold: i64, max_sample_tokens: i64) -> Result<Self, Error> {
+        Ok(Settings {
+            policy,
+            fork_threshold: non_negative("fork_threshold", fork_threshold)?,
+            max_sample_tokens: non_negative("max_sample_tokens", max_sample_tokens)?,
+        })
+    }
 }
 
 /// A drift decision taken while adding `turn` to a run of `chain`.
@@ -40,16 +80,11 @@ pub struct Linearized {
 impl Linearized {
     /// Finish a run: its realigned and truncated counts always count; its trained ones and
     /// the sample itself only when it trains on something.
-    fn close(
-        &mut self,
-        builder: SampleBuilder,
-        chain: usize,
-        max_sample_tokens: i64,
-    ) -> Result<(), Error> {
+    fn close(&mut self, builder: SampleBuilder, chain: usize, max_sample_tokens: usize) {
         if builder.spans().is_empty() {
-            return Ok(());
+            return;
         }
-        let mut built = builder.into_sample(max_sample_tokens)?;
+        let mut built = builder.into_sample(max_sample_tokens);
         built.chain = chain;
         self.realigned.merge(&built.realigned);
         self.truncated.merge(&built.truncated_tokens);
@@ -57,7 +92,6 @@ impl Linearized {
             self.trained.merge(&built.trained);
             self.samples.push(built);
         }
-        Ok(())
     }
 }
 
@@ -65,26 +99,28 @@ impl Linearized {
 ///
 /// A turn is trained on the first chain that reaches it and re-emitted as context (mask 0) on
 /// later ones. A FORK closes the run and starts a new one. Drift events are recorded only for
-/// turns that meet a run already holding output. Errors come in the reference's order: a
-/// negative `fork_threshold` at the first chain, a bad turn index when it is reached, a
-/// negative `max_sample_tokens` when the first run closes.
+/// turns that meet a run already holding output.
+///
+/// Everything is checked before any work: `Settings::new` and `Turn::new` check the settings
+/// and the turns, and `linearize` first checks that every chain entry indexes `turns` (a
+/// negative one never does).
 pub fn linearize(
     turns: &[Turn],
-    chains: &[Vec<usize>],
-    policy: Policy,
-    fork_threshold: i64,
-    max_sample_tokens: i64,
+    chains: &[Vec<i64>],
+    settings: Settings,
 ) -> Result<Linearized, Error> {
+    let chains = turn_indices(chains, turns.len())?;
+    let Settings {
+        policy,
+        fork_threshold,
+        max_sample_tokens,
+    } = settings;
     let mut claimed = vec![false; turns.len()];
     let mut out = Linearized::default();
     for (c, chain) in chains.iter().enumerate() {
-        let mut builder = SampleBuilder::new(policy, fork_threshold)?;
+        let mut builder = SampleBuilder::with_threshold(policy, fork_threshold);
         for &t in chain {
-            let turn = turns.get(t).ok_or(Error::TurnOutOfRange {
-                chain: c,
-                turn: i64::try_from(t).unwrap_or(i64::MAX),
-                turns: turns.len(),
-            })?;
+            let turn = &turns[t];
             let mut drift = builder.classify(&turn.prompt, turn.output.len());
             if !builder.spans().is_empty() {
                 out.drifts.push(DriftEvent {
@@ -96,8 +132,8 @@ pub fn linearize(
                 });
             }
             if drift.kind == DriftKind::Fork {
-                let fresh = SampleBuilder::new(policy, fork_threshold)?;
-                out.close(mem::replace(&mut builder, fresh), c, max_sample_tokens)?;
+                let fresh = SampleBuilder::with_threshold(policy, fork_threshold);
+                out.close(mem::replace(&mut builder, fresh), c, max_sample_tokens);
                 drift = builder.classify(&turn.prompt, turn.output.len());
             }
             builder.append_classified(
@@ -110,28 +146,24 @@ pub fn linearize(
             )?;
             claimed[t] = true;
         }
-        out.close(builder, c, max_sample_tokens)?;
+        out.close(builder, c, max_sample_tokens);
     }
     Ok(out)
 }
 
-/// Where a chain of `(prompt, output)` visits first forks: the index of the first visit whose
-/// prompt cannot join the run before it, or `None`. Lets a caller that found bad input partway
-/// through a chain tell whether the reference would have closed a run before reaching it.
-pub fn first_fork<'a>(
-    policy: Policy,
-    fork_threshold: i64,
-    visits: impl IntoIterator<Item = (&'a [u32], &'a [u32])>,
-) -> Result<Option<usize>, Error> {
-    let mut builder = SampleBuilder::new(policy, fork_threshold)?;
-    for (k, (prompt, output)) in visits.into_iter().enumerate() {
-        let drift = builder.classify(prompt, output.len());
-        if drift.kind == DriftKind::Fork {
-            return Ok(Some(k));
-        }
-        builder.append_classified(drift, prompt, output, None, true, 0)?;
-    }
-    Ok(None)
+/// The chains as indices into `turns`, or the first entry, chain by chain, out of range.
+fn turn_indices(chains: &[Vec<i64>], turns: usize) -> Result<Vec<Vec<usize>>, Error> {
+    let index = |chain: usize, turn: i64| {
+        usize::try_from(turn)
+            .ok()
+            .filter(|&t| t < turns)
+            .ok_or(Error::TurnOutOfRange { chain, turn, turns })
+    };
+    chains
+        .iter()
+        .enumerate()
+        .map(|(c, chain)| chain.iter().map(|&t| index(c, t)).collect())
+        .collect()
 }
 
 #[cfg(test)]
@@ -152,10 +184,14 @@ mod tests {
     const X: u32 = 99;
 
     fn turn(prompt: &[u32], output: &[u32]) -> Turn {
-        Turn {
-            prompt: prompt.to_vec(),
-            output: output.to_vec(),
-            logprobs: None,
+        Turn::new(prompt.to_vec(), output.to_vec(), None).unwrap()
+    }
+
+    fn settings(policy: Policy, fork_threshold: usize, max_sample_tokens: usize) -> Settings {
+        Settings {
+            policy,
+            fork_threshold,
+            max_sample_tokens,
         }
     }
 
@@ -172,8 +208,8 @@ mod tests {
         ]
     }
 
-    fn run(turns: &[Turn], chains: &[Vec<usize>], policy: Policy) -> Linearized {
-        linearize(turns, chains, policy, 1024, 0).unwrap()
+    fn run(turns: &[Turn], chains: &[Vec<i64>], policy: Policy) -> Linearized {
+        linearize(turns, chains, settings(policy, 1024, 0)).unwrap()
     }
 
     #[test]
@@ -254,7 +290,7 @@ mod tests {
 
     #[test]
     fn threshold_zero_turns_a_realign_into_a_fork() {
-        let out = linearize(&session(), &[vec![0, 2]], Policy::Minimal, 0, 0).unwrap();
+        let out = linearize(&session(), &[vec![0, 2]], settings(Policy::Minimal, 0, 0)).unwrap();
         assert_eq!(out.samples.len(), 2);
         assert!(out.realigned.is_empty());
     }
@@ -262,7 +298,12 @@ mod tests {
     #[test]
     fn unemitted_runs_still_count_realigned_and_truncated_tokens() {
         // Chain 1 re-emits turn 0 untrained, realigns it and truncates turn 2's output.
-        let out = linearize(&session(), &[vec![0], vec![0, 2]], Policy::Minimal, 1024, 5).unwrap();
+        let out = linearize(
+            &session(),
+            &[vec![0], vec![0, 2]],
+            settings(Policy::Minimal, 1024, 5),
+        )
+        .unwrap();
         assert_eq!(out.samples.len(), 1);
         assert!(out.realigned.is_empty(), "turn 0 was context in chain 1");
         assert_eq!(out.truncated, counts(&[(2, 1)]));
@@ -271,7 +312,12 @@ mod tests {
 
     #[test]
     fn truncation_cuts_each_sample() {
-        let out = linearize(&session(), &[vec![0, 1]], Policy::Minimal, 1024, 3).unwrap();
+        let out = linearize(
+            &session(),
+            &[vec![0, 1]],
+            settings(Policy::Minimal, 1024, 3),
+        )
+        .unwrap();
         assert!(out.samples[0].truncated);
         assert_eq!(out.samples[0].tokens, [S, U1, A1]);
         assert_eq!(out.trained, counts(&[(0, 1)]));
@@ -279,69 +325,67 @@ mod tests {
     }
 
     #[test]
-    fn errors_come_where_the_reference_raises_them() {
-        let turns = session();
+    fn negative_settings_are_refused_threshold_first() {
         assert_eq!(
-            linearize(&turns, &[vec![0, 7]], Policy::Minimal, 1024, 0).unwrap_err(),
+            Settings::new(Policy::Slime, 8, 40),
+            Ok(settings(Policy::Slime, 8, 40))
+        );
+        assert_eq!(
+            Settings::new(Policy::Minimal, -1, -2),
+            Err(Error::Negative {
+                setting: "fork_threshold",
+                value: -1
+            })
+        );
+        assert_eq!(
+            Settings::new(Policy::Minimal, 0, -2),
+            Err(Error::Negative {
+                setting: "max_sample_tokens",
+                value: -2
+            })
+        );
+    }
+
+    #[test]
+    fn every_chain_entry_is_checked_before_any_work() {
+        let turns = session();
+        let refused = |chains: &[Vec<i64>]| {
+            linearize(&turns, chains, settings(Policy::Minimal, 1024, 0)).unwrap_err()
+        };
+        assert_eq!(
+            refused(&[vec![0, 7]]),
             Error::TurnOutOfRange {
                 chain: 0,
                 turn: 7,
                 turns: 3
             }
         );
-        let negative_max = Error::Negative {
-            setting: "max_sample_tokens",
-            value: -1,
-        };
+        // The first bad entry counts, even behind a chain that would fork.
         assert_eq!(
-            linearize(&turns, &[vec![0]], Policy::Minimal, 1024, -1).unwrap_err(),
-            negative_max
-        );
-        // No run ever closes with output, so nothing checks the limit.
-        assert!(linearize(&turns, &[vec![], vec![]], Policy::Minimal, 1024, -1).is_ok());
-        assert!(linearize(&turns, &[], Policy::Minimal, -1, 0).is_ok());
-        assert_eq!(
-            linearize(&turns, &[vec![]], Policy::Minimal, -1, 0).unwrap_err(),
-            Error::Negative {
-                setting: "fork_threshold",
-                value: -1
+            refused(&[vec![0, 2], vec![], vec![1, -1, 9]]),
+            Error::TurnOutOfRange {
+                chain: 2,
+                turn: -1,
+                turns: 3
             }
         );
     }
 
     #[test]
-    fn bad_logprobs_surface_when_the_turn_is_appended() {
-        let mut turns = session();
-        turns[1].logprobs = Some(vec![-1.0, -2.0]);
+    fn logprobs_must_fit_the_output_and_empty_means_none() {
         assert_eq!(
-            linearize(&turns, &[vec![0, 1]], Policy::Minimal, 1024, 0).unwrap_err(),
+            Turn::new(vec![S], vec![A1], Some(vec![-1.0, -2.0])).unwrap_err(),
             Error::LogprobLength {
                 logprobs: 2,
                 outputs: 1
             }
         );
-    }
-
-    #[test]
-    fn first_fork_finds_the_first_visit_that_forks() {
-        let turns = session();
-        let visit = |t: usize| (turns[t].prompt.as_slice(), turns[t].output.as_slice());
-        let stray = [S, X];
         assert_eq!(
-            first_fork(Policy::Minimal, 1024, [visit(0), visit(1)]),
-            Ok(None)
+            Turn::new(vec![S], vec![A1], Some(vec![])),
+            Turn::new(vec![S], vec![A1], None)
         );
-        assert_eq!(
-            first_fork(
-                Policy::Minimal,
-                1024,
-                [visit(0), visit(1), (&stray[..], &[][..])]
-            ),
-            Ok(Some(2))
-        );
-        assert_eq!(
-            first_fork(Policy::Minimal, 0, [visit(0), visit(2)]),
-            Ok(Some(1))
-        );
+        let turns = [Turn::new(vec![S], vec![A1, A2], Some(vec![-1.0, -2.0])).unwrap()];
+        let out = run(&turns, &[vec![0]], Policy::Minimal);
+        assert_eq!(out.samples[0].logprobs, [-1.0, -2.0]);
     }
 }

@@ -174,6 +174,14 @@ def test_a_fork_is_refused_with_the_reference_message() -> None:
 def test_a_chain_naming_a_missing_turn_raises_policy_error() -> None:
     with pytest.raises(PolicyError, match=r"^chain 1 names turn 3, but there are 1 turns$"):
         _core.linearize([([S], [A1], None)], [[0], [0, 3]])
+    with pytest.raises(PolicyError, match=r"^chain 0 names turn -1, but there are 1 turns$"):
+        _core.linearize([([S], [A1], None)], [[0, -1]])
+
+
+def test_a_wrong_type_for_a_setting_is_a_type_error() -> None:
+    for backend in (_core, reference):
+        with pytest.raises(TypeError):
+            backend.linearize([([S], [A1], None)], [[0]], fork_threshold="8")
 
 
 # --- what comes out ----------------------------------------------------------------------
@@ -337,7 +345,54 @@ def test_inputs_are_read_from_numpy_and_tuples() -> None:
     )
 
 
-def test_unreached_turns_are_not_validated() -> None:
-    turns = [(FIRST_PROMPT, FIRST_OUTPUT, None), ([-1], "bad", 3)]
-    assert len(_core.linearize(turns, [[0]]).samples) == 1
-    assert len(_core.linearize(turns, [], policy="greedy").samples) == 0
+# --- eager validation ----------------------------------------------------------------------
+
+GOOD = ([S], [A1], None)
+BAD_IDS = ([S], [-1], None)
+BAD_LOGPROBS = ([S], [A1], [-0.5, -0.25])
+
+
+@pytest.mark.parametrize(
+    ("turns", "chains", "settings", "error", "message"),
+    [
+        # Refused with nothing to linearize: every setting is checked up front.
+        ([], [], {"policy": "greedy"}, PolicyError, "unknown drift policy 'greedy'"),
+        ([], [], {"fork_threshold": -1}, PolicyError, "fork_threshold must be >= 0"),
+        ([GOOD], [[]], {"max_sample_tokens": -1}, PolicyError, "max_sample_tokens must be >= 0"),
+        # Every turn is checked, whether a chain names it or not.
+        ([GOOD, BAD_IDS], [[0]], {}, TokenIdError, "output_ids[0]: id -1 is outside"),
+        ([GOOD, BAD_LOGPROBS], [], {}, LogprobLengthError, "2 logprobs for 1 output tokens"),
+        # The order: policy, fork_threshold, max_sample_tokens, turns by index, chains.
+        (
+            [BAD_IDS],
+            [[5]],
+            {"policy": "greedy", "fork_threshold": -1, "max_sample_tokens": -1},
+            PolicyError,
+            "unknown drift policy",
+        ),
+        (
+            [BAD_IDS],
+            [[5]],
+            {"fork_threshold": -1, "max_sample_tokens": -1},
+            PolicyError,
+            "fork_threshold must",
+        ),
+        ([BAD_IDS], [[5]], {"max_sample_tokens": -1}, PolicyError, "max_sample_tokens must"),
+        ([BAD_LOGPROBS, BAD_IDS], [[5]], {}, LogprobLengthError, "2 logprobs"),
+        ([BAD_IDS, BAD_LOGPROBS], [[5]], {}, TokenIdError, "output_ids[0]"),
+        ([GOOD, GOOD], [[0, 1], [0, 7], [-1]], {}, PolicyError, "chain 1 names turn 7"),
+    ],
+)
+def test_bad_input_is_refused_before_any_work_in_the_reference_order(
+    turns, chains, settings, error, message
+) -> None:
+    for backend in (_core, reference):
+        with pytest.raises(error) as caught:
+            backend.linearize(turns, chains, **settings)
+        assert str(caught.value).startswith(message), backend.__name__
+
+
+def test_turns_no_chain_names_still_count_for_nothing() -> None:
+    out = both([GOOD, (HELD, [B1], [-0.5])], [[0]])
+    assert [s[5] for s in out["samples"]] == [[0]]
+    assert out["trained"] == {0: 1}

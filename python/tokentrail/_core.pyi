@@ -3,7 +3,7 @@
 Same names and semantics as `tokentrail.reference`, which is the spec.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final, TypeAlias, final
 
 import numpy as np
@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 _TokenIds: TypeAlias = Sequence[int | np.integer] | npt.NDArray[np.integer]
-_Logprobs: TypeAlias = Iterable[float] | npt.NDArray[np.floating] | None
+_Logprobs: TypeAlias = Sequence[float] | npt.NDArray[np.floating] | None
 _TurnInput: TypeAlias = tuple[_TokenIds, _TokenIds, _Logprobs]
 
 CLEAN: Final = "clean"
@@ -164,7 +164,7 @@ class Linearized:
 
 def linearize(
     turns: Sequence[_TurnInput],
-    chains: Iterable[Iterable[int]],
+    chains: Sequence[Sequence[int]],
     *,
     policy: str = "minimal",
     fork_threshold: int = 1024,

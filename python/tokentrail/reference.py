@@ -83,10 +83,7 @@ class SampleBuilder:
     """
 
     def __init__(self, policy: str = "minimal", fork_threshold: int = 1024) -> None:
-        if policy not in POLICIES:
-            raise PolicyError(f"unknown drift policy {policy!r}; expected one of {POLICIES}")
-        if fork_threshold < 0:
-            raise PolicyError(f"fork_threshold must be >= 0, got {fork_threshold}")
+        _check_settings(policy, fork_threshold)
         self.policy = policy
         self.fork_threshold = fork_threshold
         self._tokens: list[int] = []
@@ -175,8 +172,7 @@ class SampleBuilder:
 
     def finish(self, max_sample_tokens: int = 0) -> BuiltSample:
         """Cut the sample to `max_sample_tokens` (0: no limit) and return its arrays."""
-        if max_sample_tokens < 0:
-            raise PolicyError(f"max_sample_tokens must be >= 0, got {max_sample_tokens}")
+        _check_limit(max_sample_tokens)
         total = len(self._tokens)
         keep = total if max_sample_tokens == 0 else min(total, max_sample_tokens)
         truncated: dict[int, int] = {}
@@ -260,7 +256,20 @@ def linearize(
     `turns[i]` is `(prompt_ids, output_ids, logprobs or None)`; each chain lists turn indices
     in order. A turn is trained on the first chain that reaches it and re-emitted as context
     (mask 0) on later ones. A FORK closes the run and starts a new one.
+
+    Everything is checked before any work, in this order: the policy, `fork_threshold`,
+    `max_sample_tokens`, every turn in index order (its ids, then its logprobs), whether a
+    chain names it or not, and every chain entry.
     """
+    _check_settings(policy, fork_threshold)
+    _check_limit(max_sample_tokens)
+    checked = [_checked_turn(turn) for turn in turns]
+    chains = [list(chain) for chain in chains]
+    for c, chain in enumerate(chains):
+        for t in chain:
+            if not 0 <= t < len(checked):
+                raise PolicyError(f"chain {c} names turn {t}, but there are {len(checked)} turns")
+
     claimed: set[int] = set()
     samples: list[BuiltSample] = []
     drifts: list[DriftEvent] = []
@@ -282,20 +291,39 @@ def linearize(
     for c, chain in enumerate(chains):
         builder = SampleBuilder(policy, fork_threshold)
         for t in chain:
-            if not 0 <= t < len(turns):
-                raise PolicyError(f"chain {c} names turn {t}, but there are {len(turns)} turns")
-            prompt_ids, output_ids, logprobs = turns[t]
-            output = token_list(output_ids, "output_ids")
-            drift = builder.classify(prompt_ids, len(output))
+            prompt, output, logprobs = checked[t]
+            drift = builder.classify(prompt, len(output))
             if builder.spans:
                 drifts.append(DriftEvent(c, t, drift.kind, drift.at, drift.drifted))
             if drift.kind == FORK:
                 close(builder, c)
                 builder = SampleBuilder(policy, fork_threshold)
-            builder.append_turn(prompt_ids, output, logprobs, trained=t not in claimed, turn=t)
+            builder.append_turn(prompt, output, logprobs, trained=t not in claimed, turn=t)
             claimed.add(t)
         close(builder, c)
     return Linearized(samples, drifts, trained, realigned, truncated)
+
+
+def _check_settings(policy: str, fork_threshold: int) -> None:
+    if policy not in POLICIES:
+        raise PolicyError(f"unknown drift policy {policy!r}; expected one of {POLICIES}")
+    if fork_threshold < 0:
+        raise PolicyError(f"fork_threshold must be >= 0, got {fork_threshold}")
+
+
+def _check_limit(max_sample_tokens: int) -> None:
+    if max_sample_tokens < 0:
+        raise PolicyError(f"max_sample_tokens must be >= 0, got {max_sample_tokens}")
+
+
+def _checked_turn(
+    turn: tuple[Sequence[int], Sequence[int], Sequence[float] | None],
+) -> tuple[list[int], list[int], list[float] | None]:
+    """A turn's ids and logprobs, checked: `(prompt, output, logprobs or None)`."""
+    prompt_ids, output_ids, logprobs = turn
+    prompt = token_list(prompt_ids, "prompt_ids")
+    output = token_list(output_ids, "output_ids")
+    return prompt, output, _logprob_list(logprobs, len(output))
 
 
 def _lcp(a: list[int], b: list[int]) -> int:
