@@ -25,6 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
     from tokentrail.manager import TrajectoryManager
     from tokentrail.pipeline import Restore
     from tokentrail.server import Adapter, AdapterConfig
+    from tokentrail.splice import History
     from tokentrail.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
@@ -37,6 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_context_tokens=args.max_context_tokens,
         admin_token=args.admin_token,
         restore=Restore(args.restore),
+        history=History(args.history),
     )
     manager = TrajectoryManager(
         fork_threshold_tokens=args.fork_threshold,
@@ -153,6 +155,29 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_template(args: argparse.Namespace) -> int:
+    from tokentrail.splice import check_template
+    from tokentrail.tokenizer import load_tokenizer
+
+    target = Path(args.target)
+    if target.is_dir():
+        tokenizer, template = load_tokenizer(str(target)), None
+    else:
+        tokenizer, template = load_tokenizer(args.tokenizer), target.read_text()
+    reports = check_template(tokenizer, template)
+    print(f"template: {target}  (assistant turns end with {tokenizer.eos_token!r})")
+    print(f"{'boundary':<28}{'prefix-preserving':>18}{'splice':>8}  glue / reason")
+    for r in reports:
+        detail = repr(r.glue) if r.splice else f"fallback: {r.fallback}"
+        print(
+            f"{r.name:<28}{'yes' if r.prefix_preserving else 'no':>18}"
+            f"{'yes' if r.splice else 'no':>8}  {detail}"
+        )
+    ok = all(r.splice for r in reports)
+    print("splicing is possible" if ok else "splicing is NOT possible: turns fall back to render")
+    return 0 if ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokentrail", description=__doc__)
     parser.add_argument("--log-level", default="WARNING")
@@ -171,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--fork-threshold", type=int, default=1024)
     serve.add_argument("--drift-policy", default="minimal", choices=["minimal", "slime"])
     serve.add_argument("--rewrite-policy", default="fork", choices=["fork", "merge"])
+    serve.add_argument("--history", default="splice", choices=["splice", "render"])
     serve.add_argument("--max-turns-per-session", type=int, default=0)
     serve.add_argument("--max-context-tokens", type=int, default=0)
     serve.add_argument("--admin-token", default=None)
@@ -183,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="restore harness-re-rendered echoes before rendering (on), in the tree only, or off",
     )
     serve.set_defaults(func=_serve)
+
+    check = sub.add_parser("check-template", help="can turns be spliced with this template?")
+    check.add_argument("target", help="a Hugging Face model dir, or a Jinja template file")
+    check.add_argument("--tokenizer", default="builtin:qwen3", help="for a template file")
+    check.set_defaults(func=_check_template)
 
     demo = sub.add_parser("demo", help="run a scripted coding session end to end")
     demo.add_argument("--out", default=DEMO_OUT)

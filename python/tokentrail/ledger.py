@@ -25,6 +25,8 @@ class TurnLedger:
     generated: int
     trained: int
     masked: dict[str, int] = field(default_factory=dict)
+    # How the turn's prompt ids were built: "splice", "render", "splice_fallback:<reason>".
+    history: str | None = None
 
     @property
     def masked_total(self) -> int:
@@ -37,6 +39,7 @@ class TurnLedger:
             "generated": self.generated,
             "trained": self.trained,
             "masked": dict(self.masked),
+            "history": self.history,
         }
 
 
@@ -63,6 +66,15 @@ class Ledger:
         return dict(sorted(out.items()))
 
     @property
+    def splice_fallbacks(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.turns:
+            if t.history and t.history.startswith("splice_fallback:"):
+                reason = t.history.split(":", 1)[1]
+                out[reason] = out.get(reason, 0) + 1
+        return dict(sorted(out.items()))
+
+    @property
     def by_tool(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for t in self.turns:
@@ -85,4 +97,5 @@ class Ledger:
             "restored_by_tool": dict(sorted(self.restored_by_tool.items())),
             "turns": [t.to_dict() for t in self.turns],
             "by_tool": self.by_tool,
+            "splice_fallbacks": self.splice_fallbacks,
         }

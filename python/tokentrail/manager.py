@@ -252,6 +252,28 @@ class TrajectoryManager:
                     return None
         return None
 
+    def splice_anchor(
+        self, sid: str, messages: list[dict[str, Any]]
+    ) -> tuple[CheckedTurn, dict[str, Any], int] | None:
+        """The last generated turn on the exact path of `messages`, with its position.
+
+        A splice builds the next prompt on that turn's tokens; the messages after it are new.
+        """
+        keys = _message_keys(messages, "messages")
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                return None
+            node, found = session.root, None
+            for i, key in enumerate(keys):
+                nxt = node.child(key)
+                if nxt is None:
+                    break
+                node = nxt
+                if node.turn is not None and node.message is not None:
+                    found = (node.turn, node.message, i)
+            return found
+
     def restored_echoes(self, sid: str) -> int:
         session = self._sessions.get(sid)
         return session.restored if session else 0
@@ -366,15 +388,15 @@ class TrajectoryManager:
                 L.REALIGNED: lin.realigned.get(k, 0),
                 L.TRUNCATED: lin.truncated.get(k, 0),
             }
-            rows.append(
-                _row(
-                    node.turn_index or 0,
-                    tool_names(node.message),
-                    node.turn,
-                    lin.trained.get(k, 0),
-                    masked,
-                )
+            row = _row(
+                node.turn_index or 0,
+                tool_names(node.message),
+                node.turn,
+                lin.trained.get(k, 0),
+                masked,
             )
+            row.history = node.metadata.get("history")
+            rows.append(row)
         for node in iter_nodes(session.root):
             for demoted in node.demoted:
                 n = len(demoted.turn.output_ids)

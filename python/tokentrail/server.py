@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from tokentrail.pipeline import Restore, prompt_messages_for_turn
 from tokentrail.protocols import anthropic, openai
 from tokentrail.protocols.common import Translated, mint_id
 from tokentrail.sample import Sample
+from tokentrail.splice import History, Splicer
 from tokentrail.tokenizer import LoadedTokenizer
 from tokentrail.turn import TurnRecord
 
@@ -63,6 +64,7 @@ class AdapterConfig:
     admin_token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     restore: Restore = Restore.ON
+    history: History = History.SPLICE
     default_max_tokens: int = 4096
 
 
@@ -70,6 +72,7 @@ class AdapterConfig:
 class _Session:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     max_context_tokens: int = 0
+    history: History | None = None
     in_flight: int = 0
     turns: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -120,6 +123,8 @@ class Adapter:
         self._sessions: dict[str, _Session] = {}
         self._closed: set[str] = set()
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
+        self.splicer = Splicer(tokenizer, self.chat_template)
+        self.splice_fallbacks: Counter[str] = Counter()
         self._end_ids = {tokenizer.eos_token_id}
         for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
             if token in tokenizer.added_tokens:
@@ -146,12 +151,18 @@ class Adapter:
         sid: str,
         sampling_defaults: dict[str, Any] | None = None,
         max_context_tokens: int = 0,
+        history: History | str | None = None,
     ) -> None:
-        """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out."""
+        """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
+        `history` overrides the adapter's for this session."""
         if not isinstance(sid, str) or not sid:
             raise RequestError("session id must be a non-empty string")
         self._closed.discard(sid)
-        self._sessions[sid] = _Session(dict(sampling_defaults or {}), int(max_context_tokens))
+        self._sessions[sid] = _Session(
+            dict(sampling_defaults or {}),
+            int(max_context_tokens),
+            History(history) if history is not None else None,
+        )
 
     async def finish_trajectory(
         self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
@@ -330,7 +341,7 @@ class Adapter:
         clock.lap("restore")
         text = self._render(turn_messages.render, translated.tools)
         clock.lap("render")
-        prompt_ids = self.tokenizer.encode(text)
+        prompt_ids, history = self._prompt_ids(sid, session, turn_messages.render, translated, text)
         clock.lap("tokenize")
 
         limit = session.max_context_tokens or self.config.max_context_tokens
@@ -389,13 +400,47 @@ class Adapter:
             prompt_messages=messages,
             response_message=message,
             tools=translated.tools,
-            metadata={"protocol": proto.name, "request_id": rid, "ill_formed": parsed.reason},
+            metadata={
+                "protocol": proto.name,
+                "request_id": rid,
+                "ill_formed": parsed.reason,
+                "history": history,
+            },
         )
         session.turns += 1
         clock.lap("record")
         clock.timing.stages["engine_reported"] = generation.engine_time_s
         self.timings.append(clock.timing)
         return response
+
+    def _prompt_ids(
+        self,
+        sid: str,
+        session: _Session,
+        messages: list[dict[str, Any]],
+        translated: Translated,
+        text: str,
+    ) -> tuple[list[int], str]:
+        """The prompt ids, spliced onto the last generated turn's tokens when possible."""
+        mode = session.history or self.config.history
+        anchor = self.manager.splice_anchor(sid, messages) if mode is History.SPLICE else None
+        if anchor is None:
+            return self.tokenizer.encode(text), History.RENDER.value
+        turn, message, at = anchor
+        spliced = self.splicer.splice(
+            held_prompt=turn.prompt_ids,
+            held_output=turn.output_ids,
+            finish_reason=turn.finish_reason,
+            last_assistant=message,
+            new_messages=messages[at + 1 :],
+            tools=translated.tools,
+            full_text=text,
+        )
+        if spliced.prompt_ids is None:
+            logger.debug("session %s: splice fell back (%s)", sid, spliced.fallback)
+            self.splice_fallbacks[str(spliced.fallback)] += 1
+            return self.tokenizer.encode(text), f"splice_fallback:{spliced.fallback}"
+        return spliced.prompt_ids, History.SPLICE.value
 
     def _sampling(
         self, proto: _Protocol, body: dict[str, Any], session: _Session

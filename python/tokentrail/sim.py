@@ -545,6 +545,7 @@ class SimRun:
 
     result: SimResult
     trajectory: Any  # tokentrail.manager.Trajectory
+    splice_fallbacks: dict[str, int] = field(default_factory=dict)
 
 
 async def simulate(
@@ -556,6 +557,8 @@ async def simulate(
     restore: str = "on",
     rewrite_policy: str = "merge",
     engine: Any = None,
+    history: str = "splice",
+    chat_template: str | None = None,
     task: str = "Refactor the modules and keep the tests green.",
 ) -> SimRun:
     """Serve an adapter over the simulated model on loopback, play one session, finish it."""
@@ -563,12 +566,14 @@ async def simulate(
     from tokentrail.manager import TrajectoryManager
     from tokentrail.pipeline import Restore
     from tokentrail.server import Adapter, AdapterConfig, start_server
+    from tokentrail.splice import History
 
     adapter = Adapter(
         engine=engine or SimulatedEngine(tokenizer),
         tokenizer=tokenizer,
+        chat_template=chat_template,
         manager=TrajectoryManager(rewrite_policy=rewrite_policy),
-        config=AdapterConfig(restore=Restore(restore)),
+        config=AdapterConfig(restore=Restore(restore), history=History(history)),
     )
     runner, url = await start_server(adapter)
     try:
@@ -577,4 +582,4 @@ async def simulate(
         trajectory = await adapter.finish_trajectory("sim", reward=1.0)
     finally:
         await runner.cleanup()
-    return SimRun(result, trajectory)
+    return SimRun(result, trajectory, dict(adapter.splice_fallbacks))

@@ -129,7 +129,8 @@ class ScriptedEngine:
     ) -> None:
         self.tokenizer = tokenizer
         self.replies = load_script(script)
-        self.end_id = tokenizer.token_id(END_OF_TURN)
+        # The model ends its turn with the tokenizer's end-of-turn token (`<|im_end|>` for Qwen).
+        self.end_id = tokenizer.eos_token_id
 
     def reply_index(self, messages: Sequence[Mapping[str, Any]]) -> int:
         return sum(1 for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant")
@@ -145,9 +146,13 @@ class ScriptedEngine:
         """The content blocks to answer `req` with."""
         return self.reply_blocks(self.reply_index(req.messages))
 
+    def text_for(self, req: GenerateRequest) -> str:
+        """What the model writes for `req`, end-of-turn token excluded."""
+        return format_output(blocks_to_message(self.choose(req)), tool_format="hermes")
+
     async def generate(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
-        text = format_output(blocks_to_message(self.choose(req)), tool_format="hermes")
+        text = self.text_for(req)
         ids = self.tokenizer.encode(text) + [self.end_id]
         finish = "stop"
         cut = self._stop_cut(ids[:-1], text, req.sampling.stop)

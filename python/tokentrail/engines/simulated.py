@@ -8,6 +8,7 @@ retried prompt gets a different reply, as sampling would give.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections import Counter
@@ -39,11 +40,15 @@ class Plan:
     think: float = 0.5
     agent_at: int = -1
     files: int = 4
+    # How often a tool call is written as compact JSON rather than the template's spacing,
+    # as real models sometimes do: a re-render then no longer reproduces the sampled tokens.
+    compact: float = 0.3
 
     def marker(self) -> str:
         return (
             f"<sim-plan seed={self.seed} steps={self.steps} answer_words={self.answer_words} "
-            f"think={self.think} agent_at={self.agent_at} files={self.files}/>"
+            f"think={self.think} agent_at={self.agent_at} files={self.files} "
+            f"compact={self.compact}/>"
         )
 
     @classmethod
@@ -59,6 +64,7 @@ class Plan:
             think=float(fields.get("think", 0.5)),
             agent_at=int(fields.get("agent_at", -1)),
             files=int(fields.get("files", 4)),
+            compact=float(fields.get("compact", 0.3)),
         )
 
 
@@ -117,6 +123,11 @@ def tool_step(plan: Plan, k: int, rng: random.Random) -> dict[str, Any]:
     return {"type": "tool_use", "name": kind, "input": args}
 
 
+def _plan(messages: Sequence[Mapping[str, Any]]) -> Plan:
+    system = next((_text(m) for m in messages if m.get("role") == "system"), "")
+    return Plan.parse(system) or Plan()
+
+
 class SimulatedEngine(ScriptedEngine):
     """Plays the plan in the conversation's system prompt; see the module docstring."""
 
@@ -126,10 +137,25 @@ class SimulatedEngine(ScriptedEngine):
         super().__init__(tokenizer, script=[])
         self._attempts: Counter[tuple[int, ...]] = Counter()
 
+    def text_for(self, req: GenerateRequest) -> str:
+        text = super().text_for(req)
+        plan = _plan(req.messages)
+        rng = random.Random(f"compact:{plan.seed}:{len(req.input_ids)}")
+        if "<tool_call>" not in text or rng.random() >= plan.compact:
+            return text
+        head, _, calls = text.partition("<tool_call>")
+        out = []
+        for block in ("<tool_call>" + calls).split("</tool_call>"):
+            if "<tool_call>" in block:
+                body = block.split("<tool_call>", 1)[1]
+                compact = json.dumps(json.loads(body), separators=(",", ":"), ensure_ascii=False)
+                block = block.split("<tool_call>", 1)[0] + f"<tool_call>\n{compact}\n"
+            out.append(block)
+        return head + "</tool_call>".join(out)
+
     def choose(self, req: GenerateRequest) -> list[dict[str, Any]]:
         messages = req.messages
-        system = next((_text(m) for m in messages if m.get("role") == "system"), "")
-        plan = Plan.parse(system) or Plan()
+        plan = _plan(messages)
         key = tuple(req.input_ids[-64:]) + (len(req.input_ids),)
         attempt = self._attempts[key]
         self._attempts[key] += 1
