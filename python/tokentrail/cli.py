@@ -22,6 +22,7 @@ DEMO_OUT = "tokentrail-demo-samples.jsonl"
 
 def _serve(args: argparse.Namespace) -> int:
     from tokentrail.engines.base import create_engine
+    from tokentrail.journal import Journal
     from tokentrail.manager import TrajectoryManager
     from tokentrail.pipeline import Restore
     from tokentrail.server import Adapter, AdapterConfig
@@ -46,12 +47,14 @@ def _serve(args: argparse.Namespace) -> int:
         rewrite_policy=args.rewrite_policy,
         backend=args.backend,
     )
+    journal = Journal(args.journal, sync=args.journal_sync) if args.journal else None
     adapter = Adapter(
         engine=create_engine(args.engine, tokenizer),
         tokenizer=tokenizer,
         chat_template=template,
         manager=manager,
         config=config,
+        journal=journal,
     )
     web.run_app(
         adapter.app,
@@ -200,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-turns-per-session", type=int, default=0)
     serve.add_argument("--max-context-tokens", type=int, default=0)
     serve.add_argument("--admin-token", default=None)
+    serve.add_argument("--journal", default=None, help="SQLite journal: recover, then append")
+    serve.add_argument("--journal-sync", default="normal", choices=["normal", "full"])
     serve.add_argument("--model-name", default="tokentrail")
     serve.add_argument("--backend", default=None, choices=["rust", "python"])
     serve.add_argument(

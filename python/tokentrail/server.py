@@ -21,6 +21,7 @@ from aiohttp import web
 from tokentrail.chat_template import TemplateError, render
 from tokentrail.engines.base import Engine, EngineError, GenerateRequest, SamplingParams
 from tokentrail.errors import RequestError, TokentrailError
+from tokentrail.journal import OPEN, TURN, Journal, JournaledTurn, decode_turn
 from tokentrail.manager import Trajectory, TrajectoryManager
 from tokentrail.parsing import parse_output
 from tokentrail.pipeline import Restore, prompt_messages_for_turn
@@ -114,6 +115,7 @@ class Adapter:
         chat_template: str | None = None,
         manager: TrajectoryManager | None = None,
         config: AdapterConfig | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -143,6 +145,48 @@ class Adapter:
             ]
         )
         self.app.on_cleanup.append(self._close_engine)
+        self.journal = journal
+        self._replaying = False
+        if journal is not None:
+            self._recover(journal)
+
+    def _recover(self, journal: Journal) -> None:
+        """Rebuild the unfinished sessions of a journal, as if their turns were served again."""
+        journal.set_meta(
+            tokenizer=self.tokenizer.name,
+            chat_template=self.chat_template,
+            history=str(self.config.history),
+            restore=str(self.config.restore),
+            drift_policy=self.manager.drift_policy,
+            rewrite_policy=self.manager.rewrite_policy,
+            fork_threshold=str(self.manager.fork_threshold_tokens),
+        )
+        live = set(journal.recovery.unfinished_sessions())
+        retracted = journal.recovery.retracted()
+        self._replaying = True
+        try:
+            for event in journal.events():
+                if event.sid not in live:
+                    self._closed.add(event.sid)
+                    continue
+                if event.kind == OPEN:
+                    settings = event.data
+                    self.open_session(
+                        event.sid,
+                        settings.get("sampling_defaults"),
+                        settings.get("max_context_tokens", 0),
+                        settings.get("history"),
+                    )
+                elif event.kind == TURN and event.seq not in retracted:
+                    turn = decode_turn(journal, event)
+                    replay_turn(self.manager, turn, restore=self.config.restore)
+                    session = self._sessions.setdefault(event.sid, _Session())
+                    session.turns += 1
+        finally:
+            self._replaying = False
+            journal.release()
+        if live:
+            logger.info("journal: rebuilt %d unfinished sessions", len(live))
 
     # -- sessions for trainers ------------------------------------------------------------------
 
@@ -163,6 +207,15 @@ class Adapter:
             int(max_context_tokens),
             History(history) if history is not None else None,
         )
+        if self.journal is not None and not self._replaying:
+            self.journal.session_opened(
+                sid,
+                {
+                    "sampling_defaults": dict(sampling_defaults or {}),
+                    "max_context_tokens": int(max_context_tokens),
+                    "history": str(history) if history is not None else None,
+                },
+            )
 
     async def finish_trajectory(
         self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
@@ -175,7 +228,10 @@ class Adapter:
         if session is not None:
             await session.idle.wait()
             self._sessions.pop(sid, None)
-        return self.manager.finish(sid, reward=reward, extra_metadata=metadata)
+        trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
+        if self.journal is not None:
+            self.journal.session_finished(sid, reward, metadata or {})
+        return trajectory
 
     async def finish_session(
         self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
@@ -186,6 +242,8 @@ class Adapter:
         known = self._sessions.pop(sid, None) is not None
         known = self.manager.drop_session(sid) or known
         self._closed.add(sid)
+        if known and self.journal is not None:
+            self.journal.session_dropped(sid)
         return known
 
     def _session(self, sid: str) -> _Session:
@@ -385,7 +443,35 @@ class Adapter:
         )
         clock.lap("parse")
 
-        response = await self._respond(request, proto, reply, stream, body)
+        metadata = {
+            "protocol": proto.name,
+            "request_id": rid,
+            "ill_formed": parsed.reason,
+            "history": history,
+        }
+        # Journaled before the reply leaves: a crash after the client got it must not lose the
+        # turn. A reply that never reaches the client retracts it again.
+        seq = None
+        if self.journal is not None:
+            seq = self.journal.turn(
+                sid,
+                translated=translated.messages,
+                prompt_messages=messages,
+                response_message=message,
+                tools=translated.tools,
+                prompt_ids=prompt_ids,
+                output_ids=generation.output_ids,
+                logprobs=generation.logprobs,
+                finish_reason=generation.finish_reason,
+                ill_formed=parsed.ill_formed,
+                metadata=metadata,
+            )
+        try:
+            response = await self._respond(request, proto, reply, stream, body)
+        except (ConnectionResetError, asyncio.CancelledError):
+            if seq is not None and self.journal is not None:
+                self.journal.retract(sid, seq)
+            raise
         clock.lap("respond")
 
         self.manager.record_turn(
@@ -400,12 +486,7 @@ class Adapter:
             prompt_messages=messages,
             response_message=message,
             tools=translated.tools,
-            metadata={
-                "protocol": proto.name,
-                "request_id": rid,
-                "ill_formed": parsed.reason,
-                "history": history,
-            },
+            metadata=metadata,
         )
         session.turns += 1
         clock.lap("record")
@@ -494,6 +575,25 @@ class Adapter:
         if transport is None or transport.is_closing():
             raise ConnectionResetError("client disconnected before the response was flushed")
         return response
+
+
+def replay_turn(manager: TrajectoryManager, turn: JournaledTurn, *, restore: Restore) -> None:
+    """Record a journaled turn again, restore included, exactly as it was first recorded."""
+    prompt_messages_for_turn(manager, turn.sid, turn.translated, turn.tools, restore=restore)
+    manager.record_turn(
+        turn.sid,
+        turn=TurnRecord(
+            turn.prompt_ids,
+            turn.output_ids,
+            turn.finish_reason,
+            turn.logprobs if turn.logprobs is not None else [],
+            ill_formed=turn.ill_formed,
+        ),
+        prompt_messages=turn.prompt_messages,
+        response_message=turn.response_message,
+        tools=turn.tools,
+        metadata=turn.metadata,
+    )
 
 
 # -- protocols -----------------------------------------------------------------------------------
