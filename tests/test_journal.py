@@ -118,8 +118,18 @@ def _free_port() -> int:
 def _serve(journal: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tokentrail", "serve", "--port", str(port), "--engine",
-         "simulated", "--journal", str(journal)],
+        [
+            sys.executable,
+            "-m",
+            "tokentrail",
+            "serve",
+            "--port",
+            str(port),
+            "--engine",
+            "simulated",
+            "--journal",
+            str(journal),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -148,7 +158,10 @@ class Conversation:
     def step(self, url: str) -> None:
         client = anthropic.Anthropic(base_url=url, api_key="rollout-1", max_retries=0)
         reply = client.messages.create(
-            model="m", max_tokens=2048, system=self.system, messages=copy.deepcopy(self.messages),
+            model="m",
+            max_tokens=2048,
+            system=self.system,
+            messages=copy.deepcopy(self.messages),
             tools=CLAUDE_CODE_TOOLS,
         )
         blocks, results = [], []

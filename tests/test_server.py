@@ -483,3 +483,42 @@ def test_ill_formed_output_goes_back_as_text(tokenizer) -> None:
         assert samples[0].metadata["ill_formed"] is True
 
     run(body)
+
+
+def test_metrics_endpoint_counts_what_happened(tokenizer) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    adapter = scripted(tokenizer)
+
+    async def body() -> dict:
+        async with serving(adapter) as url:
+            client = anthropic_client(url, "m1")
+            first = await client.messages.create(
+                messages=[{"role": "user", "content": "go"}],
+                model="m",
+                max_tokens=256,
+                tools=[READ_TOOL],
+            )
+            await post(url, "/v1/messages", b"{not json", sid="m1")
+            await finish(url, "m1")
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{url}/metrics") as resp:
+                    assert resp.status == 200
+                    text = await resp.text()
+        assert first.stop_reason == "tool_use"
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return samples
+
+    m = run(body)
+    assert m[("tokentrail_requests_total", (("protocol", "anthropic"), ("status", "200")))] == 1
+    assert m[("tokentrail_requests_total", (("protocol", "anthropic"), ("status", "400")))] == 1
+    assert m[("tokentrail_sessions_finished_total", ())] == 1
+    assert (
+        m[("tokentrail_generated_tokens_total", ())] == m[("tokentrail_trained_tokens_total", ())]
+    )
+    assert m[("tokentrail_generated_tokens_total", ())] > 0
+    assert m[("tokentrail_stage_duration_seconds_count", (("stage", "engine"),))] == 1
+    assert m[("tokentrail_requests_in_flight", ())] == 0

@@ -181,6 +181,67 @@ def _check_template(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from tokentrail.journal import read_journal
+    from tokentrail.pipeline import Restore
+    from tokentrail.replay import Settings, as_recorded, progress_bar, replay, side_by_side
+    from tokentrail.splice import History
+    from tokentrail.tokenizer import load_tokenizer
+
+    contents = read_journal(args.journal)
+    recorded = Settings.recorded(contents.meta)
+    settings = Settings(
+        restore=Restore(args.restore or recorded.restore),
+        history=History(args.history or recorded.history),
+        drift_policy=args.drift_policy or recorded.drift_policy,
+        rewrite_policy=args.rewrite_policy or recorded.rewrite_policy,
+        fork_threshold=recorded.fork_threshold,
+    )
+    tokenizer = load_tokenizer(args.tokenizer or contents.meta.get("tokenizer", "builtin:qwen3"))
+    before = as_recorded(contents)
+    after = replay(contents, settings, tokenizer, progress=progress_bar)
+    print(
+        side_by_side(
+            before,
+            after,
+            f"as recorded ({recorded.describe()})",
+            f"replayed ({settings.describe()})",
+        )
+    )
+    if args.out:
+        from tokentrail.export import write_samples
+
+        samples = [s for t in after.values() for s in t.samples]
+        write_samples(args.out, samples)
+        print(f"wrote {len(samples)} replayed samples to {args.out}")
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from tokentrail.ledger import Ledger
+    from tokentrail.replay import audit_table
+
+    path = Path(args.target)
+    if path.suffix in (".json", ".jsonl"):
+        ledgers = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                ledgers.append(Ledger.from_dict(record.get("ledger", record)))
+    else:
+        from tokentrail.journal import read_journal
+        from tokentrail.replay import as_recorded
+
+        ledgers = [t.ledger for t in as_recorded(read_journal(path)).values()]
+    table, fraction = audit_table(ledgers)
+    print(table)
+    if fraction > args.max_masked:
+        print(f"FAIL: masked fraction {fraction:.4f} is above {args.max_masked}")
+        return 1
+    print(f"ok: masked fraction {fraction:.4f} is within {args.max_masked}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokentrail", description=__doc__)
     parser.add_argument("--log-level", default="WARNING")
@@ -219,6 +280,28 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("target", help="a Hugging Face model dir, or a Jinja template file")
     check.add_argument("--tokenizer", default="builtin:qwen3", help="for a template file")
     check.set_defaults(func=_check_template)
+
+    rep = sub.add_parser("replay", help="re-linearize a journal under other settings")
+    rep.add_argument("journal")
+    rep.add_argument("--restore", choices=["on", "tree_only", "off"], default=None)
+    rep.add_argument("--history", choices=["splice", "render"], default=None)
+    rep.add_argument("--drift-policy", choices=["minimal", "slime"], default=None)
+    rep.add_argument("--rewrite-policy", choices=["merge", "fork"], default=None)
+    rep.add_argument("--tokenizer", default=None, help="default: the one the journal names")
+    rep.add_argument(
+        "--out", default=None, help="write the replayed samples (.npz/.jsonl/.parquet)"
+    )
+    rep.set_defaults(func=_replay)
+
+    aud = sub.add_parser("audit", help="trained vs masked, per tool and reason; gate on it")
+    aud.add_argument("target", help="a journal, or a JSON/JSONL of /finish answers")
+    aud.add_argument(
+        "--max-masked",
+        type=float,
+        default=0.05,
+        help="exit 1 when the masked fraction of generated tokens is above this",
+    )
+    aud.set_defaults(func=_audit)
 
     demo = sub.add_parser("demo", help="run a scripted coding session end to end")
     demo.add_argument("--out", default=DEMO_OUT)

@@ -88,6 +88,26 @@ class Ledger:
                 row["tokens_masked"] += t.masked_total
         return dict(sorted(out.items()))
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Ledger:
+        """The ledger of a `to_dict()` (as `/finish` answers it)."""
+        turns = [
+            TurnLedger(
+                turn_index=int(t["turn_index"]),
+                tools=list(t.get("tools") or []),
+                generated=int(t["generated"]),
+                trained=int(t["trained"]),
+                masked={k: int(v) for k, v in (t.get("masked") or {}).items()},
+                history=t.get("history"),
+            )
+            for t in d.get("turns", [])
+        ]
+        return cls(
+            turns=turns,
+            restored_echoes=int(d.get("restored_echoes", 0)),
+            restored_by_tool=dict(d.get("restored_by_tool") or {}),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "generated_tokens": self.generated_tokens,

@@ -274,6 +274,10 @@ class TrajectoryManager:
                     found = (node.turn, node.message, i)
             return found
 
+    def restored_by_tool(self, sid: str) -> dict[str, int]:
+        session = self._sessions.get(sid)
+        return dict(session.restored_by_tool) if session else {}
+
     def restored_echoes(self, sid: str) -> int:
         session = self._sessions.get(sid)
         return session.restored if session else 0

@@ -21,14 +21,16 @@ from aiohttp import web
 from tokentrail.chat_template import TemplateError, render
 from tokentrail.engines.base import Engine, EngineError, GenerateRequest, SamplingParams
 from tokentrail.errors import RequestError, TokentrailError
-from tokentrail.journal import OPEN, TURN, Journal, JournaledTurn, decode_turn
+from tokentrail.journal import OPEN, TURN, Journal, decode_turn
 from tokentrail.manager import Trajectory, TrajectoryManager
+from tokentrail.metrics import Metrics, warn_if_masked
 from tokentrail.parsing import parse_output
 from tokentrail.pipeline import Restore, prompt_messages_for_turn
 from tokentrail.protocols import anthropic, openai
 from tokentrail.protocols.common import Translated, mint_id
+from tokentrail.replay import replay_turn
 from tokentrail.sample import Sample
-from tokentrail.splice import History, Splicer
+from tokentrail.splice import History, Splicer, prompt_ids_for_turn
 from tokentrail.tokenizer import LoadedTokenizer
 from tokentrail.turn import TurnRecord
 
@@ -67,6 +69,8 @@ class AdapterConfig:
     restore: Restore = Restore.ON
     history: History = History.SPLICE
     default_max_tokens: int = 4096
+    # Warn once per finished session whose tool-call turns lost more than this share.
+    masked_warning_threshold: float = 0.05
 
 
 @dataclass
@@ -127,6 +131,7 @@ class Adapter:
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
         self.splicer = Splicer(tokenizer, self.chat_template)
         self.splice_fallbacks: Counter[str] = Counter()
+        self.metrics = Metrics()
         self._end_ids = {tokenizer.eos_token_id}
         for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
             if token in tokenizer.added_tokens:
@@ -139,6 +144,7 @@ class Adapter:
                 web.post("/v1/chat/completions", self._openai_chat),
                 web.get("/v1/models", self._models),
                 web.get("/healthz", self._healthz),
+                web.get("/metrics", self._metrics),
                 web.get("/", self._root),
                 web.post("/tokentrail/sessions/{sid}/finish", self._finish_http),
                 web.delete("/tokentrail/sessions/{sid}", self._drop_http),
@@ -231,6 +237,8 @@ class Adapter:
         trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
         if self.journal is not None:
             self.journal.session_finished(sid, reward, metadata or {})
+        self.metrics.session_finished(trajectory)
+        warn_if_masked(logger, sid, trajectory.ledger, self.config.masked_warning_threshold)
         return trajectory
 
     async def finish_session(
@@ -244,6 +252,8 @@ class Adapter:
         self._closed.add(sid)
         if known and self.journal is not None:
             self.journal.session_dropped(sid)
+        if known:
+            self.metrics.session_dropped()
         return known
 
     def _session(self, sid: str) -> _Session:
@@ -304,6 +314,13 @@ class Adapter:
             {"status": "ok", "engine": self.engine.name, "sessions": len(self._sessions)}
         )
 
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        self.metrics.set_open_sessions(len(self._sessions))
+        payload, content_type = self.metrics.render()
+        response = web.Response(body=payload)
+        response.headers["Content-Type"] = content_type
+        return response
+
     async def _root(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"name": "tokentrail"})
 
@@ -350,6 +367,17 @@ class Adapter:
     # -- one turn -------------------------------------------------------------------------------
 
     async def _turn(self, request: web.Request, proto: _Protocol) -> web.StreamResponse:
+        self.metrics.in_flight(+1)
+        status = 499  # the client went away, unless an answer says otherwise
+        try:
+            response = await self._turn_inner(request, proto)
+            status = response.status
+            return response
+        finally:
+            self.metrics.in_flight(-1)
+            self.metrics.request_done(proto.name, status)
+
+    async def _turn_inner(self, request: web.Request, proto: _Protocol) -> web.StreamResponse:
         clock = _Clock()
         session: _Session | None = None
         try:
@@ -392,9 +420,12 @@ class Adapter:
             raise HTTPError(400, str(exc)) from None
         clock.lap("translate")
 
+        restored_before = self.manager.restored_by_tool(sid)
         turn_messages = prompt_messages_for_turn(
             self.manager, sid, translated.messages, translated.tools, restore=self.config.restore
         )
+        for tool, n in self.manager.restored_by_tool(sid).items():
+            self.metrics.restored([tool] * (n - restored_before.get(tool, 0)))
         messages = turn_messages.record
         clock.lap("restore")
         text = self._render(turn_messages.render, translated.tools)
@@ -490,6 +521,7 @@ class Adapter:
         )
         session.turns += 1
         clock.lap("record")
+        self.metrics.observe_turn(clock.timing.stages)
         clock.timing.stages["engine_reported"] = generation.engine_time_s
         self.timings.append(clock.timing)
         return response
@@ -503,25 +535,20 @@ class Adapter:
         text: str,
     ) -> tuple[list[int], str]:
         """The prompt ids, spliced onto the last generated turn's tokens when possible."""
-        mode = session.history or self.config.history
-        anchor = self.manager.splice_anchor(sid, messages) if mode is History.SPLICE else None
-        if anchor is None:
-            return self.tokenizer.encode(text), History.RENDER.value
-        turn, message, at = anchor
-        spliced = self.splicer.splice(
-            held_prompt=turn.prompt_ids,
-            held_output=turn.output_ids,
-            finish_reason=turn.finish_reason,
-            last_assistant=message,
-            new_messages=messages[at + 1 :],
-            tools=translated.tools,
-            full_text=text,
+        ids, label, fallback = prompt_ids_for_turn(
+            self.manager,
+            self.splicer,
+            sid,
+            messages,
+            translated.tools,
+            text,
+            session.history or self.config.history,
         )
-        if spliced.prompt_ids is None:
-            logger.debug("session %s: splice fell back (%s)", sid, spliced.fallback)
-            self.splice_fallbacks[str(spliced.fallback)] += 1
-            return self.tokenizer.encode(text), f"splice_fallback:{spliced.fallback}"
-        return spliced.prompt_ids, History.SPLICE.value
+        if fallback is not None:
+            logger.debug("session %s: splice fell back (%s)", sid, fallback)
+            self.splice_fallbacks[str(fallback)] += 1
+            self.metrics.splice_fallback(str(fallback))
+        return ids, label
 
     def _sampling(
         self, proto: _Protocol, body: dict[str, Any], session: _Session
@@ -575,25 +602,6 @@ class Adapter:
         if transport is None or transport.is_closing():
             raise ConnectionResetError("client disconnected before the response was flushed")
         return response
-
-
-def replay_turn(manager: TrajectoryManager, turn: JournaledTurn, *, restore: Restore) -> None:
-    """Record a journaled turn again, restore included, exactly as it was first recorded."""
-    prompt_messages_for_turn(manager, turn.sid, turn.translated, turn.tools, restore=restore)
-    manager.record_turn(
-        turn.sid,
-        turn=TurnRecord(
-            turn.prompt_ids,
-            turn.output_ids,
-            turn.finish_reason,
-            turn.logprobs if turn.logprobs is not None else [],
-            ill_formed=turn.ill_formed,
-        ),
-        prompt_messages=turn.prompt_messages,
-        response_message=turn.response_message,
-        tools=turn.tools,
-        metadata=turn.metadata,
-    )
 
 
 # -- protocols -----------------------------------------------------------------------------------

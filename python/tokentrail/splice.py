@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from tokentrail.chat_template import TemplateError, render
+from tokentrail.manager import TrajectoryManager
 from tokentrail.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,36 @@ class Splicer:
         # glue and tail tokenize the same here as inside the full text.
         ids = [*map(int, held_prompt), *map(int, held_output), *self.tokenizer.encode(glue + tail)]
         return Spliced(ids, None, glue, tail)
+
+
+def prompt_ids_for_turn(
+    manager: TrajectoryManager,
+    splicer: Splicer,
+    sid: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    text: str,
+    history: History,
+) -> tuple[list[int], str, Fallback | None]:
+    """A turn's prompt ids and how they were built ("splice", "render" or
+    "splice_fallback:<reason>"); `text` is the full render of `messages`."""
+    anchor = manager.splice_anchor(sid, messages) if history is History.SPLICE else None
+    if anchor is None:
+        return splicer.tokenizer.encode(text), History.RENDER.value, None
+    turn, message, at = anchor
+    spliced = splicer.splice(
+        held_prompt=turn.prompt_ids,
+        held_output=turn.output_ids,
+        finish_reason=turn.finish_reason,
+        last_assistant=message,
+        new_messages=messages[at + 1 :],
+        tools=tools,
+        full_text=text,
+    )
+    if spliced.prompt_ids is None:
+        label = f"splice_fallback:{spliced.fallback}"
+        return splicer.tokenizer.encode(text), label, spliced.fallback
+    return spliced.prompt_ids, History.SPLICE.value, None
 
 
 # -- checking a template ---------------------------------------------------------------------
