@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import platform
 import time
@@ -131,4 +132,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # The per-session lost-signal warnings would interleave with the table.
+    logging.getLogger("tokentrail").setLevel(logging.ERROR)
     main()

@@ -11,6 +11,7 @@ before render.
 from __future__ import annotations
 
 import asyncio
+import logging
 import platform
 from collections import Counter
 from dataclasses import dataclass, field
@@ -148,4 +149,6 @@ def format_table(rows: list[Row]) -> str:
 
 
 if __name__ == "__main__":
+    # The per-session lost-signal warnings would interleave with the table.
+    logging.getLogger("tokentrail").setLevel(logging.ERROR)
     print(format_table(validation_table()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import platform
 from collections import Counter
@@ -138,6 +139,8 @@ async def main(sessions: int, steps: int) -> None:
 
 
 if __name__ == "__main__":
+    # The per-session lost-signal warnings would interleave with the table.
+    logging.getLogger("tokentrail").setLevel(logging.ERROR)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=6)
     parser.add_argument("--steps", type=int, default=8)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import platform
 import tempfile
@@ -124,6 +125,8 @@ async def main(n: int, steps: int) -> None:
 
 
 if __name__ == "__main__":
+    # The per-session lost-signal warnings would interleave with the table.
+    logging.getLogger("tokentrail").setLevel(logging.ERROR)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8)
