@@ -2,7 +2,7 @@
 use std::fmt;
 
 /// Everything the core refuses. The binding maps each variant to a named Python exception
-/// (`TokenIdError`, `LogprobLengthError` or `PolicyError`, all `ValueError`s).
+/// (`TokenIdError`, `LogprobLengthError`, `PolicyError` or `PackError`, all `ValueError`s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
     /// A token id is negative, not an integer, or does not fit in 32 bits; the message says
@@ -22,6 +22,27 @@ pub enum Error {
         turn: i64,
         turns: usize,
     },
+    /// One of `pack`'s per-sample inputs has `got` entries for `samples` token arrays.
+    PackCount {
+        what: &'static str,
+        got: usize,
+        samples: usize,
+    },
+    /// A packed sample's response length is negative or longer than its tokens.
+    ResponseLength {
+        sample: usize,
+        response_length: i64,
+        tokens: usize,
+    },
+    /// A packed sample's loss mask or logprobs (`what`) is not one entry per response token.
+    PackLength {
+        sample: usize,
+        what: &'static str,
+        got: usize,
+        response_length: usize,
+    },
+    /// The packed tokens or the samples are too many for int32 `cu_seqlens`.
+    PackTooLong { tokens: usize, samples: usize },
 }
 
 impl fmt::Display for Error {
@@ -45,6 +66,31 @@ impl fmt::Display for Error {
             Error::TurnOutOfRange { chain, turn, turns } => write!(
                 f,
                 "chain {chain} names turn {turn}, but there are {turns} turns"
+            ),
+            Error::PackCount { what, got, samples } => {
+                write!(f, "{what}: {got} entries for {samples} samples")
+            }
+            Error::ResponseLength {
+                sample,
+                response_length,
+                tokens,
+            } => write!(
+                f,
+                "sample {sample}: response_length {response_length} is outside [0, {tokens}], \
+                 its token count"
+            ),
+            Error::PackLength {
+                sample,
+                what,
+                got,
+                response_length,
+            } => write!(
+                f,
+                "sample {sample}: {got} {what} entries for response_length {response_length}"
+            ),
+            Error::PackTooLong { tokens, samples } => write!(
+                f,
+                "{samples} samples of {tokens} tokens in all do not fit int32 cu_seqlens"
             ),
         }
     }
@@ -93,6 +139,21 @@ mod tests {
                     turns: 3,
                 },
                 "chain 1 names turn 9, but there are 3 turns",
+            ),
+            (
+                Error::ResponseLength {
+                    sample: 2,
+                    response_length: -1,
+                    tokens: 4,
+                },
+                "sample 2: response_length -1 is outside [0, 4], its token count",
+            ),
+            (
+                Error::PackTooLong {
+                    tokens: 1 << 31,
+                    samples: 3,
+                },
+                "3 samples of 2147483648 tokens in all do not fit int32 cu_seqlens",
             ),
         ];
         for (error, message) in cases {

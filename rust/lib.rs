@@ -1,4 +1,5 @@
-//! tokentrail's hot path: prefix diffing, drift classification, loss masks, linearization.
+//! tokentrail's hot path: prefix diffing, drift classification, loss masks, linearization,
+//! packing.
 //!
 //! The algorithm modules are plain Rust; `python` is the only one that knows about Python.
 pub mod builder;
@@ -6,6 +7,7 @@ pub mod counts;
 pub mod drift;
 pub mod error;
 pub mod linearize;
+pub mod pack;
 pub mod prefix;
 mod python;
 

@@ -5,8 +5,8 @@
 use std::fmt::Display;
 
 use numpy::{
-    AllowTypeChange, IntoPyArray, PyArray1, PyArrayDescrMethods, PyArrayLike1, PyArrayMethods,
-    PyUntypedArray, PyUntypedArrayMethods,
+    AllowTypeChange, Element, IntoPyArray, PyArray1, PyArrayDescrMethods, PyArrayLike1,
+    PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::marker::Ungil;
@@ -18,11 +18,13 @@ use crate::counts::Counts;
 use crate::drift::{Drift, DriftKind, Policy};
 use crate::error::Error;
 use crate::linearize::{self as core, Linearized, Settings, Turn};
+use crate::pack::{self, Packed};
 use crate::prefix;
 
 pyo3::import_exception!(tokentrail.errors, TokenIdError);
 pyo3::import_exception!(tokentrail.errors, LogprobLengthError);
 pyo3::import_exception!(tokentrail.errors, PolicyError);
+pyo3::import_exception!(tokentrail.export, PackError);
 
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
@@ -34,6 +36,10 @@ impl From<Error> for PyErr {
             | Error::Negative { .. }
             | Error::Fork { .. }
             | Error::TurnOutOfRange { .. } => PolicyError::new_err(message),
+            Error::PackCount { .. }
+            | Error::ResponseLength { .. }
+            | Error::PackLength { .. }
+            | Error::PackTooLong { .. } => PackError::new_err(message),
         }
     }
 }
@@ -50,8 +56,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBuiltSample>()?;
     m.add_class::<PyDriftEvent>()?;
     m.add_class::<PyLinearized>()?;
+    m.add_class::<PyPacked>()?;
     m.add_function(wrap_pyfunction!(common_prefix_len, m)?)?;
     m.add_function(wrap_pyfunction!(linearize, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_samples, m)?)?;
     Ok(())
 }
 
@@ -129,6 +137,42 @@ type Logprobs<'py> = PyArrayLike1<'py, f32, AllowTypeChange>;
 
 fn logprob_vec(logprobs: Option<Logprobs<'_>>) -> Option<Vec<f32>> {
     logprobs.map(|logprobs| logprobs.as_array().to_vec())
+}
+
+/// A 1-D array's elements: read in place from a contiguous numpy array, copied otherwise.
+enum Held<'py, T: Element> {
+    InPlace(PyReadonlyArray1<'py, T>),
+    Copied(Vec<T>),
+}
+
+impl<'py, T: Element + Clone> Held<'py, T> {
+    fn new(array: PyReadonlyArray1<'py, T>) -> Self {
+        if array.is_contiguous() {
+            Held::InPlace(array)
+        } else {
+            Held::Copied(array.as_array().to_vec())
+        }
+    }
+
+    /// What numpy's `asarray(values, dtype)` reads, in place when it is already that array.
+    fn like(values: &PyArrayLike1<'py, T, AllowTypeChange>) -> Self {
+        Held::new((**values).clone())
+    }
+
+    fn as_slice(&self) -> &[T] {
+        match self {
+            Held::InPlace(array) => array.as_slice().expect("held arrays are contiguous"),
+            Held::Copied(values) => values,
+        }
+    }
+}
+
+/// Token ids: a uint32 array in place, anything else through `token_ids`.
+fn held_ids<'py>(ids: &Bound<'py, PyAny>, what: &str) -> PyResult<Held<'py, u32>> {
+    match ids.cast::<PyArray1<u32>>() {
+        Ok(array) => Ok(Held::new(array.readonly())),
+        Err(_) => token_ids(ids, what).map(Held::Copied),
+    }
 }
 
 // --- Records -------------------------------------------------------------------------------------
@@ -336,6 +380,47 @@ fn linearized(py: Python<'_>, out: Linearized) -> PyResult<PyLinearized> {
     })
 }
 
+/// Samples flattened into one varlen-attention batch: see `tokentrail.export.PackedBatch`.
+#[pyclass(name = "Packed", module = "tokentrail._core", frozen, get_all)]
+struct PyPacked {
+    tokens: Py<PyArray1<u32>>,
+    cu_seqlens: Py<PyArray1<i32>>,
+    position_ids: Py<PyArray1<i32>>,
+    sample_index: Py<PyArray1<i32>>,
+    loss_mask: Py<PyArray1<u8>>,
+    logprobs: Py<PyArray1<f32>>,
+    rewards: Py<PyArray1<f32>>,
+    advantages: Py<PyArray1<f32>>,
+    max_seqlen: usize,
+}
+
+#[pymethods]
+impl PyPacked {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Packed(samples={}, tokens={}, max_seqlen={})",
+            self.rewards.bind(py).len(),
+            self.tokens.bind(py).len(),
+            self.max_seqlen
+        )
+    }
+}
+
+/// The packed vectors handed to numpy as they are, without a copy.
+fn packed(py: Python<'_>, out: Packed) -> PyPacked {
+    PyPacked {
+        tokens: out.tokens.into_pyarray(py).unbind(),
+        cu_seqlens: out.cu_seqlens.into_pyarray(py).unbind(),
+        position_ids: out.position_ids.into_pyarray(py).unbind(),
+        sample_index: out.sample_index.into_pyarray(py).unbind(),
+        loss_mask: out.loss_mask.into_pyarray(py).unbind(),
+        logprobs: out.logprobs.into_pyarray(py).unbind(),
+        rewards: out.rewards.into_pyarray(py).unbind(),
+        advantages: out.advantages.into_pyarray(py).unbind(),
+        max_seqlen: out.max_seqlen,
+    }
+}
+
 // --- SampleBuilder -------------------------------------------------------------------------------
 
 /// Accumulates one coherent run of turns into tokens, loss mask and logprobs.
@@ -473,4 +558,40 @@ fn linearize(
         .collect::<PyResult<Vec<_>>>()?;
     let out = detached(py, move || core::linearize(&turns, &chains, settings))?;
     linearized(py, out)
+}
+
+/// Per-sample inputs numpy reads as 1-D arrays of `T`.
+type ArrayLike<'py, T> = PyArrayLike1<'py, T, AllowTypeChange>;
+
+/// Pack samples into one batch for variable-length attention.
+///
+/// Sample `i` is `tokens[i]` (prompt and response); its last `response_lengths[i]` tokens carry
+/// `loss_masks[i]` and `logprobs[i]`. Contiguous uint32/uint8/float32 arrays are read in place.
+#[pyfunction]
+#[pyo3(name = "pack")]
+fn pack_samples(
+    py: Python<'_>,
+    tokens: Vec<Bound<'_, PyAny>>,
+    loss_masks: Vec<ArrayLike<'_, u8>>,
+    logprobs: Vec<ArrayLike<'_, f32>>,
+    response_lengths: ArrayLike<'_, i64>,
+    rewards: ArrayLike<'_, f32>,
+) -> PyResult<PyPacked> {
+    let tokens = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, ids)| held_ids(ids, &format!("tokens[{i}]")))
+        .collect::<PyResult<Vec<_>>>()?;
+    let loss_masks: Vec<_> = loss_masks.iter().map(Held::like).collect();
+    let logprobs: Vec<_> = logprobs.iter().map(Held::like).collect();
+    let (response_lengths, rewards) = (Held::like(&response_lengths), Held::like(&rewards));
+
+    let tokens: Vec<&[u32]> = tokens.iter().map(Held::as_slice).collect();
+    let loss_masks: Vec<&[u8]> = loss_masks.iter().map(Held::as_slice).collect();
+    let logprobs: Vec<&[f32]> = logprobs.iter().map(Held::as_slice).collect();
+    let (response_lengths, rewards) = (response_lengths.as_slice(), rewards.as_slice());
+    let out = detached(py, || {
+        pack::pack(&tokens, &loss_masks, &logprobs, response_lengths, rewards)
+    })?;
+    Ok(packed(py, out))
 }

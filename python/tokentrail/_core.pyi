@@ -18,15 +18,19 @@ __all__ = [
     "Drift",
     "DriftEvent",
     "Linearized",
+    "Packed",
     "SampleBuilder",
     "Span",
     "common_prefix_len",
     "linearize",
+    "pack",
 ]
 
 _TokenIds: TypeAlias = Sequence[int | np.integer] | npt.NDArray[np.integer]
 _Logprobs: TypeAlias = Sequence[float] | npt.NDArray[np.floating] | None
 _TurnInput: TypeAlias = tuple[_TokenIds, _TokenIds, _Logprobs]
+_Ints: TypeAlias = Sequence[int | np.integer] | npt.NDArray[np.integer]
+_Floats: TypeAlias = Sequence[float] | npt.NDArray[np.floating]
 
 CLEAN: Final = "clean"
 REALIGN: Final = "realign"
@@ -171,3 +175,35 @@ def linearize(
     max_sample_tokens: int = 0,
 ) -> Linearized:
     """Linearize chains of turns into samples."""
+
+@final
+class Packed:
+    """Samples flattened into one varlen-attention batch: see `tokentrail.export.PackedBatch`."""
+
+    @property
+    def tokens(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def cu_seqlens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def position_ids(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def sample_index(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def loss_mask(self) -> npt.NDArray[np.uint8]: ...
+    @property
+    def logprobs(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def rewards(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def advantages(self) -> npt.NDArray[np.float32]: ...
+    @property
+    def max_seqlen(self) -> int: ...
+
+def pack(
+    tokens: Sequence[_TokenIds],
+    loss_masks: Sequence[_Ints],
+    logprobs: Sequence[_Floats],
+    response_lengths: _Ints,
+    rewards: _Floats,
+) -> Packed:
+    """Pack samples into one batch for variable-length attention."""
