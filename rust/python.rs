@@ -24,7 +24,7 @@ use crate::prefix;
 pyo3::import_exception!(tokentrail.errors, TokenIdError);
 pyo3::import_exception!(tokentrail.errors, LogprobLengthError);
 pyo3::import_exception!(tokentrail.errors, PolicyError);
-pyo3::import_exception!(tokentrail.export, PackError);
+pyo3::import_exception!(tokentrail.errors, PackError);
 
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from tokentrail.chat_template import TemplateError, render
 from tokentrail.errors import (
+    ExportError,
     LogprobLengthError,
     MessageError,
+    PackError,
     PolicyError,
     SessionError,
     TokenIdError,
     TokentrailError,
 )
+from tokentrail.export import PackedBatch, pack_samples, read_samples, write_samples
 from tokentrail.ledger import Ledger, TurnLedger
 from tokentrail.manager import DriftRecord, Trajectory, TrajectoryManager
 from tokentrail.parsing import ParsedOutput, format_output, parse_output
@@ -23,13 +26,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DriftRecord",
+    "ExportError",
     "Ledger",
     "LoadedTokenizer",
     "LogprobLengthError",
     "MessageError",
+    "PackError",
     "ParsedOutput",
     "PolicyError",
     "Restore",
+    "PackedBatch",
     "Sample",
     "SessionError",
     "TemplateError",
@@ -43,6 +49,9 @@ __all__ = [
     "__version__",
     "format_output",
     "load_tokenizer",
+    "pack_samples",
     "parse_output",
+    "read_samples",
     "render",
+    "write_samples",
 ]

@@ -29,3 +29,12 @@ class SessionError(TokentrailError):
 
 class RequestError(TokentrailError):
     """A harness's request is malformed; the adapter answers it with HTTP 400."""
+
+
+class ExportError(TokentrailError):
+    """A sample file cannot be written or read: unknown format, missing pyarrow, corrupt file."""
+
+
+class PackError(TokentrailError):
+    """Samples cannot be packed: a mask or logprobs does not fit the response, a response is
+    longer than its sample, or the inputs differ in number."""

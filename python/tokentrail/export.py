@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tokentrail.backend import load_backend
-from tokentrail.errors import TokentrailError
+from tokentrail.errors import ExportError, PackError
 from tokentrail.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -33,15 +33,6 @@ __all__ = [
     "read_samples",
     "write_samples",
 ]
-
-
-class ExportError(TokentrailError):
-    """A sample file cannot be written or read: unknown format, missing pyarrow, corrupt file."""
-
-
-class PackError(TokentrailError):
-    """Samples cannot be packed: a mask or logprobs does not fit the response, a response is
-    longer than its sample, or the inputs differ in number."""
 
 
 class Format(StrEnum):

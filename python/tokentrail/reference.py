@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tokentrail.errors import LogprobLengthError, PolicyError, TokenIdError
-from tokentrail.export import PackError
+from tokentrail.errors import LogprobLengthError, PackError, PolicyError, TokenIdError
 
 CLEAN = "clean"
 REALIGN = "realign"
