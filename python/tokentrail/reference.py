@@ -459,3 +459,110 @@ def _logprob_list(logprobs: Sequence[float] | None, n: int) -> list[float] | Non
 def _add(into: dict[int, int], counts: dict[int, int]) -> None:
     for k, v in counts.items():
         into[k] = into.get(k, 0) + v
+
+
+class TurnStore:
+    """Every turn of one session, stored compactly: a prompt is the prefix it shares with its
+    parent turn's tokens (prompt + output) plus its own tail, so memory grows with the unique
+    tokens of the session, not with turns x context.
+
+    Turn ids are 0, 1, 2, ... in push order.
+    """
+
+    def __init__(self) -> None:
+        self._parent: list[int] = []
+        self._prefix: list[int] = []
+        self._tail: list[list[int]] = []
+        self._output: list[list[int]] = []
+        self._logprobs: list[list[float] | None] = []
+        # The last turn materialized: the next push almost always continues it.
+        self._cached: tuple[int, list[int]] = (-1, [])
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def push(
+        self,
+        parent: int,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+    ) -> int:
+        """Store a turn; `parent` is the turn whose tokens its prompt continues, or -1."""
+        prompt = token_list(prompt_ids, "prompt_ids")
+        output = token_list(output_ids, "output_ids")
+        lps = _logprob_list(logprobs, len(output))
+        if not -1 <= parent < len(self):
+            raise PolicyError(f"parent turn {parent} does not exist ({len(self)} turns stored)")
+        prefix = _lcp(self.tokens(parent), prompt) if parent >= 0 else 0
+        self._parent.append(parent)
+        self._prefix.append(prefix)
+        self._tail.append(prompt[prefix:])
+        self._output.append(output)
+        self._logprobs.append(lps)
+        return len(self) - 1
+
+    def _check(self, turn: int) -> None:
+        if not 0 <= turn < len(self):
+            raise PolicyError(f"turn {turn} does not exist ({len(self)} turns stored)")
+
+    def prompt_ids(self, turn: int) -> np.ndarray:
+        return np.asarray(self._prompt(turn), dtype=np.uint32)
+
+    def _prompt(self, turn: int) -> list[int]:
+        self._check(turn)
+        parent, prefix = self._parent[turn], self._prefix[turn]
+        head = self.tokens(parent)[:prefix] if parent >= 0 else []
+        return head + self._tail[turn]
+
+    def tokens(self, turn: int) -> list[int]:
+        """The turn's prompt then output ids."""
+        if self._cached[0] == turn:
+            return self._cached[1]
+        full = self._prompt(turn) + self._output[turn]
+        self._cached = (turn, full)
+        return full
+
+    def output_ids(self, turn: int) -> np.ndarray:
+        self._check(turn)
+        return np.asarray(self._output[turn], dtype=np.uint32)
+
+    def logprobs(self, turn: int) -> np.ndarray | None:
+        self._check(turn)
+        lps = self._logprobs[turn]
+        return None if lps is None else np.asarray(lps, dtype=np.float32)
+
+    def output_len(self, turn: int) -> int:
+        self._check(turn)
+        return len(self._output[turn])
+
+    def nbytes(self) -> int:
+        """Bytes the stored ids and logprobs take: 4 per id, 4 per logprob."""
+        ids = sum(len(t) for t in self._tail) + sum(len(o) for o in self._output)
+        lps = sum(len(lp) for lp in self._logprobs if lp is not None)
+        return 4 * ids + 4 * lps + 8 * len(self)
+
+    def linearize(
+        self,
+        chains: Sequence[Sequence[int]],
+        *,
+        policy: str = "minimal",
+        fork_threshold: int = 1024,
+        max_sample_tokens: int = 0,
+    ) -> Linearized:
+        """`linearize` over the stored turns: chains name turn ids."""
+        # Parents come before children, so each full sequence is built from its parent's once.
+        full: list[list[int]] = []
+        turns = []
+        for t in range(len(self)):
+            parent, prefix = self._parent[t], self._prefix[t]
+            prompt = (full[parent][:prefix] if parent >= 0 else []) + self._tail[t]
+            full.append(prompt + self._output[t])
+            turns.append((prompt, self._output[t], self._logprobs[t]))
+        return linearize(
+            turns,
+            chains,
+            policy=policy,
+            fork_threshold=fork_threshold,
+            max_sample_tokens=max_sample_tokens,
+        )
