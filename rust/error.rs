@@ -22,6 +22,13 @@ pub enum Error {
         turn: i64,
         turns: usize,
     },
+    /// A turn store is asked for a turn it does not hold; `what` is "turn" or, for a push,
+    /// "parent turn".
+    NoSuchTurn {
+        what: &'static str,
+        turn: i64,
+        turns: usize,
+    },
     /// One of `pack`'s per-sample inputs has `got` entries for `samples` token arrays.
     PackCount {
         what: &'static str,
@@ -67,6 +74,9 @@ impl fmt::Display for Error {
                 f,
                 "chain {chain} names turn {turn}, but there are {turns} turns"
             ),
+            Error::NoSuchTurn { what, turn, turns } => {
+                write!(f, "{what} {turn} does not exist ({turns} turns stored)")
+            }
             Error::PackCount { what, got, samples } => {
                 write!(f, "{what}: {got} entries for {samples} samples")
             }
@@ -139,6 +149,14 @@ mod tests {
                     turns: 3,
                 },
                 "chain 1 names turn 9, but there are 3 turns",
+            ),
+            (
+                Error::NoSuchTurn {
+                    what: "parent turn",
+                    turn: 5,
+                    turns: 2,
+                },
+                "parent turn 5 does not exist (2 turns stored)",
             ),
             (
                 Error::ResponseLength {

@@ -32,6 +32,40 @@ impl Turn {
     }
 }
 
+/// One turn as `linearize` reads it: its prompt, output and logprobs (none when absent).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TurnRef<'a> {
+    pub prompt: &'a [u32],
+    pub output: &'a [u32],
+    pub logprobs: Option<&'a [f32]>,
+}
+
+/// Where `linearize` reads its turns from, by index and one at a time, so a source may build
+/// each prompt when it is asked for it (see `store::TurnStore`).
+pub trait TurnSource {
+    /// How many turns there are; chains index `0..count()`.
+    fn count(&self) -> usize;
+
+    /// Turn `index`, which is below `count()`. Its logprobs fit its output, as `Turn::new`
+    /// checks them.
+    fn turn(&mut self, index: usize) -> TurnRef<'_>;
+}
+
+impl TurnSource for &[Turn] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn turn(&mut self, index: usize) -> TurnRef<'_> {
+        let turn = &self[index];
+        TurnRef {
+            prompt: &turn.prompt,
+            output: &turn.output,
+            logprobs: turn.logprobs.as_deref(),
+        }
+    }
+}
+
 /// How `linearize` heals drift and cuts samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
@@ -109,19 +143,28 @@ pub fn linearize(
     chains: &[Vec<i64>],
     settings: Settings,
 ) -> Result<Linearized, Error> {
-    let chains = turn_indices(chains, turns.len())?;
+    linearize_from(&mut { turns }, chains, settings)
+}
+
+/// `linearize` over the turns of any `TurnSource`, each read when a chain reaches it.
+pub fn linearize_from(
+    turns: &mut impl TurnSource,
+    chains: &[Vec<i64>],
+    settings: Settings,
+) -> Result<Linearized, Error> {
+    let chains = turn_indices(chains, turns.count())?;
     let Settings {
         policy,
         fork_threshold,
         max_sample_tokens,
     } = settings;
-    let mut claimed = vec![false; turns.len()];
+    let mut claimed = vec![false; turns.count()];
     let mut out = Linearized::default();
     for (c, chain) in chains.iter().enumerate() {
         let mut builder = SampleBuilder::with_threshold(policy, fork_threshold);
         for &t in chain {
-            let turn = &turns[t];
-            let mut drift = builder.classify(&turn.prompt, turn.output.len());
+            let turn = turns.turn(t);
+            let mut drift = builder.classify(turn.prompt, turn.output.len());
             if !builder.spans().is_empty() {
                 out.drifts.push(DriftEvent {
                     chain: c,
@@ -134,13 +177,13 @@ pub fn linearize(
             if drift.kind == DriftKind::Fork {
                 let fresh = SampleBuilder::with_threshold(policy, fork_threshold);
                 out.close(mem::replace(&mut builder, fresh), c, max_sample_tokens);
-                drift = builder.classify(&turn.prompt, turn.output.len());
+                drift = builder.classify(turn.prompt, turn.output.len());
             }
             builder.append_classified(
                 drift,
-                &turn.prompt,
-                &turn.output,
-                turn.logprobs.as_deref(),
+                turn.prompt,
+                turn.output,
+                turn.logprobs,
                 !claimed[t],
                 t as i64,
             )?;

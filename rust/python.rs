@@ -35,7 +35,8 @@ impl From<Error> for PyErr {
             Error::UnknownPolicy(_)
             | Error::Negative { .. }
             | Error::Fork { .. }
-            | Error::TurnOutOfRange { .. } => PolicyError::new_err(message),
+            | Error::TurnOutOfRange { .. }
+            | Error::NoSuchTurn { .. } => PolicyError::new_err(message),
             Error::PackCount { .. }
             | Error::ResponseLength { .. }
             | Error::PackLength { .. }
@@ -64,7 +65,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// Run `work` with the GIL released; its error becomes the matching Python exception.
-fn detached<T, F>(py: Python<'_>, work: F) -> PyResult<T>
+pub(crate) fn detached<T, F>(py: Python<'_>, work: F) -> PyResult<T>
 where
     F: Ungil + FnOnce() -> Result<T, Error>,
     Result<T, Error>: Ungil,
@@ -133,14 +134,14 @@ fn token_error(what: impl Display, problem: impl Display) -> PyErr {
 }
 
 /// Logprobs as numpy reads them: a float32 array in place, other floats converted.
-type Logprobs<'py> = PyArrayLike1<'py, f32, AllowTypeChange>;
+pub(crate) type Logprobs<'py> = PyArrayLike1<'py, f32, AllowTypeChange>;
 
 fn logprob_vec(logprobs: Option<Logprobs<'_>>) -> Option<Vec<f32>> {
     logprobs.map(|logprobs| logprobs.as_array().to_vec())
 }
 
 /// A 1-D array's elements: read in place from a contiguous numpy array, copied otherwise.
-enum Held<'py, T: Element> {
+pub(crate) enum Held<'py, T: Element> {
     InPlace(PyReadonlyArray1<'py, T>),
     Copied(Vec<T>),
 }
@@ -155,11 +156,11 @@ impl<'py, T: Element + Clone> Held<'py, T> {
     }
 
     /// What numpy's `asarray(values, dtype)` reads, in place when it is already that array.
-    fn like(values: &PyArrayLike1<'py, T, AllowTypeChange>) -> Self {
+    pub(crate) fn like(values: &PyArrayLike1<'py, T, AllowTypeChange>) -> Self {
         Held::new((**values).clone())
     }
 
-    fn as_slice(&self) -> &[T] {
+    pub(crate) fn as_slice(&self) -> &[T] {
         match self {
             Held::InPlace(array) => array.as_slice().expect("held arrays are contiguous"),
             Held::Copied(values) => values,
@@ -168,7 +169,7 @@ impl<'py, T: Element + Clone> Held<'py, T> {
 }
 
 /// Token ids: a uint32 array in place, anything else through `token_ids`.
-fn held_ids<'py>(ids: &Bound<'py, PyAny>, what: &str) -> PyResult<Held<'py, u32>> {
+pub(crate) fn held_ids<'py>(ids: &Bound<'py, PyAny>, what: &str) -> PyResult<Held<'py, u32>> {
     match ids.cast::<PyArray1<u32>>() {
         Ok(array) => Ok(Held::new(array.readonly())),
         Err(_) => token_ids(ids, what).map(Held::Copied),
@@ -339,7 +340,7 @@ fn counts_dict<'py>(py: Python<'py>, counts: &Counts) -> PyResult<Bound<'py, PyD
 
 /// Every sample of a set of chains, with the drift decisions taken on the way.
 #[pyclass(name = "Linearized", module = "tokentrail._core", frozen, get_all)]
-struct PyLinearized {
+pub(crate) struct PyLinearized {
     samples: Py<PyList>,
     drifts: Py<PyList>,
     trained: Py<PyDict>,
@@ -358,7 +359,7 @@ impl PyLinearized {
     }
 }
 
-fn linearized(py: Python<'_>, out: Linearized) -> PyResult<PyLinearized> {
+pub(crate) fn linearized(py: Python<'_>, out: Linearized) -> PyResult<PyLinearized> {
     let samples = out
         .samples
         .into_iter()

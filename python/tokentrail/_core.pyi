@@ -21,6 +21,7 @@ __all__ = [
     "Packed",
     "SampleBuilder",
     "Span",
+    "TurnStore",
     "common_prefix_len",
     "linearize",
     "pack",
@@ -207,3 +208,38 @@ def pack(
     rewards: _Floats,
 ) -> Packed:
     """Pack samples into one batch for variable-length attention."""
+
+@final
+class TurnStore:
+    """Every turn of one session, stored compactly: a prompt is the prefix it shares with its
+    parent turn's tokens (prompt + output) plus its own tail."""
+
+    def __new__(cls) -> TurnStore: ...
+    def __len__(self) -> int: ...
+    def push(
+        self,
+        parent: int,
+        prompt_ids: _TokenIds,
+        output_ids: _TokenIds,
+        logprobs: _Logprobs = None,
+    ) -> int:
+        """Store a turn; `parent` is the turn whose tokens its prompt continues, or -1."""
+    def prompt_ids(self, turn: int) -> npt.NDArray[np.uint32]: ...
+    def tokens(self, turn: int) -> npt.NDArray[np.uint32]:
+        """The turn's prompt then output ids."""
+    def output_ids(self, turn: int) -> npt.NDArray[np.uint32]: ...
+    def logprobs(self, turn: int) -> npt.NDArray[np.float32] | None: ...
+    def output_len(self, turn: int) -> int: ...
+    def nbytes(self) -> int:
+        """Bytes the stored ids and logprobs take: 4 per id, 4 per logprob, 8 per turn."""
+    def heap_bytes(self) -> int:
+        """Bytes held: what the store's buffers have allocated."""
+    def linearize(
+        self,
+        chains: Sequence[Sequence[int]],
+        *,
+        policy: str = "minimal",
+        fork_threshold: int = 1024,
+        max_sample_tokens: int = 0,
+    ) -> Linearized:
+        """`linearize` over the stored turns: chains name turn ids."""

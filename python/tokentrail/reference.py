@@ -494,7 +494,7 @@ class TurnStore:
         lps = _logprob_list(logprobs, len(output))
         if not -1 <= parent < len(self):
             raise PolicyError(f"parent turn {parent} does not exist ({len(self)} turns stored)")
-        prefix = _lcp(self.tokens(parent), prompt) if parent >= 0 else 0
+        prefix = _lcp(self._tokens(parent), prompt) if parent >= 0 else 0
         self._parent.append(parent)
         self._prefix.append(prefix)
         self._tail.append(prompt[prefix:])
@@ -512,11 +512,15 @@ class TurnStore:
     def _prompt(self, turn: int) -> list[int]:
         self._check(turn)
         parent, prefix = self._parent[turn], self._prefix[turn]
-        head = self.tokens(parent)[:prefix] if parent >= 0 else []
+        head = self._tokens(parent)[:prefix] if parent >= 0 else []
         return head + self._tail[turn]
 
-    def tokens(self, turn: int) -> list[int]:
+    def tokens(self, turn: int) -> np.ndarray:
         """The turn's prompt then output ids."""
+        self._check(turn)
+        return np.asarray(self._tokens(turn), dtype=np.uint32)
+
+    def _tokens(self, turn: int) -> list[int]:
         if self._cached[0] == turn:
             return self._cached[1]
         full = self._prompt(turn) + self._output[turn]
@@ -541,6 +545,11 @@ class TurnStore:
         ids = sum(len(t) for t in self._tail) + sum(len(o) for o in self._output)
         lps = sum(len(lp) for lp in self._logprobs if lp is not None)
         return 4 * ids + 4 * lps + 8 * len(self)
+
+    def heap_bytes(self) -> int:
+        """Bytes held. The Rust store reports what its buffers have allocated; Python objects
+        have no such figure, so this is `nbytes()`."""
+        return self.nbytes()
 
     def linearize(
         self,

@@ -1,0 +1,638 @@
+//! Compact turn storage for one session: a prompt is the prefix it shares with its parent turn's
+//! tokens plus its own tail, kept in flat arenas, so memory grows with the session's unique
+//! tokens, not with turns x context.
+use std::mem;
+
+use crate::builder::checked_logprobs;
+use crate::error::Error;
+use crate::linearize::{linearize_from, Linearized, Settings, TurnRef, TurnSource};
+use crate::prefix::common_prefix_len;
+
+/// Every turn of one session. Turn ids are 0, 1, 2, ... in push order, and a turn's parent
+/// always has a smaller id.
+///
+/// Memory: one `Entry` per turn, and three arenas (tails, outputs, logprobs) that hold each
+/// turn's pieces back to back; plus one full token sequence, the last turn pushed, which the
+/// next push almost always continues.
+#[derive(Debug, Clone, Default)]
+pub struct TurnStore {
+    arena: Arena,
+    cursor: Cursor,
+}
+
+impl TurnStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many turns are stored.
+    pub fn len(&self) -> usize {
+        self.arena.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.arena.entries.is_empty()
+    }
+
+    /// Store a turn and return its id. `parent` is the turn whose tokens (prompt + output) the
+    /// prompt continues, or -1 for none; only their common prefix is shared, the rest of the
+    /// prompt is stored as the turn's tail.
+    ///
+    /// Checked in the reference's order: the logprobs (`Error::LogprobLength`; empty ones are
+    /// none), then the parent (`Error::NoSuchTurn`). Continuing the previous push costs a
+    /// prefix comparison and a copy of the tail and output.
+    pub fn push(
+        &mut self,
+        parent: i64,
+        prompt: &[u32],
+        output: &[u32],
+        logprobs: Option<&[f32]>,
+    ) -> Result<usize, Error> {
+        let logprobs = checked_logprobs(logprobs, output.len())?;
+        let parent = match parent {
+            -1 => None,
+            _ => Some(self.checked("parent turn", parent)?),
+        };
+        let prefix = match parent {
+            Some(parent) => {
+                self.cursor.hold(&self.arena, parent);
+                common_prefix_len(&self.cursor.tokens, prompt)
+            }
+            None => 0,
+        };
+        self.arena
+            .push(parent, prefix, &prompt[prefix..], output, logprobs);
+        let turn = self.len() - 1;
+        self.cursor.hold(&self.arena, turn);
+        Ok(turn)
+    }
+
+    /// `turn` as an id, or `Error::NoSuchTurn` when it names no stored turn.
+    pub fn index(&self, turn: i64) -> Result<usize, Error> {
+        self.checked("turn", turn)
+    }
+
+    fn checked(&self, what: &'static str, turn: i64) -> Result<usize, Error> {
+        usize::try_from(turn)
+            .ok()
+            .filter(|&t| t < self.len())
+            .ok_or(Error::NoSuchTurn {
+                what,
+                turn,
+                turns: self.len(),
+            })
+    }
+
+    /// The turn's prompt. Panics unless `turn < len()`, as every accessor does.
+    pub fn prompt(&self, turn: usize) -> Vec<u32> {
+        let mut prompt = self.tokens(turn);
+        prompt.truncate(self.arena.prompt_len(turn));
+        prompt
+    }
+
+    /// The turn's prompt then output.
+    pub fn tokens(&self, turn: usize) -> Vec<u32> {
+        self.cursor.snapshot(&self.arena, turn)
+    }
+
+    pub fn output(&self, turn: usize) -> &[u32] {
+        self.arena.output(turn)
+    }
+
+    /// The turn's logprobs, one per output token, or none when it was pushed without any.
+    pub fn logprobs(&self, turn: usize) -> Option<&[f32]> {
+        self.arena.logprobs(turn)
+    }
+
+    /// The reference's count of bytes held: 4 per stored id (tails and outputs), 4 per
+    /// logprob, 8 per turn.
+    pub fn nbytes(&self) -> usize {
+        let Arena {
+            entries,
+            tails,
+            outputs,
+            logprobs,
+        } = &self.arena;
+        4 * (tails.len() + outputs.len()) + 4 * logprobs.len() + 8 * entries.len()
+    }
+
+    /// Bytes the store's buffers have allocated: the arenas, the turn entries and the held
+    /// sequence, at their capacity.
+    pub fn heap_bytes(&self) -> usize {
+        let Arena {
+            entries,
+            tails,
+            outputs,
+            logprobs,
+        } = &self.arena;
+        let Cursor {
+            tokens,
+            path,
+            replay,
+        } = &self.cursor;
+        bytes(entries)
+            + bytes(tails)
+            + bytes(outputs)
+            + bytes(logprobs)
+            + bytes(tokens)
+            + bytes(path)
+            + bytes(replay)
+    }
+
+    /// `linearize` over the stored turns: chains name turn ids. Each prompt is rebuilt when a
+    /// chain reaches it, from the one sequence held for the previous turn read, so a chain
+    /// that walks down the tree costs its tails and outputs, not turns x context.
+    pub fn linearize(&self, chains: &[Vec<i64>], settings: Settings) -> Result<Linearized, Error> {
+        let mut turns = Replayed {
+            arena: &self.arena,
+            cursor: Cursor::default(),
+        };
+        linearize_from(&mut turns, chains, settings)
+    }
+}
+
+fn bytes<T>(values: &Vec<T>) -> usize {
+    values.capacity() * mem::size_of::<T>()
+}
+
+/// Where one turn's pieces end in the arenas; each starts where the previous turn's ends.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    parent: Option<usize>,
+    /// How many of the parent's tokens (prompt + output) the prompt starts with.
+    prefix: usize,
+    tail_end: usize,
+    output_end: usize,
+    logprobs_end: usize,
+}
+
+/// Every turn's stored pieces, back to back in push order.
+#[derive(Debug, Clone, Default)]
+struct Arena {
+    entries: Vec<Entry>,
+    tails: Vec<u32>,
+    outputs: Vec<u32>,
+    logprobs: Vec<f32>,
+}
+
+impl Arena {
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn push(
+        &mut self,
+        parent: Option<usize>,
+        prefix: usize,
+        tail: &[u32],
+        output: &[u32],
+        logprobs: Option<&[f32]>,
+    ) {
+        self.tails.extend_from_slice(tail);
+        self.outputs.extend_from_slice(output);
+        self.logprobs
+            .extend_from_slice(logprobs.unwrap_or_default());
+        self.entries.push(Entry {
+            parent,
+            prefix,
+            tail_end: self.tails.len(),
+            output_end: self.outputs.len(),
+            logprobs_end: self.logprobs.len(),
+        });
+    }
+
+    fn parent(&self, turn: usize) -> Option<usize> {
+        self.entries[turn].parent
+    }
+
+    fn prefix(&self, turn: usize) -> usize {
+        self.entries[turn].prefix
+    }
+
+    /// Where `turn`'s piece lies in an arena whose ends `end` reads.
+    fn range(&self, turn: usize, end: fn(&Entry) -> usize) -> std::ops::Range<usize> {
+        let start = match turn {
+            0 => 0,
+            _ => end(&self.entries[turn - 1]),
+        };
+        start..end(&self.entries[turn])
+    }
+
+    fn tail(&self, turn: usize) -> &[u32] {
+        &self.tails[self.range(turn, |e| e.tail_end)]
+    }
+
+    fn output(&self, turn: usize) -> &[u32] {
+        &self.outputs[self.range(turn, |e| e.output_end)]
+    }
+
+    /// None for a turn pushed without logprobs: its range is empty, since empty logprobs are
+    /// stored as none and present ones have one entry per output token.
+    fn logprobs(&self, turn: usize) -> Option<&[f32]> {
+        let logprobs = &self.logprobs[self.range(turn, |e| e.logprobs_end)];
+        (!logprobs.is_empty()).then_some(logprobs)
+    }
+
+    fn prompt_len(&self, turn: usize) -> usize {
+        self.prefix(turn) + self.tail(turn).len()
+    }
+
+    fn full_len(&self, turn: usize) -> usize {
+        self.prompt_len(turn) + self.output(turn).len()
+    }
+}
+
+/// One turn's full tokens (prompt + output), rebuilt from the arena, with the ancestors it
+/// was built through.
+///
+/// `path` runs from a root turn down to the turn held (so its turn ids increase); an entry
+/// `(turn, valid)` says that `tokens[..valid]` are that turn's first tokens. `valid` never
+/// decreases down the path, and the last entry's is the whole held sequence. Moving to a
+/// nearby turn then replays only the tails and outputs below the deepest entry that still
+/// holds enough.
+#[derive(Debug, Clone, Default)]
+struct Cursor {
+    tokens: Vec<u32>,
+    path: Vec<(usize, usize)>,
+    /// Scratch for `hold`: the turns to replay.
+    replay: Vec<usize>,
+}
+
+impl Cursor {
+    /// How to build `turn`: the turns to replay, into `replay` from `turn` up (so they are
+    /// applied in reverse), and the path level they start from with how many of its tokens,
+    /// or none to start from nothing.
+    fn plan(&self, arena: &Arena, turn: usize, replay: &mut Vec<usize>) -> Option<(usize, usize)> {
+        replay.clear();
+        let (mut at, mut need) = (Some(turn), arena.full_len(turn));
+        while let Some(t) = at {
+            if let Ok(level) = self.path.binary_search_by_key(&t, |&(turn, _)| turn) {
+                if self.path[level].1 >= need {
+                    return Some((level, need));
+                }
+            }
+            replay.push(t);
+            need = arena.prefix(t);
+            at = arena.parent(t);
+        }
+        None
+    }
+
+    /// Hold `turn`'s full tokens.
+    fn hold(&mut self, arena: &Arena, turn: usize) {
+        let mut replay = mem::take(&mut self.replay);
+        match self.plan(arena, turn, &mut replay) {
+            Some((level, need)) => {
+                self.path.truncate(level + 1);
+                self.cut(need);
+            }
+            None => {
+                self.path.clear();
+                self.tokens.clear();
+            }
+        }
+        for &t in replay.iter().rev() {
+            self.cut(arena.prefix(t));
+            extend(&mut self.tokens, arena, t);
+            self.path.push((t, self.tokens.len()));
+        }
+        self.replay = replay;
+    }
+
+    /// Keep the first `len` tokens; no path entry claims more.
+    fn cut(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        for (_, valid) in self.path.iter_mut().rev() {
+            if *valid <= len {
+                break;
+            }
+            *valid = len;
+        }
+    }
+
+    /// `turn`'s full tokens, built from what the cursor holds without moving it.
+    fn snapshot(&self, arena: &Arena, turn: usize) -> Vec<u32> {
+        let mut replay = Vec::new();
+        let mut out = Vec::with_capacity(arena.full_len(turn));
+        if let Some((_, need)) = self.plan(arena, turn, &mut replay) {
+            out.extend_from_slice(&self.tokens[..need]);
+        }
+        for &t in replay.iter().rev() {
+            out.truncate(arena.prefix(t));
+            extend(&mut out, arena, t);
+        }
+        out
+    }
+}
+
+/// Append `turn`'s tail and output to its parent's first `prefix` tokens.
+fn extend(tokens: &mut Vec<u32>, arena: &Arena, turn: usize) {
+    tokens.extend_from_slice(arena.tail(turn));
+    tokens.extend_from_slice(arena.output(turn));
+}
+
+/// The stored turns as `linearize` reads them, each prompt rebuilt on demand.
+struct Replayed<'a> {
+    arena: &'a Arena,
+    cursor: Cursor,
+}
+
+impl TurnSource for Replayed<'_> {
+    fn count(&self) -> usize {
+        self.arena.len()
+    }
+
+    fn turn(&mut self, index: usize) -> TurnRef<'_> {
+        self.cursor.hold(self.arena, index);
+        TurnRef {
+            prompt: &self.cursor.tokens[..self.arena.prompt_len(index)],
+            output: self.arena.output(index),
+            logprobs: self.arena.logprobs(index),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drift::Policy;
+    use crate::linearize::{linearize, Turn};
+
+    // Named tokens: system S, users U1..U3, assistant outputs A (turn 0), B (turn 1), C,
+    // a re-rendering R of A2, and a stray X.
+    const S: u32 = 1;
+    const U1: u32 = 2;
+    const U2: u32 = 3;
+    const U3: u32 = 4;
+    const A1: u32 = 10;
+    const A2: u32 = 11;
+    const B1: u32 = 20;
+    const C1: u32 = 30;
+    const R2: u32 = 40;
+    const X: u32 = 99;
+
+    fn settings(policy: Policy, fork_threshold: usize) -> Settings {
+        Settings {
+            policy,
+            fork_threshold,
+            max_sample_tokens: 0,
+        }
+    }
+
+    /// Turn 0: [S U1] -> [A1 A2]; turn 1 continues it; turn 2 re-renders A2 as R2; turn 3
+    /// continues turn 1 again after turn 2 moved the held sequence away.
+    fn session() -> TurnStore {
+        let mut store = TurnStore::new();
+        store
+            .push(-1, &[S, U1], &[A1, A2], Some(&[-1.0, -2.0]))
+            .unwrap();
+        store.push(0, &[S, U1, A1, A2, U2], &[B1], None).unwrap();
+        store
+            .push(0, &[S, U1, A1, R2, U3], &[C1], Some(&[]))
+            .unwrap();
+        store
+            .push(1, &[S, U1, A1, A2, U2, B1, U3], &[], None)
+            .unwrap();
+        store
+    }
+
+    #[test]
+    fn a_prompt_is_stored_as_the_shared_prefix_and_a_tail() {
+        let store = session();
+        assert_eq!(store.len(), 4);
+        let prefixes: Vec<_> = (0..4).map(|t| store.arena.prefix(t)).collect();
+        assert_eq!(prefixes, [0, 4, 3, 6]);
+        assert_eq!(store.arena.tail(1), [U2]);
+        assert_eq!(store.arena.tail(2), [R2, U3]);
+        assert_eq!(store.arena.tail(3), [U3]);
+        // Tails S U1 | U2 | R2 U3 | U3, outputs A1 A2 | B1 | C1, logprobs for turn 0, 4 turns.
+        assert_eq!(store.nbytes(), 4 * (6 + 4) + 4 * 2 + 8 * 4);
+        assert!(store.heap_bytes() >= store.nbytes());
+    }
+
+    #[test]
+    fn prompts_and_tokens_are_materialized_from_the_parents() {
+        let store = session();
+        assert_eq!(store.prompt(0), [S, U1]);
+        assert_eq!(store.tokens(0), [S, U1, A1, A2]);
+        assert_eq!(store.prompt(2), [S, U1, A1, R2, U3]);
+        assert_eq!(store.tokens(2), [S, U1, A1, R2, U3, C1]);
+        assert_eq!(store.prompt(3), [S, U1, A1, A2, U2, B1, U3]);
+        assert_eq!(store.tokens(1), [S, U1, A1, A2, U2, B1]);
+        assert_eq!(store.output(1), [B1]);
+        assert_eq!(store.logprobs(0), Some(&[-1.0, -2.0][..]));
+        assert_eq!(store.logprobs(1), None);
+        assert_eq!(store.logprobs(2), None, "empty logprobs are none");
+        assert_eq!(store.output(3), [] as [u32; 0]);
+    }
+
+    #[test]
+    fn a_cut_prompt_shares_only_what_it_keeps() {
+        let mut store = TurnStore::new();
+        store.push(-1, &[S, U1], &[A1, A2], None).unwrap();
+        store.push(0, &[S, U1, A1], &[B1], None).unwrap();
+        assert_eq!(store.arena.prefix(1), 3);
+        assert!(store.arena.tail(1).is_empty());
+        assert_eq!(store.tokens(1), [S, U1, A1, B1]);
+        // A prompt unrelated to its parent shares nothing.
+        store.push(1, &[X], &[C1], None).unwrap();
+        assert_eq!(store.arena.prefix(2), 0);
+        assert_eq!(store.tokens(2), [X, C1]);
+    }
+
+    #[test]
+    fn bad_input_is_refused_in_the_reference_order() {
+        let mut store = session();
+        let missing = |turn| Error::NoSuchTurn {
+            what: "parent turn",
+            turn,
+            turns: 4,
+        };
+        assert_eq!(store.push(4, &[S], &[], None), Err(missing(4)));
+        assert_eq!(store.push(-2, &[S], &[], None), Err(missing(-2)));
+        // The logprobs are checked before the parent.
+        assert_eq!(
+            store.push(9, &[S], &[A1], Some(&[-1.0, -2.0])),
+            Err(Error::LogprobLength {
+                logprobs: 2,
+                outputs: 1
+            })
+        );
+        assert_eq!(store.len(), 4, "a refused push stores nothing");
+        assert_eq!(store.index(3), Ok(3));
+        assert_eq!(
+            store.index(-1),
+            Err(Error::NoSuchTurn {
+                what: "turn",
+                turn: -1,
+                turns: 4
+            })
+        );
+        let chains = [vec![0, 4]];
+        assert_eq!(
+            store.linearize(&chains, settings(Policy::Minimal, 1024)),
+            Err(Error::TurnOutOfRange {
+                chain: 0,
+                turn: 4,
+                turns: 4
+            })
+        );
+    }
+
+    #[test]
+    fn memory_grows_with_the_unique_tokens_not_with_turns_times_context() {
+        let mut store = TurnStore::new();
+        let mut context: Vec<u32> = Vec::new();
+        for t in 0..100u32 {
+            context.extend((0..10).map(|k| 1000 + 10 * t + k));
+            store.push(i64::from(t) - 1, &context, &[], None).unwrap();
+        }
+        assert_eq!(store.arena.tails.len(), 1000, "not 100 x 505 = 50,500");
+        assert_eq!(store.nbytes(), 4 * 1000 + 8 * 100);
+        // Arenas, entries and the held sequence: a few times the ids, far from 200 KB.
+        assert!(store.heap_bytes() < 40_000, "{}", store.heap_bytes());
+        assert_eq!(store.tokens(99), context);
+        assert_eq!(store.prompt(42), context[..430]);
+    }
+
+    /// A small deterministic generator, so the random trees below need no dependency.
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((self.0 >> 33) % n as u64) as usize
+        }
+    }
+
+    /// A turn as pushed: prompt, output, logprobs (none when absent or empty).
+    type Pushed = (Vec<u32>, Vec<u32>, Option<Vec<f32>>);
+
+    /// A random tree of turns with drift, cut prompts, empty outputs and mixed logprobs, as
+    /// the store holds it and as pushed, with a chain from the root to every leaf.
+    fn random_session(rng: &mut Lcg, n: usize) -> (TurnStore, Vec<Pushed>, Vec<Vec<i64>>) {
+        let mut store = TurnStore::new();
+        let mut turns: Vec<Pushed> = Vec::new();
+        let mut full: Vec<Vec<u32>> = Vec::new();
+        let mut parents = Vec::new();
+        for t in 0..n {
+            // Mostly the previous turn, sometimes an older one or none.
+            let parent = match rng.below(6) {
+                0 => None,
+                1 | 2 if t > 0 => Some(rng.below(t)),
+                _ => t.checked_sub(1),
+            };
+            let mut prompt = parent.map_or_else(Vec::new, |p| full[p].clone());
+            prompt.extend((0..rng.below(6)).map(|_| rng.below(8) as u32));
+            match rng.below(4) {
+                0 if !prompt.is_empty() => {
+                    let at = rng.below(prompt.len());
+                    prompt[at] = rng.below(8) as u32;
+                }
+                1 => prompt.truncate(rng.below(prompt.len() + 1)),
+                _ => {}
+            }
+            let output: Vec<u32> = (0..rng.below(5)).map(|_| rng.below(8) as u32).collect();
+            let logprobs = match rng.below(3) {
+                0 => None,
+                1 => Some(vec![]),
+                _ => Some(output.iter().map(|&id| -(id as f32)).collect()),
+            };
+            let parent_id = parent.map_or(-1, |p| p as i64);
+            let id = store
+                .push(parent_id, &prompt, &output, logprobs.as_deref())
+                .unwrap();
+            assert_eq!(id, t);
+            full.push([prompt.clone(), output.clone()].concat());
+            turns.push((prompt, output, logprobs.filter(|l| !l.is_empty())));
+            parents.push(parent);
+        }
+        let chains = (0..n)
+            .filter(|t| !parents.contains(&Some(*t)))
+            .map(|leaf| {
+                let mut chain = vec![leaf as i64];
+                let mut at = parents[leaf];
+                while let Some(p) = at {
+                    chain.push(p as i64);
+                    at = parents[p];
+                }
+                chain.reverse();
+                chain
+            })
+            .collect();
+        (store, turns, chains)
+    }
+
+    #[test]
+    fn random_trees_materialize_as_pushed_in_any_order() {
+        let mut rng = Lcg(7);
+        for _ in 0..200 {
+            let n = 1 + rng.below(12);
+            let (store, turns, _) = random_session(&mut rng, n);
+            let mut cursor = Cursor::default();
+            for _ in 0..2 * n {
+                let t = rng.below(n);
+                let (prompt, output, logprobs) = &turns[t];
+                assert_eq!(&store.prompt(t), prompt);
+                assert_eq!(store.output(t), output);
+                assert_eq!(store.logprobs(t), logprobs.as_deref());
+                let full = [&prompt[..], output].concat();
+                assert_eq!(store.tokens(t), full);
+                cursor.hold(&store.arena, t);
+                assert_eq!(cursor.tokens, full);
+            }
+        }
+    }
+
+    #[test]
+    fn the_store_linearizes_like_its_turns_with_forks() {
+        let mut rng = Lcg(11);
+        for round in 0..200 {
+            let n = 1 + rng.below(12);
+            let (store, pushed, mut chains) = random_session(&mut rng, n);
+            let turns: Vec<Turn> = pushed
+                .into_iter()
+                .map(|(prompt, output, logprobs)| Turn::new(prompt, output, logprobs).unwrap())
+                .collect();
+            if round % 3 == 0 {
+                // Chains that jump around the tree, revisiting turns.
+                chains.push((0..rng.below(8)).map(|_| rng.below(n) as i64).collect());
+            }
+            for policy in [Policy::Minimal, Policy::Slime] {
+                for threshold in [0, 2, 1024] {
+                    let settings = settings(policy, threshold);
+                    assert_eq!(
+                        store.linearize(&chains, settings),
+                        linearize(&turns, &chains, settings)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_fork_from_an_older_turn_splits_the_run() {
+        let store = session();
+        let settings = settings(Policy::Minimal, 0);
+        let out = store
+            .linearize(&[vec![0, 1, 3], vec![0, 2]], settings)
+            .unwrap();
+        let turns: Vec<Turn> = (0..4)
+            .map(|t| {
+                let logprobs = store.logprobs(t).map(<[f32]>::to_vec);
+                Turn::new(store.prompt(t), store.output(t).to_vec(), logprobs).unwrap()
+            })
+            .collect();
+        assert_eq!(
+            out,
+            linearize(&turns, &[vec![0, 1, 3], vec![0, 2]], settings).unwrap()
+        );
+        // Chain 1 re-emits turn 0 and forks at R2 with threshold 0: two runs, one trained.
+        assert_eq!(out.samples.len(), 2);
+        assert_eq!(out.samples[1].tokens, [S, U1, A1, R2, U3, C1]);
+        assert_eq!(out.samples[1].turns, [2]);
+    }
+}
