@@ -69,14 +69,27 @@ class Observed:
             self.merges += out[1] != i
             return out
 
+        observer = self
+
+        class ObservedStore:
+            """A session's turn store whose linearization reports its drift decisions."""
+
+            def __init__(self) -> None:
+                self._store = core.TurnStore()
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._store, name)
+
+            def linearize(self, *args: Any, **kwargs: Any) -> Any:
+                result = self._store.linearize(*args, **kwargs)
+                observer.drifts.update(d.kind for d in result.drifts)
+                return result
+
         class ObservedCore:
+            TurnStore = ObservedStore
+
             def __getattr__(_, name: str) -> Any:
                 return getattr(core, name)
-
-            def linearize(_, *args: Any, **kwargs: Any) -> Any:
-                result = core.linearize(*args, **kwargs)
-                self.drifts.update(d.kind for d in result.drifts)
-                return result
 
         manager._merge_rewrite = observed_merge  # type: ignore[method-assign]
         manager.core = ObservedCore()  # type: ignore[assignment]

@@ -426,13 +426,37 @@ def test_real_engine_wire_formats(tokenizer, kind: str) -> None:
             async with serving(adapter) as url:
                 reply = await anthropic_client(url, "e").messages.create(**GOOD, tools=[READ_TOOL])
                 assert reply.content[1].input == {"file_path": "a.py"}
+                # a second turn continues the first: its prompt is spliced onto the held ids
+                follow = [
+                    *GOOD["messages"],
+                    {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": reply.content[1].id,
+                                "content": "x = 1",
+                            }
+                        ],
+                    },
+                ]
+                await anthropic_client(url, "e").messages.create(
+                    model="m", max_tokens=64, messages=follow, tools=[READ_TOOL]
+                )
+                key = "input_ids" if kind == "sglang" else "prompt"
+                first_ids, second_ids = [
+                    r.body[key] for r in fake.requests if r.body and key in r.body
+                ]
+                sampled = tokenizer.encode(text) + [tokenizer.token_id("<|im_end|>")]
+                assert second_ids[: len(first_ids) + len(sampled)] == first_ids + sampled
                 # engine failure: 502 with the engine's message, nothing recorded
                 fake.mode = "fail"
                 with pytest.raises(anthropic.APIStatusError) as info:
                     await anthropic_client(url, "e").messages.create(**GOOD)
                 assert info.value.status_code == 502
                 assert "CUDA out of memory" in str(info.value)
-                assert adapter.manager.turn_count("e") == 1
+                assert adapter.manager.turn_count("e") == 2
                 # client gives up mid-generation: abort reaches the engine, nothing recorded
                 fake.mode = "hang"
                 short = anthropic.AsyncAnthropic(
@@ -448,7 +472,7 @@ def test_real_engine_wire_formats(tokenizer, kind: str) -> None:
                     assert fake.aborted, "no /abort_request reached the engine"
                 else:
                     assert fake.disconnected, "the engine never saw the request go away"
-                assert adapter.manager.turn_count("e") == 1
+                assert adapter.manager.turn_count("e") == 2
             body_key = "input_ids" if kind == "sglang" else "prompt"
             (first, *_) = [r.body for r in fake.requests if r.body and body_key in r.body]
             assert first[body_key] == tokenizer.encode(

@@ -205,7 +205,7 @@ def test_spliced_prompt_equals_full_render_outside_assistant_spans(qwen, llama, 
             full_text=full,
         )
         assert spliced.fallback is None
-        prompt = spliced.prompt_ids
+        prompt = spliced.prompt_ids.tolist()
         pattern = ASSISTANT_SPAN[case]
         skeleton = pattern.sub(r"\1\2", tokenizer.decode(prompt))
         assert skeleton == pattern.sub(r"\1\2", full)

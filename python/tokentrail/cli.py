@@ -40,6 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
         admin_token=args.admin_token,
         restore=Restore(args.restore),
         history=History(args.history),
+        splice_verify_every=args.splice_verify_every,
     )
     manager = TrajectoryManager(
         fork_threshold_tokens=args.fork_threshold,
@@ -261,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--drift-policy", default="minimal", choices=["minimal", "slime"])
     serve.add_argument("--rewrite-policy", default="fork", choices=["fork", "merge"])
     serve.add_argument("--history", default="splice", choices=["splice", "render"])
+    serve.add_argument(
+        "--splice-verify-every",
+        type=int,
+        default=8,
+        help="check a spliced tail against the full render every N splices (1: every turn)",
+    )
     serve.add_argument("--max-turns-per-session", type=int, default=0)
     serve.add_argument("--max-context-tokens", type=int, default=0)
     serve.add_argument("--admin-token", default=None)

@@ -26,8 +26,7 @@ def _label(node: Node) -> str:
     if calls:
         label += f" calls={calls}"
     if node.turn is not None:
-        label += f"  [turn {node.turn_index}: {len(node.turn.prompt_ids)} prompt"
-        label += f" + {len(node.turn.output_ids)} output ids]"
+        label += f"  [turn {node.turn_index}: {node.turn.output_len} output ids]"
     for d in node.demoted:
         label += f"  [turn {d.turn_index} demoted by a rewrite]"
     return label

@@ -17,8 +17,16 @@ from tokentrail.echo import is_echo
 from tokentrail.errors import MessageError, PolicyError, SessionError
 from tokentrail.ledger import Ledger, TurnLedger
 from tokentrail.sample import Sample
-from tokentrail.tree import DemotedTurn, Node, iter_nodes, leaves, message_key, walk
-from tokentrail.turn import CheckedTurn, TurnRecord, validate_turn
+from tokentrail.tree import (
+    DemotedTurn,
+    MessageKey,
+    Node,
+    iter_nodes,
+    leaves,
+    message_key,
+    walk,
+)
+from tokentrail.turn import StoredTurn, TurnRecord, validate_turn
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +44,17 @@ class DriftRecord:
     drifted: int
 
 
+@dataclass(frozen=True)
+class SpliceAnchor:
+    """The generated turn a splice continues: its tokens, its message, and its position."""
+
+    prompt_ids: Any
+    output_ids: Any
+    finish_reason: str | None
+    message: dict[str, Any]
+    index: int
+
+
 @dataclass
 class Trajectory:
     samples: list[Sample]
@@ -49,6 +68,7 @@ class Trajectory:
 
 @dataclass
 class _Session:
+    store: Any  # the backend's TurnStore: every turn's tokens, stored compactly
     root: Node = field(default_factory=Node)
     turns: int = 0
     merges: int = 0
@@ -133,13 +153,15 @@ class TrajectoryManager:
         response_message: dict[str, Any] | None,
         metadata: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        keys: list[MessageKey] | None = None,
     ) -> int | None:
         """Route one turn into the session's tree; return its turn index (1-based).
 
         Everything is validated before the tree changes, so a bad turn leaves it as it was.
+        `keys` are the messages' routing keys if the caller already has them (`restore_keyed`).
         """
         _check_sid(sid)
-        keys = _message_keys(prompt_messages, "prompt_messages")
+        keys = _checked_keys(prompt_messages, keys, "prompt_messages")
         if response_message is not None:
             if not isinstance(response_message, dict):
                 raise MessageError("response_message must be a dict or None")
@@ -152,15 +174,29 @@ class TrajectoryManager:
             return None
 
         with self._lock:
-            session = self._sessions.setdefault(sid, _Session())
+            session = self._sessions.get(sid)
+            if session is None:
+                session = self._sessions[sid] = _Session(self.core.TurnStore())
             node, i = walk(session.root, keys)
             node, i = self._merge_rewrite(session, node, prompt_messages, keys, i)
+            # The prompt continues the nearest generated turn above it: its tokens are stored
+            # as the prefix shared with that turn plus a tail.
+            anchor = node.generated_ancestor()
+            stored = session.store.push(
+                anchor.turn.id if anchor is not None and anchor.turn is not None else -1,
+                checked.prompt_ids,
+                checked.output_ids,
+                checked.logprobs,
+            )
             for message, key in zip(prompt_messages[i:], keys[i:], strict=True):
                 node = node.add_child(Node(message, key=key))
             session.turns += 1
             leaf = Node(response_message, key=response_key)
             leaf.role = "assistant"
-            leaf.turn, leaf.turn_index, leaf.tools = checked, session.turns, tools
+            leaf.turn = StoredTurn(
+                stored, len(checked.output_ids), checked.finish_reason, checked.ill_formed
+            )
+            leaf.turn_index, leaf.tools = session.turns, tools
             leaf.metadata = dict(metadata or {})
             node.add_child(leaf)
             return session.turns
@@ -170,7 +206,7 @@ class TrajectoryManager:
         session: _Session,
         node: Node,
         messages: list[dict[str, Any]],
-        keys: list[str],
+        keys: list[MessageKey],
         i: int,
     ) -> tuple[Node, int]:
         """A short generated answer the harness rewrote takes the rewrite as its message.
@@ -190,7 +226,7 @@ class TrajectoryManager:
         (target,) = assistants
         if target.turn is None or target.children:
             return node, i
-        if len(target.turn.output_ids) >= self.fork_threshold_tokens:
+        if target.turn.output_len >= self.fork_threshold_tokens:
             return node, i
         target.demoted.append(DemotedTurn(target.turn_index or 0, target.turn, target.message))
         logger.debug("turn %s demoted by a rewrite of its message", target.turn_index)
@@ -215,12 +251,22 @@ class TrajectoryManager:
         `tokentrail.echo`) is substituted and the walk goes on. Returns a new list; the caller's
         list and dicts are left alone.
         """
+        return self.restore_keyed(sid, messages, tools)[0]
+
+    def restore_keyed(
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> tuple[list[dict[str, Any]], list[MessageKey]]:
+        """`restore_generated_messages`, also returning the routing keys of the result, which
+        `splice_anchor` and `record_turn` accept so a turn computes them once."""
         keys = _message_keys(messages, "messages")
         out = list(messages)
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
-                return out
+                return out, keys
             node = session.root
             for i, key in enumerate(keys):
                 nxt = node.child(key)
@@ -229,12 +275,13 @@ class TrajectoryManager:
                     if nxt is None:
                         break
                     out[i] = copy.deepcopy(nxt.message)
+                    keys[i] = nxt.key if nxt.key is not None else message_key(out[i])
                     if not nxt.metadata.get("restored"):
                         nxt.metadata["restored"] = True
                         session.restored += 1
                         session.restored_by_tool.update(tool_names(nxt.message))
                 node = nxt
-        return out
+        return out, keys
 
     @staticmethod
     def _echo_target(
@@ -253,13 +300,16 @@ class TrajectoryManager:
         return None
 
     def splice_anchor(
-        self, sid: str, messages: list[dict[str, Any]]
-    ) -> tuple[CheckedTurn, dict[str, Any], int] | None:
-        """The last generated turn on the exact path of `messages`, with its position.
+        self,
+        sid: str,
+        messages: list[dict[str, Any]],
+        keys: list[MessageKey] | None = None,
+    ) -> SpliceAnchor | None:
+        """The last generated turn on the exact path of `messages`, its tokens and position.
 
         A splice builds the next prompt on that turn's tokens; the messages after it are new.
         """
-        keys = _message_keys(messages, "messages")
+        keys = _checked_keys(messages, keys, "messages")
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
@@ -272,7 +322,16 @@ class TrajectoryManager:
                 node = nxt
                 if node.turn is not None and node.message is not None:
                     found = (node.turn, node.message, i)
-            return found
+            if found is None:
+                return None
+            turn, message, at = found
+            return SpliceAnchor(
+                session.store.prompt_ids(turn.id),
+                session.store.output_ids(turn.id),
+                turn.finish_reason,
+                message,
+                at,
+            )
 
     def restored_by_tool(self, sid: str) -> dict[str, int]:
         session = self._sessions.get(sid)
@@ -323,19 +382,16 @@ class TrajectoryManager:
         extra_metadata: dict[str, Any] | None,
         max_sample_tokens: int,
     ) -> Trajectory:
-        generated = sorted(
-            (n for n in iter_nodes(session.root) if n.turn is not None),
-            key=lambda n: n.turn_index or 0,
-        )
-        index = {id(n): k for k, n in enumerate(generated)}
+        # Store ids are turn indices - 1: a turn is pushed when it is recorded.
+        generated: dict[int, Node] = {
+            n.turn.id: n for n in iter_nodes(session.root) if n.turn is not None
+        }
         chains = []
         for leaf in leaves(session.root):
-            chain = [index[id(n)] for n in leaf.path() if n.turn is not None]
+            chain = [n.turn.id for n in leaf.path() if n.turn is not None]
             if chain:
                 chains.append(chain)
-        turns = [(n.turn.prompt_ids, n.turn.output_ids, n.turn.logprobs) for n in generated]
-        lin = self.core.linearize(
-            turns,
+        lin = session.store.linearize(
             chains,
             policy=self.drift_policy,
             fork_threshold=self.fork_threshold_tokens,
@@ -356,12 +412,12 @@ class TrajectoryManager:
     def _sample(
         sid: str,
         built: Any,
-        generated: list[Node],
+        generated: dict[int, Node],
         reward: float,
         extra_metadata: dict[str, Any] | None,
     ) -> Sample:
         nodes = [generated[t] for t in built.turns]
-        turns: list[CheckedTurn] = [n.turn for n in nodes if n.turn is not None]
+        turns: list[StoredTurn] = [n.turn for n in nodes if n.turn is not None]
         last = nodes[-1]
         metadata: dict[str, Any] = {
             "session_id": sid,
@@ -384,9 +440,9 @@ class TrajectoryManager:
         )
 
     @staticmethod
-    def _ledger(session: _Session, generated: list[Node], lin: Any) -> Ledger:
+    def _ledger(session: _Session, generated: dict[int, Node], lin: Any) -> Ledger:
         rows: list[TurnLedger] = []
-        for k, node in enumerate(generated):
+        for k, node in generated.items():
             assert node.turn is not None
             masked = {
                 L.REALIGNED: lin.realigned.get(k, 0),
@@ -403,7 +459,7 @@ class TrajectoryManager:
             rows.append(row)
         for node in iter_nodes(session.root):
             for demoted in node.demoted:
-                n = len(demoted.turn.output_ids)
+                n = demoted.turn.output_len
                 rows.append(
                     _row(
                         demoted.turn_index,
@@ -422,9 +478,9 @@ class TrajectoryManager:
 
 
 def _row(
-    turn_index: int, tools: list[str], turn: CheckedTurn, trained: int, masked: dict[str, int]
+    turn_index: int, tools: list[str], turn: StoredTurn, trained: int, masked: dict[str, int]
 ) -> TurnLedger:
-    generated = len(turn.output_ids)
+    generated = turn.output_len
     masked = {reason: n for reason, n in masked.items() if n}
     gap = generated - trained - sum(masked.values())
     if gap:
@@ -438,7 +494,15 @@ def _check_sid(sid: object) -> None:
         raise SessionError(f"session id must be a non-empty str, got {sid!r}")
 
 
-def _message_keys(messages: object, what: str) -> list[str]:
+def _checked_keys(messages: object, keys: list[MessageKey] | None, what: str) -> list[MessageKey]:
+    if keys is None:
+        return _message_keys(messages, what)
+    if not isinstance(messages, list) or len(keys) != len(messages):
+        raise MessageError(f"{what}: keys do not belong to these messages")
+    return list(keys)
+
+
+def _message_keys(messages: object, what: str) -> list[MessageKey]:
     if not isinstance(messages, list):
         raise MessageError(f"{what} must be a list of messages, got {type(messages).__name__}")
     keys = []

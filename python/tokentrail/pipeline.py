@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from tokentrail.manager import TrajectoryManager
+from tokentrail.tree import MessageKey
 
 
 class Restore(StrEnum):
@@ -30,6 +31,8 @@ class Restore(StrEnum):
 class TurnMessages:
     render: list[dict[str, Any]]
     record: list[dict[str, Any]]
+    # Routing keys of `record`, computed once for the turn; None when not computed.
+    keys: list[MessageKey] | None = None
 
 
 def prompt_messages_for_turn(
@@ -44,7 +47,7 @@ def prompt_messages_for_turn(
     mode = Restore(restore)
     if mode is Restore.OFF:
         return TurnMessages(list(messages), list(messages))
-    restored = manager.restore_generated_messages(sid, messages, tools)
+    restored, keys = manager.restore_keyed(sid, messages, tools)
     if mode is Restore.TREE_ONLY:
-        return TurnMessages(list(messages), restored)
-    return TurnMessages(restored, restored)
+        return TurnMessages(list(messages), restored, keys)
+    return TurnMessages(restored, restored, keys)

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tokentrail.chat_template import render
 from tokentrail.journal import FINISH, Contents, JournaledTurn
 from tokentrail.ledger import Ledger
 from tokentrail.manager import Trajectory, TrajectoryManager
@@ -118,15 +117,15 @@ def replay(
         messages = prompt_messages_for_turn(
             manager, turn.sid, turn.translated, turn.tools, restore=settings.restore
         )
-        text = render(
-            template,
-            messages.render,
-            tools=turn.tools,
-            add_generation_prompt=True,
-            **tokenizer.special_tokens_map,
-        )
+        render_messages, tools = messages.render, turn.tools
         ids, label, _ = prompt_ids_for_turn(
-            manager, splicer, turn.sid, messages.render, turn.tools, text, settings.history
+            manager,
+            splicer,
+            turn.sid,
+            render_messages,
+            tools,
+            settings.history,
+            full_text=lambda m=render_messages, t=tools: splicer.render(m, t, True),
         )
         _record(manager, turn, ids, messages.record, {**turn.metadata, "history": label})
         if progress is not None:

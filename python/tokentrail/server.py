@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from tokentrail.journal import OPEN, TURN, Journal, decode_turn
 from tokentrail.manager import Trajectory, TrajectoryManager
 from tokentrail.metrics import Metrics, warn_if_masked
 from tokentrail.parsing import parse_output
-from tokentrail.pipeline import Restore, prompt_messages_for_turn
+from tokentrail.pipeline import Restore, TurnMessages, prompt_messages_for_turn
 from tokentrail.protocols import anthropic, openai
 from tokentrail.protocols.common import Translated, mint_id
 from tokentrail.replay import replay_turn
@@ -68,6 +69,8 @@ class AdapterConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY
     restore: Restore = Restore.ON
     history: History = History.SPLICE
+    # Check a spliced tail against the full render every this many splices (1: every turn).
+    splice_verify_every: int = 8
     default_max_tokens: int = 4096
     # Warn once per finished session whose tool-call turns lost more than this share.
     masked_warning_threshold: float = 0.05
@@ -79,6 +82,10 @@ class _Session:
     max_context_tokens: int = 0
     history: History | None = None
     in_flight: int = 0
+    # Splices made, and the shapes of new messages whose splice was checked against a full
+    # render in this session.
+    splices: int = 0
+    verified: set[tuple[str, ...]] = field(default_factory=set)
     turns: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -428,9 +435,7 @@ class Adapter:
             self.metrics.restored([tool] * (n - restored_before.get(tool, 0)))
         messages = turn_messages.record
         clock.lap("restore")
-        text = self._render(turn_messages.render, translated.tools)
-        clock.lap("render")
-        prompt_ids, history = self._prompt_ids(sid, session, turn_messages.render, translated, text)
+        prompt_ids, history = self._prompt_ids(sid, session, turn_messages, translated, clock)
         clock.lap("tokenize")
 
         limit = session.max_context_tokens or self.config.max_context_tokens
@@ -518,6 +523,7 @@ class Adapter:
             response_message=message,
             tools=translated.tools,
             metadata=metadata,
+            keys=turn_messages.keys,
         )
         session.turns += 1
         clock.lap("record")
@@ -530,20 +536,46 @@ class Adapter:
         self,
         sid: str,
         session: _Session,
-        messages: list[dict[str, Any]],
+        messages: TurnMessages,
         translated: Translated,
-        text: str,
-    ) -> tuple[list[int], str]:
-        """The prompt ids, spliced onto the last generated turn's tokens when possible."""
+        clock: _Clock,
+    ) -> tuple[Any, str]:
+        """The prompt ids, spliced onto the last generated turn's tokens when possible.
+
+        The full render is made only when needed: a render, a fallback, or a splice whose
+        tail is checked against it. That check runs for the first splice of each shape of new
+        messages in a session, then every `splice_verify_every` splices.
+        """
+        tools = translated.tools
+        every = max(1, self.config.splice_verify_every)
+        checked: list[tuple[str, ...]] = []
+
+        def verify(new: Sequence[dict[str, Any]]) -> bool:
+            shape = tuple(str(m.get("role", "")) for m in new)
+            if shape in session.verified and session.splices % every:
+                return False
+            checked.append(shape)
+            return True
+
+        def full_text() -> str:
+            text = self._render(messages.render, tools)
+            clock.lap("render")
+            return text
+
         ids, label, fallback = prompt_ids_for_turn(
             self.manager,
             self.splicer,
             sid,
-            messages,
-            translated.tools,
-            text,
+            messages.render,
+            tools,
             session.history or self.config.history,
+            full_text=full_text,
+            keys=messages.keys if messages.render is messages.record else None,
+            verify=verify,
         )
+        if label == History.SPLICE.value:
+            session.splices += 1
+            session.verified.update(checked)
         if fallback is not None:
             logger.debug("session %s: splice fell back (%s)", sid, fallback)
             self.splice_fallbacks[str(fallback)] += 1

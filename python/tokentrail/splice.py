@@ -11,14 +11,17 @@ turn; any check that fails falls back to the full render with a named reason.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
+
 from tokentrail.chat_template import TemplateError, render
 from tokentrail.manager import TrajectoryManager
 from tokentrail.tokenizer import LoadedTokenizer
+from tokentrail.tree import MessageKey
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ class Fallback(StrEnum):
 class Spliced:
     """The result of one splice attempt: the prompt ids, or why there are none."""
 
-    prompt_ids: list[int] | None
+    prompt_ids: np.ndarray | None
     fallback: Fallback | None = None
     glue: str = ""
     tail: str = ""
@@ -119,11 +122,12 @@ class Splicer:
         last_assistant: dict[str, Any],
         new_messages: Sequence[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        full_text: str,
+        full_text: str | None,
     ) -> Spliced:
         """Prompt ids for the new messages after a generated turn, or a named fallback.
 
         `full_text` is the full render of the conversation; the spliced tail must be its suffix.
+        None skips that check (the synthetic-context checks still run): see `prompt_ids_for_turn`.
         """
         if finish_reason == "length":
             return Spliced(None, Fallback.LENGTH)
@@ -137,11 +141,14 @@ class Splicer:
         if isinstance(derived, Fallback):
             return Spliced(None, derived)
         glue, tail = derived
-        if not full_text.endswith(end_token + glue + tail):
+        if full_text is not None and not full_text.endswith(end_token + glue + tail):
             return Spliced(None, Fallback.TAIL_MISMATCH, glue, tail)
         # The held tokens end with a special token, where tokenization always splits, so the
         # glue and tail tokenize the same here as inside the full text.
-        ids = [*map(int, held_prompt), *map(int, held_output), *self.tokenizer.encode(glue + tail)]
+        new = np.asarray(self.tokenizer.encode(glue + tail), dtype=np.uint32)
+        ids = np.concatenate(
+            [np.asarray(held_prompt, np.uint32), np.asarray(held_output, np.uint32), new]
+        )
         return Spliced(ids, None, glue, tail)
 
 
@@ -151,27 +158,39 @@ def prompt_ids_for_turn(
     sid: str,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
-    text: str,
     history: History,
-) -> tuple[list[int], str, Fallback | None]:
-    """A turn's prompt ids and how they were built ("splice", "render" or
-    "splice_fallback:<reason>"); `text` is the full render of `messages`."""
-    anchor = manager.splice_anchor(sid, messages) if history is History.SPLICE else None
+    *,
+    full_text: Callable[[], str],
+    encode: Callable[[str], Any] | None = None,
+    keys: list[MessageKey] | None = None,
+    verify: bool | Callable[[Sequence[dict[str, Any]]], bool] = True,
+) -> tuple[Any, str, Fallback | None]:
+    """A turn's prompt ids and how they were built: "splice", "render" or
+    "splice_fallback:<reason>".
+
+    `full_text()` renders the whole conversation; it is called only when needed: for a render,
+    a fallback, or when `verify` asks to check the spliced tail against the full render.
+    `encode` tokenizes a full render (default: the tokenizer's plain encode). `verify` may be
+    a function of the new messages.
+    """
+    encode = encode or splicer.tokenizer.encode
+    anchor = manager.splice_anchor(sid, messages, keys) if history is History.SPLICE else None
     if anchor is None:
-        return splicer.tokenizer.encode(text), History.RENDER.value, None
-    turn, message, at = anchor
+        return encode(full_text()), History.RENDER.value, None
+    new = messages[anchor.index + 1 :]
+    text = full_text() if (verify(new) if callable(verify) else verify) else None
     spliced = splicer.splice(
-        held_prompt=turn.prompt_ids,
-        held_output=turn.output_ids,
-        finish_reason=turn.finish_reason,
-        last_assistant=message,
-        new_messages=messages[at + 1 :],
+        held_prompt=anchor.prompt_ids,
+        held_output=anchor.output_ids,
+        finish_reason=anchor.finish_reason,
+        last_assistant=anchor.message,
+        new_messages=new,
         tools=tools,
         full_text=text,
     )
     if spliced.prompt_ids is None:
         label = f"splice_fallback:{spliced.fallback}"
-        return splicer.tokenizer.encode(text), label, spliced.fallback
+        return encode(text if text is not None else full_text()), label, spliced.fallback
     return spliced.prompt_ids, History.SPLICE.value, None
 
 

@@ -13,15 +13,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokentrail.errors import MessageError
-from tokentrail.turn import CheckedTurn
+from tokentrail.turn import StoredTurn
+
+MessageKey = tuple[str, str]
 
 
-def message_key(message: dict[str, Any]) -> str:
-    """Canonical JSON of a message: key order ignored, list order and JSON types kept."""
+def message_key(message: dict[str, Any]) -> MessageKey:
+    """A message's identity for routing: key order ignored, list order and JSON types kept.
+
+    String content, usually the bulk of a message, is kept as is rather than serialized: the
+    key hashes and compares it directly, and a JSON dump of the rest stays small.
+    """
+    content = message.get("content")
+    rest = {k: v for k, v in message.items() if k != "content"} if "content" in message else message
     try:
-        return json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        meta = json.dumps(rest, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        if isinstance(content, str):
+            return ("s" + meta, content)
+        body = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise MessageError(f"message is not JSON-serializable: {exc}") from None
+    # Absent content and JSON content are told apart from string content by the tag.
+    return (("j" if "content" in message else "n") + meta, body)
 
 
 @dataclass
@@ -29,7 +42,7 @@ class DemotedTurn:
     """A generated turn whose node was taken over by a rewrite of its message."""
 
     turn_index: int
-    turn: CheckedTurn
+    turn: StoredTurn
     message: dict[str, Any] | None
 
 
@@ -52,7 +65,7 @@ class Node:
         self,
         message: dict[str, Any] | None = None,
         *,
-        key: str | None = None,
+        key: MessageKey | None = None,
         parent: Node | None = None,
     ) -> None:
         self.message = message
@@ -60,9 +73,9 @@ class Node:
         self.key = key if key is not None or message is None else message_key(message)
         self.parent = parent
         self.children: list[Node] = []
-        self._by_key: dict[str, Node] = {}
+        self._by_key: dict[MessageKey, Node] = {}
         # Set on generated assistant leaves only.
-        self.turn: CheckedTurn | None = None
+        self.turn: StoredTurn | None = None
         self.turn_index: int | None = None
         self.tools: list[dict[str, Any]] | None = None
         self.metadata: dict[str, Any] = {}
@@ -72,7 +85,7 @@ class Node:
     def generated(self) -> bool:
         return self.turn is not None
 
-    def child(self, key: str) -> Node | None:
+    def child(self, key: MessageKey) -> Node | None:
         return self._by_key.get(key)
 
     def add_child(self, child: Node) -> Node:
@@ -82,7 +95,7 @@ class Node:
             self._by_key.setdefault(child.key, child)
         return child
 
-    def rekey(self, message: dict[str, Any], key: str) -> None:
+    def rekey(self, message: dict[str, Any], key: MessageKey) -> None:
         """Replace this node's message (a rewrite merge), keeping the parent's index right."""
         parent = self.parent
         if parent is not None and parent._by_key.get(self.key) is self:
@@ -93,6 +106,13 @@ class Node:
         self.message, self.key, self.role = message, key, message.get("role")
         if parent is not None:
             parent._by_key.setdefault(key, self)
+
+    def generated_ancestor(self) -> Node | None:
+        """The nearest node at or above this one that holds a generated turn."""
+        cur: Node | None = self
+        while cur is not None and cur.turn is None:
+            cur = cur.parent
+        return cur
 
     def path(self) -> list[Node]:
         """Nodes from the first below the root down to this one."""
@@ -105,7 +125,7 @@ class Node:
         return out
 
 
-def walk(root: Node, keys: list[str]) -> tuple[Node, int]:
+def walk(root: Node, keys: list[MessageKey]) -> tuple[Node, int]:
     """Follow exact matches from the root; return the deepest node and how many matched."""
     cur, i = root, 0
     while i < len(keys):

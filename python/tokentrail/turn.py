@@ -73,3 +73,13 @@ def validate_turn(turn: TurnRecord) -> CheckedTurn:
                 f"output_log_probs has {len(lps)} entries for {len(output)} output tokens"
             )
     return CheckedTurn(prompt, output, logprobs, turn.finish_reason, bool(turn.ill_formed))
+
+
+@dataclass(frozen=True)
+class StoredTurn:
+    """A generated turn as the tree holds it: its tokens live in the session's `TurnStore`."""
+
+    id: int
+    output_len: int
+    finish_reason: str | None
+    ill_formed: bool

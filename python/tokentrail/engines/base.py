@@ -11,7 +11,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -117,12 +117,19 @@ class Generation:
             raise EngineError(f"unknown finish reason {self.finish_reason!r}")
 
 
+def token_list(ids: Sequence[int]) -> list[int]:
+    """Ids as plain ints for a JSON body, from a list or a numpy array."""
+    tolist = getattr(ids, "tolist", None)
+    return tolist() if tolist is not None else [int(x) for x in ids]
+
+
 @dataclass
 class GenerateRequest:
     """One generation call. `request_id` must be unique per call (retries included): engines
     key aborts on it, and SGLang rejects a duplicate rid."""
 
-    input_ids: list[int]
+    # A list, or a uint32 array (spliced prompts are built as arrays); see `token_list`.
+    input_ids: Sequence[int]
     sampling: SamplingParams
     session_id: str
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

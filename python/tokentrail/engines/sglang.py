@@ -11,7 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from tokentrail.engines.base import EngineError, GenerateRequest, Generation, HTTPEngine
+from tokentrail.engines.base import EngineError, GenerateRequest, Generation, HTTPEngine, token_list
 
 if TYPE_CHECKING:
     from tokentrail.tokenizer import LoadedTokenizer
@@ -57,7 +57,7 @@ class SGLangEngine(HTTPEngine):
         if s.seed is not None:
             params["sampling_seed"] = s.seed
         return {
-            "input_ids": list(req.input_ids),
+            "input_ids": token_list(req.input_ids),
             "sampling_params": params,
             "return_logprob": True,
             # -1: logprobs of output tokens only; a prompt start would cost a prefill of logits

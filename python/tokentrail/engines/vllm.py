@@ -11,7 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from tokentrail.engines.base import EngineError, GenerateRequest, Generation, HTTPEngine
+from tokentrail.engines.base import EngineError, GenerateRequest, Generation, HTTPEngine, token_list
 
 if TYPE_CHECKING:
     from tokentrail.tokenizer import LoadedTokenizer
@@ -66,7 +66,7 @@ class VLLMEngine(HTTPEngine):
         s = req.sampling
         body: dict[str, Any] = {
             "model": model,
-            "prompt": list(req.input_ids),
+            "prompt": token_list(req.input_ids),
             "max_tokens": s.max_new_tokens,
             "temperature": s.temperature,
             "top_p": s.top_p,
@@ -146,7 +146,7 @@ def parse_completion_response(data: Any, req: GenerateRequest, elapsed: float) -
         raise EngineError(f"vllm answer has an unknown finish_reason {finish!r}")
 
     prompt_ids = choice.get("prompt_token_ids")
-    if isinstance(prompt_ids, list) and prompt_ids != list(req.input_ids):
+    if isinstance(prompt_ids, list) and prompt_ids != token_list(req.input_ids):
         logger.warning(
             "vllm saw a prompt of %d tokens for request %s, tokentrail sent %d different ones",
             len(prompt_ids),
