@@ -511,9 +511,18 @@ class TurnStore:
 
     def _prompt(self, turn: int) -> list[int]:
         self._check(turn)
-        parent, prefix = self._parent[turn], self._prefix[turn]
-        head = self._tokens(parent)[:prefix] if parent >= 0 else []
-        return head + self._tail[turn]
+        return self._tokens(turn)[: len(self._tokens(turn)) - len(self._output[turn])]
+
+    def _build(self, turn: int) -> list[int]:
+        """A turn's full tokens, built down its chain of parents without recursion."""
+        chain = [turn]
+        while self._parent[chain[-1]] >= 0 and self._cached[0] != self._parent[chain[-1]]:
+            chain.append(self._parent[chain[-1]])
+        top = self._parent[chain[-1]]
+        full = list(self._cached[1]) if top >= 0 else []
+        for t in reversed(chain):
+            full = full[: self._prefix[t]] + self._tail[t] + self._output[t]
+        return full
 
     def tokens(self, turn: int) -> np.ndarray:
         """The turn's prompt then output ids."""
@@ -523,7 +532,7 @@ class TurnStore:
     def _tokens(self, turn: int) -> list[int]:
         if self._cached[0] == turn:
             return self._cached[1]
-        full = self._prompt(turn) + self._output[turn]
+        full = self._build(turn)
         self._cached = (turn, full)
         return full
 
