@@ -154,8 +154,9 @@ class SessionSpec:
 
     def workspace(self) -> Workspace:
         # Every tool result is about the same size, so the context reaches about
-        # `context_tokens` (4 characters a token) over the session's steps.
-        per_step = max(64, 4 * self.context_tokens // max(1, self.steps))
+        # `context_tokens` over the session's steps (the padding lines tokenize at about two
+        # characters a token with the Qwen vocabulary).
+        per_step = max(64, 2 * self.context_tokens // max(1, self.steps))
         files = {sim_file(j): "def f():\n" + "    pass\n" * 32 for j in range(self.files)}
         return Workspace(files, result_chars=per_step)
 

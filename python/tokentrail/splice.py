@@ -101,9 +101,13 @@ class Splicer:
         """The text after an assistant turn's end token: the glue, then the new messages and
         the generation prompt, derived from renders around a synthetic context."""
         stub = _stub(last_assistant)
+        # Tools render once, before the conversation, in every template we know of: leaving
+        # them out of both renders keeps the difference and spares rendering every schema. The
+        # check against the full render (which has them) catches a template where they matter.
+        del tools
         try:
-            before = self.render([stub], tools, add_generation_prompt=False)
-            after = self.render([stub, *new_messages], tools, add_generation_prompt=True)
+            before = self.render([stub], None, add_generation_prompt=False)
+            after = self.render([stub, *new_messages], None, add_generation_prompt=True)
         except TemplateError:
             return Fallback.TEMPLATE_ERROR
         cut = before.rfind(end_token)
