@@ -2,7 +2,8 @@
 use std::fmt;
 
 /// Everything the core refuses. The binding maps each variant to a named Python exception
-/// (`TokenIdError`, `LogprobLengthError`, `PolicyError` or `PackError`, all `ValueError`s).
+/// (`TokenIdError`, `LogprobLengthError`, `PolicyError`, `PackError` or `TokenizerError`, all
+/// `ValueError`s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
     /// A token id is negative, not an integer, or does not fit in 32 bits; the message says
@@ -50,12 +51,15 @@ pub enum Error {
     },
     /// The packed tokens or the samples are too many for int32 `cu_seqlens`.
     PackTooLong { tokens: usize, samples: usize },
+    /// A tokenizer.json cannot be loaded, or the tokenizer fails on a text; the message says
+    /// which.
+    Tokenizer(String),
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::TokenId(message) => f.write_str(message),
+            Error::TokenId(message) | Error::Tokenizer(message) => f.write_str(message),
             Error::LogprobLength { logprobs, outputs } => {
                 write!(f, "{logprobs} logprobs for {outputs} output tokens")
             }

@@ -25,6 +25,7 @@ pyo3::import_exception!(tokentrail.errors, TokenIdError);
 pyo3::import_exception!(tokentrail.errors, LogprobLengthError);
 pyo3::import_exception!(tokentrail.errors, PolicyError);
 pyo3::import_exception!(tokentrail.errors, PackError);
+pyo3::import_exception!(tokentrail.tokenizer, TokenizerError);
 
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
@@ -41,6 +42,7 @@ impl From<Error> for PyErr {
             | Error::ResponseLength { .. }
             | Error::PackLength { .. }
             | Error::PackTooLong { .. } => PackError::new_err(message),
+            Error::Tokenizer(_) => TokenizerError::new_err(message),
         }
     }
 }

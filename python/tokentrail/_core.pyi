@@ -17,6 +17,7 @@ __all__ = [
     "BuiltSample",
     "Drift",
     "DriftEvent",
+    "IncrementalTokenizer",
     "Linearized",
     "Packed",
     "SampleBuilder",
@@ -243,3 +244,30 @@ class TurnStore:
         max_sample_tokens: int = 0,
     ) -> Linearized:
         """`linearize` over the stored turns: chains name turn ids."""
+
+@final
+class IncrementalTokenizer:
+    """Encodes each session's prompt from the last added token it shares with the previous one.
+
+    Built from a tokenizer.json; every result equals a full encode without special tokens added.
+    """
+
+    def __new__(cls, tokenizer_json: str) -> IncrementalTokenizer: ...
+    def encode(self, session: str, text: str) -> npt.NDArray[np.uint32]:
+        """The ids of `text`, reusing `session`'s previous prompt up to the last safe boundary."""
+    def encode_full(self, text: str) -> npt.NDArray[np.uint32]:
+        """The ids of `text`, encoded in full."""
+    def forget(self, session: str) -> None:
+        """Drop what is kept for `session`."""
+    def sessions(self) -> int:
+        """How many sessions have a prompt kept."""
+    @property
+    def safe(self) -> bool:
+        """Whether prompts are resumed after added tokens; when not, every encode is a full one."""
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why boundaries after added tokens are not safe for this tokenizer, when they are not."""
+    def reused_ids(self) -> int:
+        """Ids taken from kept prompts instead of being encoded, over all `encode` calls."""
+    def encoded_bytes(self) -> int:
+        """Bytes of text actually run through the tokenizer, over all `encode` calls."""

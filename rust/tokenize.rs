@@ -1,0 +1,659 @@
+//! Incremental tokenization: encode a session's new prompt by reusing the ids of the old one up
+//! to the last added token the two share, and encoding only the text after it.
+//!
+//! `tokenizers` extracts added tokens from the raw text first, then normalizes, pre-tokenizes
+//! and encodes each section between them on its own (`AddedVocabulary::extract_and_normalize`).
+//! So the ids of a text are the ids of its sections and added tokens, in order, and a prompt can
+//! be resumed right after an added token, provided the loaded tokenizer's configuration
+//! guarantees that nothing before or after such a boundary changes how it is split:
+//! [`unsafe_reason`] checks that once, and without that proof every encode is a full encode.
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use tokenizers::models::ModelWrapper;
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::pre_tokenizers::metaspace::PrependScheme;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::{AddedToken, Tokenizer};
+
+use crate::error::Error;
+
+/// A tokenizer that remembers, per session, the last prompt it encoded, and encodes the next
+/// one from the last safe boundary the two share. Every result equals a full encode
+/// (`add_special_tokens=false`).
+pub struct IncrementalTokenizer {
+    tokenizer: Tokenizer,
+    /// Each added token's content by id: a prompt may be resumed right after one of them.
+    /// Empty when boundaries are not proven safe.
+    resumable: HashMap<u32, String>,
+    fallback_reason: Option<String>,
+    sessions: HashMap<String, Session>,
+    reused_ids: u64,
+    encoded_bytes: u64,
+}
+
+/// The last prompt of one session, its ids, and where it may be resumed.
+#[derive(Default)]
+struct Session {
+    text: String,
+    ids: Vec<u32>,
+    /// In increasing order of `byte` (and of `ids`).
+    boundaries: Vec<Boundary>,
+}
+
+/// A byte offset right after an added token, and how many ids the text up to it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Boundary {
+    byte: usize,
+    ids: usize,
+}
+
+impl IncrementalTokenizer {
+    /// Load a tokenizer.json and decide, from its configuration, whether boundaries after its
+    /// added tokens are safe to resume from.
+    pub fn from_json(json: &str) -> Result<Self, Error> {
+        let tokenizer = Tokenizer::from_str(json)
+            .map_err(|err| Error::Tokenizer(format!("cannot load the tokenizer.json: {err}")))?;
+        Ok(Self::new(tokenizer))
+    }
+
+    pub fn new(tokenizer: Tokenizer) -> Self {
+        let fallback_reason = unsafe_reason(&tokenizer);
+        let resumable = match fallback_reason {
+            Some(_) => HashMap::new(),
+            None => tokenizer
+                .get_added_tokens_decoder()
+                .into_iter()
+                .map(|(id, token)| (id, token.content))
+                .collect(),
+        };
+        IncrementalTokenizer {
+            tokenizer,
+            resumable,
+            fallback_reason,
+            sessions: HashMap::new(),
+            reused_ids: 0,
+            encoded_bytes: 0,
+        }
+    }
+
+    /// Whether prompts are resumed after added tokens; when not, every encode is a full one.
+    pub fn safe(&self) -> bool {
+        self.fallback_reason.is_none()
+    }
+
+    /// Why boundaries are not safe for this tokenizer, when they are not.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback_reason.as_deref()
+    }
+
+    /// The ids of `text`, reusing those of `session`'s previous text up to the last boundary
+    /// at or before where the two texts part. A failed encode forgets the session.
+    pub fn encode(&mut self, session: &str, text: &str) -> Result<Vec<u32>, Error> {
+        if !self.safe() {
+            self.encoded_bytes += text.len() as u64;
+            return self.encode_full(text);
+        }
+        let Some(mut state) = self.sessions.remove(session) else {
+            let mut state = Session::default();
+            self.extend(&mut state, text, Boundary { byte: 0, ids: 0 })?;
+            return Ok(self.keep(session, state));
+        };
+        if state.text == text {
+            self.reused_ids += state.ids.len() as u64;
+            return Ok(self.keep(session, state));
+        }
+        let common = common_prefix_len(state.text.as_bytes(), text.as_bytes());
+        let kept = state.boundaries.partition_point(|b| b.byte <= common);
+        let resume = match kept {
+            0 => Boundary { byte: 0, ids: 0 },
+            _ => state.boundaries[kept - 1],
+        };
+        state.boundaries.truncate(kept);
+        state.ids.truncate(resume.ids);
+        self.extend(&mut state, text, resume)?;
+        self.reused_ids += resume.ids as u64;
+        Ok(self.keep(session, state))
+    }
+
+    /// The ids of `text`, encoded in full; no session is read or kept.
+    pub fn encode_full(&self, text: &str) -> Result<Vec<u32>, Error> {
+        let encoding = self.tokenizer.encode(text, false).map_err(encode_error)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Drop what is kept for `session`; whether there was anything.
+    pub fn forget(&mut self, session: &str) -> bool {
+        self.sessions.remove(session).is_some()
+    }
+
+    /// How many sessions have a prompt kept.
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Ids taken from kept prompts instead of being encoded, over all `encode` calls.
+    pub fn reused_ids(&self) -> u64 {
+        self.reused_ids
+    }
+
+    /// Bytes of text actually run through the tokenizer, over all `encode` calls.
+    pub fn encoded_bytes(&self) -> u64 {
+        self.encoded_bytes
+    }
+
+    /// Encode `text` from `resume` on, appending to `state`'s ids and boundaries, which hold
+    /// exactly what lies before `resume`; then `state` holds `text`.
+    fn extend(&mut self, state: &mut Session, text: &str, resume: Boundary) -> Result<(), Error> {
+        let tail = &text[resume.byte..];
+        state.text.clear();
+        state.text.push_str(text);
+        if tail.is_empty() && resume.byte > 0 {
+            // The full encode has no section after the boundary: nothing follows.
+            return Ok(());
+        }
+        let encoding = self.tokenizer.encode(tail, false).map_err(encode_error)?;
+        self.encoded_bytes += tail.len() as u64;
+        let ids = encoding.get_ids();
+        // An added token is the one token of its section, its offsets those of its content in
+        // the raw text. A model token cannot pass for one: its text would be that content,
+        // which the added vocabulary would have extracted first.
+        for (at, (id, &(start, end))) in ids.iter().zip(encoding.get_offsets()).enumerate() {
+            if let Some(content) = self.resumable.get(id) {
+                if tail.get(start..end) == Some(content.as_str()) {
+                    state.boundaries.push(Boundary {
+                        byte: resume.byte + end,
+                        ids: resume.ids + at + 1,
+                    });
+                }
+            }
+        }
+        state.ids.extend_from_slice(ids);
+        Ok(())
+    }
+
+    /// Keep `state` for `session` and return a copy of its ids.
+    fn keep(&mut self, session: &str, state: Session) -> Vec<u32> {
+        let ids = state.ids.clone();
+        self.sessions.insert(session.to_owned(), state);
+        ids
+    }
+}
+
+fn encode_error(err: tokenizers::Error) -> Error {
+    Error::Tokenizer(format!("cannot encode the text: {err}"))
+}
+
+/// Bytes skipped per step while the texts agree: one `memcmp` per block.
+const BLOCK: usize = 256;
+
+/// Length of the longest common prefix of two byte strings.
+fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut start = 0;
+    while start + BLOCK <= n && a[start..start + BLOCK] == b[start..start + BLOCK] {
+        start += BLOCK;
+    }
+    start
+        + a[start..n]
+            .iter()
+            .zip(&b[start..n])
+            .take_while(|(x, y)| x == y)
+            .count()
+}
+
+/// Why a boundary right after an added token might not split `tokenizer`'s encodings there,
+/// or `None` when it always does.
+///
+/// The boundary after an added token match at `[s, e)` is safe when the match does not depend
+/// on the text around it, and the sections on either side are encoded on their own:
+/// - the token matches the raw text (`normalized=false`) and neither strips whitespace around
+///   it nor needs word boundaries (`lstrip`, `rstrip`, `single_word`);
+/// - no token's content occurs inside another's before its end: the added vocabulary takes the
+///   leftmost, then longest match, so such a token could start before `e` and end after it
+///   once the text after `e` changes;
+/// - special tokens are split off (`encode_special_tokens` is off);
+/// - the pre-tokenizer and the model see one section at a time and only its text: a Metaspace
+///   pre-tokenizer that prepends only at the start of the text, and BPE dropout, break that;
+/// - nothing is added to or cut from the ids afterwards: no truncation, no padding. No
+///   post-processor changes ids when no special tokens are added.
+pub fn unsafe_reason(tokenizer: &Tokenizer) -> Option<String> {
+    if tokenizer.get_truncation().is_some() {
+        return Some("it truncates encodings".into());
+    }
+    if tokenizer.get_padding().is_some() {
+        return Some("it pads encodings".into());
+    }
+    if tokenizer.get_encode_special_tokens() {
+        return Some("it encodes special tokens as plain text (encode_special_tokens)".into());
+    }
+    let added = tokenizer.get_added_tokens_decoder();
+    if added.is_empty() {
+        return Some("it has no added tokens to resume after".into());
+    }
+    let mut tokens: Vec<&AddedToken> = added.values().collect();
+    tokens.sort_by(|a, b| a.content.cmp(&b.content));
+    tokens
+        .iter()
+        .find_map(|token| added_token_reason(token))
+        .or_else(|| nested_token_reason(&tokens))
+        .or_else(|| tokenizer.get_normalizer().and_then(normalizer_reason))
+        .or_else(|| tokenizer.get_pre_tokenizer().and_then(pre_tokenizer_reason))
+        .or_else(|| model_reason(tokenizer.get_model()))
+        .or_else(|| {
+            tokenizer
+                .get_post_processor()
+                .and_then(post_processor_reason)
+        })
+}
+
+fn added_token_reason(token: &AddedToken) -> Option<String> {
+    let flag = [
+        ("normalized", token.normalized),
+        ("lstrip", token.lstrip),
+        ("rstrip", token.rstrip),
+        ("single_word", token.single_word),
+    ]
+    .into_iter()
+    .find_map(|(flag, set)| set.then_some(flag))?;
+    Some(format!("added token {:?} has {flag}=True", token.content))
+}
+
+/// The first token (in `tokens`' order) whose content occurs inside another's before its end.
+fn nested_token_reason(tokens: &[&AddedToken]) -> Option<String> {
+    let contents: std::collections::HashSet<&str> =
+        tokens.iter().map(|t| t.content.as_str()).collect();
+    tokens.iter().find_map(|outer| {
+        let outer = outer.content.as_str();
+        // Every piece of `outer` that ends before its end, on char boundaries (a token's
+        // content is a whole string, so an occurrence cannot start or end inside a char).
+        let cuts: Vec<usize> = outer.char_indices().map(|(at, _)| at).collect();
+        cuts.iter().enumerate().find_map(|(i, &start)| {
+            cuts[i + 1..]
+                .iter()
+                .map(|&end| &outer[start..end])
+                .find(|inner| contents.contains(inner))
+                .map(|inner| format!("added token {inner:?} occurs inside added token {outer:?}"))
+        })
+    })
+}
+
+/// Every normalizer maps one section's text, knowing nothing else; listed so that a new kind
+/// is looked at before it is trusted.
+fn normalizer_reason(normalizer: &NormalizerWrapper) -> Option<String> {
+    match normalizer {
+        NormalizerWrapper::Sequence(sequence) => {
+            sequence.as_ref().iter().find_map(normalizer_reason)
+        }
+        NormalizerWrapper::BertNormalizer(_)
+        | NormalizerWrapper::StripNormalizer(_)
+        | NormalizerWrapper::StripAccents(_)
+        | NormalizerWrapper::NFC(_)
+        | NormalizerWrapper::NFD(_)
+        | NormalizerWrapper::NFKC(_)
+        | NormalizerWrapper::NFKD(_)
+        | NormalizerWrapper::Lowercase(_)
+        | NormalizerWrapper::Nmt(_)
+        | NormalizerWrapper::Precompiled(_)
+        | NormalizerWrapper::Replace(_)
+        | NormalizerWrapper::Prepend(_)
+        | NormalizerWrapper::ByteLevel(_) => None,
+    }
+}
+
+/// Pre-tokenizers split one section at a time; only Metaspace's `first` scheme looks at where
+/// the section lies in the text.
+fn pre_tokenizer_reason(pre_tokenizer: &PreTokenizerWrapper) -> Option<String> {
+    match pre_tokenizer {
+        PreTokenizerWrapper::Sequence(sequence) => {
+            sequence.as_ref().iter().find_map(pre_tokenizer_reason)
+        }
+        PreTokenizerWrapper::Metaspace(metaspace)
+            if metaspace.get_prepend_scheme() == PrependScheme::First =>
+        {
+            Some("its Metaspace pre-tokenizer prepends only at the start of the text".into())
+        }
+        PreTokenizerWrapper::Metaspace(_)
+        | PreTokenizerWrapper::BertPreTokenizer(_)
+        | PreTokenizerWrapper::ByteLevel(_)
+        | PreTokenizerWrapper::Delimiter(_)
+        | PreTokenizerWrapper::Whitespace(_)
+        | PreTokenizerWrapper::Split(_)
+        | PreTokenizerWrapper::Punctuation(_)
+        | PreTokenizerWrapper::WhitespaceSplit(_)
+        | PreTokenizerWrapper::Digits(_)
+        | PreTokenizerWrapper::UnicodeScripts(_)
+        | PreTokenizerWrapper::FixedLength(_) => None,
+    }
+}
+
+fn model_reason(model: &ModelWrapper) -> Option<String> {
+    match model {
+        ModelWrapper::BPE(bpe) if bpe.dropout.is_some_and(|p| p > 0.0) => {
+            Some("its BPE model has dropout, so encodes are random".into())
+        }
+        ModelWrapper::BPE(_)
+        | ModelWrapper::WordPiece(_)
+        | ModelWrapper::WordLevel(_)
+        | ModelWrapper::Unigram(_) => None,
+    }
+}
+
+/// Without special tokens to add, post-processors change offsets and type ids, never ids.
+fn post_processor_reason(processor: &PostProcessorWrapper) -> Option<String> {
+    match processor {
+        PostProcessorWrapper::Roberta(_)
+        | PostProcessorWrapper::Bert(_)
+        | PostProcessorWrapper::ByteLevel(_)
+        | PostProcessorWrapper::Template(_)
+        | PostProcessorWrapper::Sequence(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use tokenizers::models::bpe::{Vocab, BPE};
+    use tokenizers::normalizers::unicode::NFC;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::metaspace::Metaspace;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::{SplitDelimiterBehavior, TruncationParams};
+
+    /// Qwen's pre-tokenization regex.
+    const PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+    const ADDED: [&str; 4] = ["<|im_start|>", "<|im_end|>", "<think>", "</think>"];
+
+    /// A small byte-level BPE shaped like Qwen's: every byte, a few merges, NFC, the Split
+    /// regex then ByteLevel, and ChatML's added tokens.
+    fn qwen_like() -> Tokenizer {
+        let alphabet = ByteLevel::alphabet();
+        let mut vocab = Vocab::default();
+        let mut chars: Vec<char> = alphabet.into_iter().collect();
+        chars.sort_unstable();
+        for c in chars {
+            let next = vocab.len() as u32;
+            vocab.insert(c.to_string(), next);
+        }
+        let mut merges = Vec::new();
+        let pairs = [
+            ("Ġ", "Ġ"),
+            ("Ġ", "t"),
+            ("h", "e"),
+            ("Ġt", "he"),
+            ("i", "m"),
+            ("Ċ", "Ċ"),
+            ("ĠĠ", "ĠĠ"),
+        ];
+        for (a, b) in pairs {
+            let next = vocab.len() as u32;
+            vocab.entry(format!("{a}{b}")).or_insert(next);
+            merges.push((a.to_string(), b.to_string()));
+        }
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .unwrap();
+        let mut tokenizer = Tokenizer::new(bpe);
+        tokenizer.with_normalizer(Some(NFC)).unwrap();
+        let split = Split::new(
+            SplitPattern::Regex(PATTERN.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .unwrap();
+        let byte_level = ByteLevel::new(false, false, false);
+        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![split.into(), byte_level.into()])));
+        let added = ADDED.map(|content| AddedToken::from(content, true).normalized(false));
+        tokenizer.add_special_tokens(added).unwrap();
+        tokenizer
+    }
+
+    fn incremental(tokenizer: Tokenizer) -> IncrementalTokenizer {
+        let json = tokenizer.to_string(false).unwrap();
+        IncrementalTokenizer::from_json(&json).unwrap()
+    }
+
+    fn reason(tokenizer: Tokenizer) -> String {
+        incremental(tokenizer)
+            .fallback_reason()
+            .expect("unsafe")
+            .to_owned()
+    }
+
+    /// A small xorshift generator: reproducible texts without a dependency.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+
+    /// Pieces that stress the seams: added tokens and their near misses, whitespace and
+    /// newline runs, letters, digits, CJK, emoji, combining marks that NFC composes.
+    const PIECES: [&str; 24] = [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<think>",
+        "</think>",
+        "<|im_end",
+        "<|im_end|",
+        "|im_end|>",
+        "<|im",
+        "<",
+        "|>",
+        "user\n",
+        "assistant\n",
+        " the",
+        "hello",
+        "  ",
+        "    ",
+        "\n",
+        "\n\n\n",
+        " \n ",
+        "123",
+        "汉字",
+        "🦀",
+        "e\u{301}",
+        "'s",
+    ];
+
+    fn random_text(rng: &mut Rng, pieces: usize) -> String {
+        (0..pieces)
+            .map(|_| PIECES[rng.below(PIECES.len())])
+            .collect()
+    }
+
+    #[test]
+    fn qwen_like_tokenizer_is_safe() {
+        let tok = incremental(qwen_like());
+        assert!(tok.safe(), "{:?}", tok.fallback_reason());
+        assert_eq!(tok.fallback_reason(), None);
+    }
+
+    #[test]
+    fn growing_and_rewritten_texts_encode_exactly() {
+        let mut tok = incremental(qwen_like());
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for session in ["a", "b"] {
+            let mut text = String::new();
+            for _ in 0..400 {
+                match rng.below(10) {
+                    // Start over.
+                    0 => text = random_text(&mut rng, 3),
+                    // Rewrite: cut somewhere (on a char boundary), then go on differently.
+                    1 | 2 => {
+                        let mut cut = rng.below(text.len() + 1);
+                        while !text.is_char_boundary(cut) {
+                            cut -= 1;
+                        }
+                        text.truncate(cut);
+                        text.push_str(&random_text(&mut rng, 4));
+                    }
+                    // Grow.
+                    _ => text.push_str(&random_text(&mut rng, 6)),
+                }
+                let full = tok.encode_full(&text).unwrap();
+                assert_eq!(tok.encode(session, &text).unwrap(), full, "{text:?}");
+            }
+        }
+        assert_eq!(tok.sessions(), 2);
+        assert!(tok.reused_ids() > 0);
+    }
+
+    #[test]
+    fn a_growing_conversation_encodes_only_its_new_text() {
+        let mut tok = incremental(qwen_like());
+        let mut text = String::new();
+        let mut total = 0;
+        for turn in 0..50 {
+            text.push_str(&format!(
+                "<|im_start|>user\nquestion {turn}<|im_end|>\n<|im_start|>assistant\n"
+            ));
+            total += text.len() as u64;
+            let ids = tok.encode("s", &text).unwrap();
+            assert_eq!(ids, tok.encode_full(&text).unwrap());
+            text.push_str("<think>\n\n</think>\n\nthe answer<|im_end|>\n");
+        }
+        assert!(
+            tok.encoded_bytes() * 10 < total,
+            "{} of {total}",
+            tok.encoded_bytes()
+        );
+        assert!(tok.reused_ids() > 0);
+    }
+
+    #[test]
+    fn the_same_text_again_reuses_every_id() {
+        let mut tok = incremental(qwen_like());
+        let text = "<|im_start|>user\nhi<|im_end|>";
+        let ids = tok.encode("s", text).unwrap();
+        let encoded = tok.encoded_bytes();
+        assert_eq!(tok.encode("s", text).unwrap(), ids);
+        assert_eq!(tok.encoded_bytes(), encoded);
+        assert_eq!(tok.reused_ids(), ids.len() as u64);
+    }
+
+    #[test]
+    fn resumes_from_the_last_boundary_before_the_texts_part() {
+        let mut tok = incremental(qwen_like());
+        let ids = tok.encode("s", "<|im_start|>ab<|im_end|>cd").unwrap();
+        assert_eq!(tok.sessions["s"].boundaries.len(), 2);
+        // Parting inside "cd": resume after <|im_end|>.
+        tok.encode("s", "<|im_start|>ab<|im_end|>cx").unwrap();
+        assert_eq!(tok.reused_ids(), (ids.len() - 2) as u64);
+        assert_eq!(tok.encoded_bytes(), 26 + 2);
+        // Parting right after <|im_start|>: resume there.
+        tok.encode("s", "<|im_start|>zz").unwrap();
+        assert_eq!(tok.encoded_bytes(), 26 + 2 + 2);
+        assert_eq!(
+            tok.sessions["s"].boundaries,
+            [Boundary { byte: 12, ids: 1 }]
+        );
+    }
+
+    #[test]
+    fn forget_drops_the_session() {
+        let mut tok = incremental(qwen_like());
+        tok.encode("s", "<|im_start|>x").unwrap();
+        assert!(tok.forget("s"));
+        assert!(!tok.forget("s"));
+        assert_eq!(tok.sessions(), 0);
+    }
+
+    fn with_token(token: AddedToken) -> Tokenizer {
+        let mut tokenizer = qwen_like();
+        tokenizer.add_tokens([token]).unwrap();
+        tokenizer
+    }
+
+    #[test]
+    fn unsafe_configurations_say_why() {
+        let rstrip = with_token(
+            AddedToken::from("<x>", false)
+                .rstrip(true)
+                .normalized(false),
+        );
+        assert_eq!(reason(rstrip), r#"added token "<x>" has rstrip=True"#);
+        let normalized = with_token(AddedToken::from("<x>", false).normalized(true));
+        assert_eq!(
+            reason(normalized),
+            r#"added token "<x>" has normalized=True"#
+        );
+        let prefix = with_token(AddedToken::from("<|im_end|>!", false).normalized(false));
+        assert_eq!(
+            reason(prefix),
+            r#"added token "<|im_end|>" occurs inside added token "<|im_end|>!""#
+        );
+        let inside = with_token(AddedToken::from("a<think>b", false).normalized(false));
+        assert_eq!(
+            reason(inside),
+            r#"added token "<think>" occurs inside added token "a<think>b""#
+        );
+        let mut truncating = qwen_like();
+        truncating
+            .with_truncation(Some(TruncationParams::default()))
+            .unwrap();
+        assert_eq!(reason(truncating), "it truncates encodings");
+        let mut metaspace = qwen_like();
+        metaspace.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::First, true)));
+        assert_eq!(
+            reason(metaspace),
+            "its Metaspace pre-tokenizer prepends only at the start of the text"
+        );
+        let mut bare = Tokenizer::new(BPE::default());
+        bare.with_pre_tokenizer(Some(ByteLevel::default()));
+        assert_eq!(reason(bare), "it has no added tokens to resume after");
+    }
+
+    #[test]
+    fn a_token_ending_with_another_is_safe() {
+        // "x<think>" cannot start before a match of "<think>" and end after it.
+        let tok = incremental(with_token(
+            AddedToken::from("x<think>", false).normalized(false),
+        ));
+        assert!(tok.safe(), "{:?}", tok.fallback_reason());
+    }
+
+    #[test]
+    fn unsafe_tokenizers_still_encode_exactly() {
+        let mut tok = incremental(with_token(
+            AddedToken::from("<|im_end|>\n", false).normalized(false),
+        ));
+        assert!(!tok.safe());
+        for text in ["<|im_start|>a<|im_end|>", "<|im_start|>a<|im_end|>\nb"] {
+            assert_eq!(
+                tok.encode("s", text).unwrap(),
+                tok.encode_full(text).unwrap()
+            );
+        }
+        assert_eq!(tok.sessions(), 0);
+        assert_eq!(tok.reused_ids(), 0);
+    }
+
+    #[test]
+    fn a_bad_json_is_a_tokenizer_error() {
+        assert!(matches!(
+            IncrementalTokenizer::from_json("{"),
+            Err(Error::Tokenizer(_))
+        ));
+    }
+
+    #[test]
+    fn byte_prefix() {
+        let long = vec![7u8; 1000];
+        let mut other = long.clone();
+        other[700] = 8;
+        assert_eq!(common_prefix_len(&long, &other), 700);
+        assert_eq!(common_prefix_len(&long, &long[..300]), 300);
+        assert_eq!(common_prefix_len(b"", b"abc"), 0);
+    }
+}
