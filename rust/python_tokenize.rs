@@ -42,6 +42,15 @@ impl PyIncrementalTokenizer {
         })
     }
 
+    /// A tokenizer sharing this one's loaded vocabulary, with no session kept.
+    fn fork(&self, py: Python<'_>) -> Self {
+        let forked = py.detach(|| self.lock().fork());
+        PyIncrementalTokenizer {
+            inner: Mutex::new(forked),
+            fallback_reason: self.fallback_reason.clone(),
+        }
+    }
+
     /// The ids of `text`, reusing `session`'s previous prompt up to the last safe boundary.
     fn encode<'py>(
         &self,

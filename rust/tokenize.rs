@@ -9,6 +9,7 @@
 //! [`unsafe_reason`] checks that once, and without that proof every encode is a full encode.
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use tokenizers::models::ModelWrapper;
 use tokenizers::normalizers::NormalizerWrapper;
@@ -23,7 +24,8 @@ use crate::error::Error;
 /// one from the last safe boundary the two share. Every result equals a full encode
 /// (`add_special_tokens=false`).
 pub struct IncrementalTokenizer {
-    tokenizer: Tokenizer,
+    /// Shared by `fork`s: loading a large vocabulary is the costly part.
+    tokenizer: Arc<Tokenizer>,
     /// Each added token's content by id: a prompt may be resumed right after one of them.
     /// Empty when boundaries are not proven safe.
     resumable: HashMap<u32, String>,
@@ -69,7 +71,7 @@ impl IncrementalTokenizer {
                 .collect(),
         };
         IncrementalTokenizer {
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             resumable,
             fallback_reason,
             sessions: HashMap::new(),
@@ -79,6 +81,18 @@ impl IncrementalTokenizer {
     }
 
     /// Whether prompts are resumed after added tokens; when not, every encode is a full one.
+    /// A tokenizer sharing this one's vocabulary and rules, with no session kept.
+    pub fn fork(&self) -> Self {
+        IncrementalTokenizer {
+            tokenizer: Arc::clone(&self.tokenizer),
+            resumable: self.resumable.clone(),
+            fallback_reason: self.fallback_reason.clone(),
+            sessions: HashMap::new(),
+            reused_ids: 0,
+            encoded_bytes: 0,
+        }
+    }
+
     pub fn safe(&self) -> bool {
         self.fallback_reason.is_none()
     }

@@ -14,6 +14,7 @@ from tokentrail.errors import (
     TokentrailError,
 )
 from tokentrail.export import PackedBatch, pack_samples, read_samples, write_samples
+from tokentrail.incremental import IncrementalEncoder
 from tokentrail.ledger import Ledger, TurnLedger
 from tokentrail.manager import DriftRecord, Trajectory, TrajectoryManager
 from tokentrail.parsing import ParsedOutput, format_output, parse_output
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DriftRecord",
     "ExportError",
+    "IncrementalEncoder",
     "Ledger",
     "LoadedTokenizer",
     "LogprobLengthError",

@@ -253,6 +253,7 @@ class IncrementalTokenizer:
     """
 
     def __new__(cls, tokenizer_json: str) -> IncrementalTokenizer: ...
+    def fork(self) -> IncrementalTokenizer: ...
     def encode(self, session: str, text: str) -> npt.NDArray[np.uint32]:
         """The ids of `text`, reusing `session`'s previous prompt up to the last safe boundary."""
     def encode_full(self, text: str) -> npt.NDArray[np.uint32]:

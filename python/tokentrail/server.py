@@ -22,6 +22,7 @@ from aiohttp import web
 from tokentrail.chat_template import TemplateError, render
 from tokentrail.engines.base import Engine, EngineError, GenerateRequest, SamplingParams
 from tokentrail.errors import RequestError, TokentrailError
+from tokentrail.incremental import IncrementalEncoder
 from tokentrail.journal import OPEN, TURN, Journal, decode_turn
 from tokentrail.manager import Trajectory, TrajectoryManager
 from tokentrail.metrics import Metrics, warn_if_masked
@@ -137,6 +138,9 @@ class Adapter:
         self._closed: set[str] = set()
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
         self.splicer = Splicer(tokenizer, self.chat_template)
+        # Full renders (first turns, render history, fallbacks) reuse the ids of the prefix
+        # a session's previous prompt shares with them.
+        self.encoder = IncrementalEncoder(tokenizer)
         self.splice_fallbacks: Counter[str] = Counter()
         self.metrics = Metrics()
         self._end_ids = {tokenizer.eos_token_id}
@@ -242,6 +246,7 @@ class Adapter:
             await session.idle.wait()
             self._sessions.pop(sid, None)
         trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
+        self.encoder.forget(sid)
         if self.journal is not None:
             self.journal.session_finished(sid, reward, metadata or {})
         self.metrics.session_finished(trajectory)
@@ -256,6 +261,7 @@ class Adapter:
     def drop_session(self, sid: str) -> bool:
         known = self._sessions.pop(sid, None) is not None
         known = self.manager.drop_session(sid) or known
+        self.encoder.forget(sid)
         self._closed.add(sid)
         if known and self.journal is not None:
             self.journal.session_dropped(sid)
@@ -570,6 +576,7 @@ class Adapter:
             tools,
             session.history or self.config.history,
             full_text=full_text,
+            encode=lambda text: self.encoder.encode(sid, text),
             keys=messages.keys if messages.render is messages.record else None,
             verify=verify,
         )
