@@ -70,13 +70,16 @@ def record_session(tokenizer: LoadedTokenizer, turns: int, context: int) -> list
         return read_journal(path).served_turns()
 
 
-def _record_turn(manager: TrajectoryManager, turn: JournaledTurn, ids: Any, messages: Any) -> None:
+def _record_turn(
+    manager: TrajectoryManager, turn: JournaledTurn, ids: Any, messages: Any, keys: Any
+) -> None:
     manager.record_turn(
         turn.sid,
         turn=TurnRecord(ids, turn.output_ids, turn.finish_reason, turn.logprobs),
         prompt_messages=messages,
         response_message=turn.response_message,
         tools=turn.tools,
+        keys=keys,
     )
 
 
@@ -124,7 +127,7 @@ def _build(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) ->
                 verify=verify,
             )
             splices += label == "splice"
-        _record_turn(manager, turn, ids, messages.record)
+        _record_turn(manager, turn, ids, messages.record, messages.keys)
         times.append(time.perf_counter() - start)
     return manager, times
 

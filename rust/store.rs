@@ -188,10 +188,9 @@ impl Arena {
         output: &[u32],
         logprobs: Option<&[f32]>,
     ) {
-        self.tails.extend_from_slice(tail);
-        self.outputs.extend_from_slice(output);
-        self.logprobs
-            .extend_from_slice(logprobs.unwrap_or_default());
+        append(&mut self.tails, tail);
+        append(&mut self.outputs, output);
+        append(&mut self.logprobs, logprobs.unwrap_or_default());
         self.entries.push(Entry {
             parent,
             prefix,
@@ -326,9 +325,21 @@ impl Cursor {
 }
 
 /// Append `turn`'s tail and output to its parent's first `prefix` tokens.
+/// Append to an arena, growing it by a quarter rather than doubling: a session's memory is
+/// its unique tokens, and doubling would leave up to as much again unused. Growth stays
+/// geometric, so appends stay amortized O(1).
+fn append<T: Copy>(arena: &mut Vec<T>, values: &[T]) {
+    let needed = arena.len() + values.len();
+    if needed > arena.capacity() {
+        let grown = needed.max(arena.capacity() + arena.capacity() / 4);
+        arena.reserve_exact(grown - arena.len());
+    }
+    arena.extend_from_slice(values);
+}
+
 fn extend(tokens: &mut Vec<u32>, arena: &Arena, turn: usize) {
-    tokens.extend_from_slice(arena.tail(turn));
-    tokens.extend_from_slice(arena.output(turn));
+    append(tokens, arena.tail(turn));
+    append(tokens, arena.output(turn));
 }
 
 /// The stored turns as `linearize` reads them, each prompt rebuilt on demand.

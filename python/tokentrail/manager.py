@@ -189,7 +189,7 @@ class TrajectoryManager:
                 checked.logprobs,
             )
             for message, key in zip(prompt_messages[i:], keys[i:], strict=True):
-                node = node.add_child(Node(message, key=key))
+                node = node.add_child(Node(message, key=key, keep_message=False))
             session.turns += 1
             leaf = Node(response_message, key=response_key)
             leaf.role = "assistant"
@@ -197,7 +197,8 @@ class TrajectoryManager:
                 stored, len(checked.output_ids), checked.finish_reason, checked.ill_formed
             )
             leaf.turn_index, leaf.tools = session.turns, tools
-            leaf.metadata = dict(metadata or {})
+            if metadata:
+                leaf.metadata = dict(metadata)
             node.add_child(leaf)
             return session.turns
 
@@ -228,7 +229,7 @@ class TrajectoryManager:
             return node, i
         if target.turn.output_len >= self.fork_threshold_tokens:
             return node, i
-        target.demoted.append(DemotedTurn(target.turn_index or 0, target.turn, target.message))
+        target.demote(DemotedTurn(target.turn_index or 0, target.turn, target.message))
         logger.debug("turn %s demoted by a rewrite of its message", target.turn_index)
         target.turn = None
         target.turn_index = None
@@ -251,7 +252,12 @@ class TrajectoryManager:
         `tokentrail.echo`) is substituted and the walk goes on. Returns a new list; the caller's
         list and dicts are left alone.
         """
-        return self.restore_keyed(sid, messages, tools)[0]
+        restored, _ = self.restore_keyed(sid, messages, tools)
+        # The restored dicts are the tree's own: hand out copies.
+        return [
+            m if m is given else copy.deepcopy(m)
+            for m, given in zip(restored, messages, strict=True)
+        ]
 
     def restore_keyed(
         self,
@@ -260,7 +266,10 @@ class TrajectoryManager:
         tools: list[dict[str, Any]] | None = None,
     ) -> tuple[list[dict[str, Any]], list[MessageKey]]:
         """`restore_generated_messages`, also returning the routing keys of the result, which
-        `splice_anchor` and `record_turn` accept so a turn computes them once."""
+        `splice_anchor` and `record_turn` accept so a turn computes them once.
+
+        A restored message is the tree's own dict, not a copy: read it, do not change it.
+        """
         keys = _message_keys(messages, "messages")
         out = list(messages)
         with self._lock:
@@ -271,13 +280,17 @@ class TrajectoryManager:
             for i, key in enumerate(keys):
                 nxt = node.child(key)
                 if nxt is None:
-                    nxt = self._echo_target(node, messages[i], tools)
+                    # A harness replays an echo the same way every time: recognize it once.
+                    nxt = node.known_echo(key)
                     if nxt is None:
-                        break
-                    out[i] = copy.deepcopy(nxt.message)
+                        nxt = self._echo_target(node, messages[i], tools)
+                        if nxt is None:
+                            break
+                        node.remember_echo(key, nxt)
+                    out[i] = nxt.message
                     keys[i] = nxt.key if nxt.key is not None else message_key(out[i])
                     if not nxt.metadata.get("restored"):
-                        nxt.metadata["restored"] = True
+                        nxt.metadata = {**nxt.metadata, "restored": True}
                         session.restored += 1
                         session.restored_by_tool.update(tool_names(nxt.message))
                 node = nxt

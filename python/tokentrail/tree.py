@@ -8,8 +8,10 @@ rewritten histories become siblings, and each root-to-leaf path is one conversat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from tokentrail.errors import MessageError
@@ -29,7 +31,8 @@ def message_key(message: dict[str, Any]) -> MessageKey:
     try:
         meta = json.dumps(rest, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         if isinstance(content, str):
-            return ("s" + meta, content)
+            # Most messages share a handful of metas ('{"role":"tool"}'): keep one of each.
+            return (sys.intern("s" + meta), content)
         body = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise MessageError(f"message is not JSON-serializable: {exc}") from None
@@ -46,19 +49,41 @@ class DemotedTurn:
     message: dict[str, Any] | None
 
 
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
+
+
+def message_of(key: MessageKey) -> dict[str, Any]:
+    """The message a key was made from (key order aside)."""
+    tagged, body = key
+    message: dict[str, Any] = json.loads(tagged[1:])
+    if tagged[0] == "s":
+        message["content"] = body
+    elif tagged[0] == "j":
+        message["content"] = json.loads(body)
+    return message
+
+
 class Node:
+    """One message of a session's tree.
+
+    Kept small: a session holds one node per message it ever saw. Only generated turns keep
+    their message dict; a routing node keeps its key (which holds the content) and rebuilds
+    the dict on demand. Children are indexed by key once there is more than one.
+    """
+
     __slots__ = (
         "role",
-        "message",
+        "_message",
         "key",
         "parent",
-        "children",
+        "_children",
         "_by_key",
         "turn",
         "turn_index",
         "tools",
         "metadata",
         "demoted",
+        "_echoes",
     )
 
     def __init__(
@@ -67,45 +92,88 @@ class Node:
         *,
         key: MessageKey | None = None,
         parent: Node | None = None,
+        keep_message: bool = True,
     ) -> None:
-        self.message = message
         self.role = message.get("role") if message is not None else None
         self.key = key if key is not None or message is None else message_key(message)
+        self._message = message if keep_message or self.key is None else None
         self.parent = parent
-        self.children: list[Node] = []
-        self._by_key: dict[MessageKey, Node] = {}
+        self._children: list[Node] | None = None
+        self._by_key: dict[MessageKey, Node] | None = None
         # Set on generated assistant leaves only.
         self.turn: StoredTurn | None = None
         self.turn_index: int | None = None
         self.tools: list[dict[str, Any]] | None = None
-        self.metadata: dict[str, Any] = {}
-        self.demoted: list[DemotedTurn] = []
+        self.metadata: Mapping[str, Any] = _NO_METADATA
+        self.demoted: Sequence[DemotedTurn] = ()
+        # Keys of harness echoes recognized among the children, and the generated child each
+        # one restores to.
+        self._echoes: dict[MessageKey, Node] | None = None
+
+    @property
+    def message(self) -> dict[str, Any] | None:
+        if self._message is None and self.key is not None:
+            return message_of(self.key)
+        return self._message
+
+    @property
+    def children(self) -> Sequence[Node]:
+        return self._children or ()
 
     @property
     def generated(self) -> bool:
         return self.turn is not None
 
     def child(self, key: MessageKey) -> Node | None:
-        return self._by_key.get(key)
+        if self._by_key is not None:
+            return self._by_key.get(key)
+        kids = self._children
+        if kids and kids[0].key == key:
+            return kids[0]
+        return None
 
     def add_child(self, child: Node) -> Node:
         child.parent = self
-        self.children.append(child)
+        if self._children is None:
+            self._children = [child]
+            return child
+        if self._by_key is None:
+            first = self._children[0]
+            self._by_key = {first.key: first} if first.key is not None else {}
+        self._children.append(child)
         if child.key is not None:
             self._by_key.setdefault(child.key, child)
         return child
 
+    def known_echo(self, key: MessageKey) -> Node | None:
+        echoes = self._echoes
+        if echoes is None:
+            return None
+        child = echoes.get(key)
+        # A child that has since stopped being a generated turn restores nothing.
+        return child if child is not None and child.turn is not None else None
+
+    def remember_echo(self, key: MessageKey, child: Node) -> None:
+        if self._echoes is None:
+            self._echoes = {}
+        self._echoes[key] = child
+
+    def demote(self, demoted: DemotedTurn) -> None:
+        self.demoted = [*self.demoted, demoted]
+
     def rekey(self, message: dict[str, Any], key: MessageKey) -> None:
         """Replace this node's message (a rewrite merge), keeping the parent's index right."""
         parent = self.parent
-        if parent is not None and parent._by_key.get(self.key) is self:
-            del parent._by_key[self.key]
-            other = next((c for c in parent.children if c is not self and c.key == self.key), None)
-            if other is not None:
-                parent._by_key[self.key] = other
-        self.message, self.key, self.role = message, key, message.get("role")
-        if parent is not None:
+        if parent is not None and parent._by_key is not None:
+            if parent._by_key.get(self.key) is self:
+                del parent._by_key[self.key]
+                other = next(
+                    (c for c in parent.children if c is not self and c.key == self.key), None
+                )
+                if other is not None:
+                    parent._by_key[self.key] = other
             parent._by_key.setdefault(key, self)
+        self._message, self.key, self.role = message, key, message.get("role")
 
     def generated_ancestor(self) -> Node | None:
         """The nearest node at or above this one that holds a generated turn."""

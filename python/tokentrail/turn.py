@@ -75,7 +75,7 @@ def validate_turn(turn: TurnRecord) -> CheckedTurn:
     return CheckedTurn(prompt, output, logprobs, turn.finish_reason, bool(turn.ill_formed))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoredTurn:
     """A generated turn as the tree holds it: its tokens live in the session's `TurnStore`."""
 
