@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.chat_template import TemplateError, render
+from tokentrail.chat_template import TemplateError
 from tokentrail.engines.base import Engine, EngineError, GenerateRequest, SamplingParams
 from tokentrail.errors import RequestError, TokentrailError
 from tokentrail.incremental import IncrementalEncoder
@@ -597,13 +597,7 @@ class Adapter:
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         try:
-            return render(
-                self.chat_template,
-                messages,
-                tools=tools,
-                add_generation_prompt=True,
-                **self.tokenizer.special_tokens_map,
-            )
+            return self.splicer.render(messages, tools, add_generation_prompt=True)
         except TemplateError as exc:
             raise HTTPError(400, f"chat template rejected the messages: {exc}") from None
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tokentrail.errors import RequestError
-from tokentrail.protocols.common import Translated, append_system_note
+from tokentrail.protocols.common import Translated, append_system_note, function_tool
 
 IMAGE_PLACEHOLDER = "[image]"
 ROLES = ("user", "assistant", "system")
@@ -30,10 +30,7 @@ def translate_tools(tools: object) -> list[dict[str, Any]] | None:
         schema = tool.get("input_schema", {"type": "object", "properties": {}})
         if not isinstance(schema, dict):
             raise RequestError(f"tools[{pos}].input_schema must be an object")
-        function = {"name": tool["name"], "parameters": schema}
-        if isinstance(tool.get("description"), str):
-            function["description"] = tool["description"]
-        out.append({"type": "function", "function": function})
+        out.append(function_tool(tool["name"], tool.get("description"), schema))
     return out
 
 

@@ -30,3 +30,11 @@ def append_system_note(messages: list[dict[str, Any]], text: str) -> None:
 
 def mint_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
+
+
+def function_tool(name: str, description: object, parameters: dict[str, Any]) -> dict[str, Any]:
+    """A tool in the OpenAI shape tokentrail uses inside, whichever protocol declared it."""
+    function: dict[str, Any] = {"name": name, "parameters": parameters}
+    if isinstance(description, str):
+        function["description"] = description
+    return {"type": "function", "function": function}

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tokentrail.errors import RequestError
-from tokentrail.protocols.common import Translated, append_system_note
+from tokentrail.protocols.common import Translated, append_system_note, function_tool
 
 IMAGE_PLACEHOLDER = "[image]"
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -31,10 +31,7 @@ def translate_tools(tools: object) -> list[dict[str, Any]] | None:
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise RequestError(f"tools[{pos}].function.parameters must be an object")
-        function = {"name": fn["name"], "parameters": params}
-        if isinstance(fn.get("description"), str):
-            function["description"] = fn["description"]
-        out.append({"type": "function", "function": function})
+        out.append(function_tool(fn["name"], fn.get("description"), params))
     return out
 
 
