@@ -153,19 +153,7 @@ class Journal:
     def _recover(self) -> Recovery:
         if not self.path.exists():
             return Recovery()
-        recovery = _scan(self.path)
-        if recovery.reason is not None and not recovery.events:
-            # SQLite refuses a file shorter than its header says (a truncated tail): read what
-            # is left from a copy whose header admits the pages that are really there.
-            salvage = _salvage_copy(self.path)
-            try:
-                salvaged = _scan(salvage)
-            finally:
-                for suffix in ("", "-wal", "-shm"):
-                    Path(f"{salvage}{suffix}").unlink(missing_ok=True)
-            if salvaged.events:
-                salvaged.reason = f"{recovery.reason}; {salvaged.reason or 'truncated'}"
-                recovery = salvaged
+        recovery = _read_events(self.path)
         if recovery.reason is None:
             return recovery
         return self._set_aside(recovery, recovery.reason)
@@ -334,6 +322,25 @@ def _scan(path: Path) -> Recovery:
     return recovery
 
 
+def _read_events(path: Path) -> Recovery:
+    """The readable events of a journal, salvaging a truncated file when SQLite refuses it."""
+    recovery = _scan(path)
+    if recovery.reason is None or recovery.events:
+        return recovery
+    # SQLite refuses a file shorter than its header says (a truncated tail): read what is
+    # left from a copy whose header admits the pages that are really there.
+    salvage = _salvage_copy(path)
+    try:
+        salvaged = _scan(salvage)
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{salvage}{suffix}").unlink(missing_ok=True)
+    if not salvaged.events:
+        return recovery
+    salvaged.reason = f"{recovery.reason}; {salvaged.reason or 'truncated'}"
+    return salvaged
+
+
 def _salvage_copy(path: Path) -> Path:
     """A copy of a truncated database whose header counts only the pages that exist."""
     data = bytearray(path.read_bytes())
@@ -370,14 +377,7 @@ def read_journal(path: str | Path) -> Contents:
     path = Path(path)
     if not path.exists():
         raise JournalError(f"no journal at {path}")
-    recovery = _scan(path)
-    if recovery.reason is not None and not recovery.events:
-        salvage = _salvage_copy(path)
-        try:
-            recovery = _scan(salvage)
-        finally:
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{salvage}{suffix}").unlink(missing_ok=True)
+    recovery = _read_events(path)
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         meta = dict(db.execute("SELECT key, value FROM meta").fetchall())

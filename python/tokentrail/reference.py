@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tokentrail.errors import LogprobLengthError, PackError, PolicyError, TokenIdError
+from tokentrail.errors import LogprobLengthError, PackError, PolicyError
+from tokentrail.turn import as_token_array
 
 CLEAN = "clean"
 REALIGN = "realign"
@@ -19,27 +20,11 @@ FORK = "fork"
 
 POLICIES = ("minimal", "slime")
 
-_MAX_TOKEN_ID = 2**32 - 1
 
 
 def token_list(ids: object, what: str = "token ids") -> list[int]:
     """Validate a token sequence (list, tuple or integer numpy array) into a list of ints."""
-    if isinstance(ids, np.ndarray):
-        if ids.ndim != 1 or ids.dtype.kind not in "iu":
-            raise TokenIdError(f"{what}: expected a 1-D integer array, got {ids.dtype}{ids.shape}")
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) > _MAX_TOKEN_ID):
-            raise TokenIdError(f"{what}: ids must lie in [0, 2**32)")
-        return [int(x) for x in ids]
-    if not isinstance(ids, list | tuple):
-        raise TokenIdError(f"{what}: expected a list of ints, got {type(ids).__name__}")
-    out = []
-    for pos, x in enumerate(ids):
-        if isinstance(x, bool) or not isinstance(x, int | np.integer):
-            raise TokenIdError(f"{what}[{pos}]: expected an int, got {type(x).__name__}")
-        if x < 0 or x > _MAX_TOKEN_ID:
-            raise TokenIdError(f"{what}[{pos}]: id {x} is outside [0, 2**32)")
-        out.append(int(x))
-    return out
+    return as_token_array(ids, what).tolist()
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
