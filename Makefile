@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 
-.PHONY: install demo test test-rust test-python lint bench
+.PHONY: install demo test test-rust test-python lint bench bench-quick
 
 install:
 	$(PYTHON) -m pip install $(PIP_FLAGS) -e ".[test]"
@@ -21,9 +21,15 @@ test-python:
 lint:
 	ruff check python tests benches
 	ruff format --check python tests benches
+	$(PYTHON) -m mypy
+	$(PYTHON) -m mypy.stubtest tokentrail._core
 	cargo clippy --all-targets -- -D warnings
 	cargo fmt --check
 
+# Benchmarks measure the extension built in release mode.
 bench: install
 	$(PYTHON) -m pip install $(PIP_FLAGS) --force-reinstall --no-deps .
 	$(PYTHON) benches/run_all.py
+
+bench-quick: install
+	$(PYTHON) benches/run_all.py --quick

@@ -20,11 +20,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.engines.scripted import ScriptedEngine
-from tokentrail.manager import TrajectoryManager
-from tokentrail.server import Adapter, start_server
-from tokentrail.sim import HarnessSim, Workspace
-from tokentrail.tokenizer import load_tokenizer
+from tokentrail.sim.harness import HarnessSim, Workspace
+from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.trajectory.manager import TrajectoryManager
 
 TASK = "Refactor the package: read, edit and test every module."
 

@@ -19,8 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tokentrail.sim import Behaviour, SessionSpec, simulate
-from tokentrail.tokenizer import load_tokenizer
+from tokentrail.sim.harness import Behaviour, SessionSpec, simulate
+from tokentrail.text.tokenizer import load_tokenizer
 
 TOOLS = ("Edit", "Write", "Bash")
 BASE = Behaviour()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokentrail.journal import Journal
+from tokentrail.storage.journal import Journal
 
 
 def run(sync: str, turns: int, where: Path) -> dict[str, float]:

@@ -31,17 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.chat_template import render
-from tokentrail.engines.simulated import SimulatedEngine
-from tokentrail.incremental import IncrementalEncoder
-from tokentrail.journal import Journal, JournaledTurn, read_journal
-from tokentrail.manager import TrajectoryManager
-from tokentrail.pipeline import Restore, prompt_messages_for_turn
-from tokentrail.server import Adapter, AdapterConfig, start_server
-from tokentrail.sim import Behaviour, HarnessSim, SessionSpec
-from tokentrail.splice import History, Splicer, prompt_ids_for_turn
-from tokentrail.tokenizer import LoadedTokenizer, load_tokenizer
-from tokentrail.turn import TurnRecord
+from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.messages import Conversation
+from tokentrail.sim.harness import Behaviour, HarnessSim, SessionSpec
+from tokentrail.sim.model import SimulatedEngine
+from tokentrail.storage.journal import Journal, JournaledTurn, read_journal
+from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
+from tokentrail.trajectory.manager import TrajectoryManager
+from tokentrail.trajectory.pipeline import TurnPipeline
+from tokentrail.trajectory.turn import TurnRecord
 
 GRID = [(32, 16_384), (32, 65_536), (32, 131_072), (128, 16_384), (128, 65_536), (128, 131_072)]
 
@@ -70,64 +68,30 @@ def record_session(tokenizer: LoadedTokenizer, turns: int, context: int) -> list
         return read_journal(path).served_turns()
 
 
-def _record_turn(
-    manager: TrajectoryManager, turn: JournaledTurn, ids: Any, messages: Any, keys: Any
-) -> None:
-    manager.record_turn(
-        turn.sid,
-        turn=TurnRecord(ids, turn.output_ids, turn.finish_reason, turn.logprobs),
-        prompt_messages=messages,
-        response_message=turn.response_message,
-        tools=turn.tools,
-        keys=keys,
-    )
-
-
 def _build(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) -> tuple[Any, list]:
     """Prepare and record every turn as the path would; return the manager and turn times."""
-    template = tokenizer.chat_template
-    specials = tokenizer.special_tokens_map
-    splicer = Splicer(tokenizer)
-    encoder = IncrementalEncoder(tokenizer) if name == "tokentrail" else None
     manager = TrajectoryManager(backend="rust" if name == "tokentrail" else "python")
-    verified: set[tuple[str, ...]] = set()
-    splices = 0
+    # tokentrail: the adapter's own pipeline (restore, splice or incremental render, record).
+    pipeline = TurnPipeline(manager, tokenizer)
     times = []
     for turn in turns:
         start = time.perf_counter()
-        messages = prompt_messages_for_turn(
-            manager, turn.sid, turn.translated, turn.tools, restore=Restore.ON
-        )
-        m, tools = messages.render, turn.tools
-
-        def full_text(m: Any = m, tools: Any = tools) -> str:
-            return render(template, m, tools=tools, add_generation_prompt=True, **specials)
-
-        if encoder is None:
-            ids = tokenizer.encode(full_text())
+        conversation = Conversation(turn.translated, turn.tools)
+        if name == "tokentrail":
+            prepared = pipeline.prepare(turn.sid, conversation)
+            pipeline.record(prepared, turn, turn.response_message)
         else:
-            # As the adapter does: check the spliced tail against the full render for the
-            # first splice of each shape of new messages, then every 8th splice.
-            def verify(new: Any, splices: int = splices) -> bool:
-                shape = tuple(x["role"] for x in new)
-                fresh = shape not in verified or splices % 8 == 0
-                verified.add(shape)
-                return fresh
-
-            ids, label, _ = prompt_ids_for_turn(
-                manager,
-                splicer,
+            # The reference: restore, jinja render and a full encode of every prompt.
+            restored = pipeline.restored(turn.sid, conversation)
+            ids = tokenizer.encode(pipeline.render(restored.render, turn.tools))
+            manager.record_turn(
                 turn.sid,
-                m,
-                tools,
-                History.SPLICE,
-                full_text=full_text,
-                encode=lambda text, sid=turn.sid: encoder.encode(sid, text),
-                keys=messages.keys,
-                verify=verify,
+                turn=TurnRecord(ids, turn.output_ids, turn.finish_reason, turn.logprobs),
+                prompt_messages=restored.record,
+                response_message=turn.response_message,
+                tools=turn.tools,
+                keys=restored.keys,
             )
-            splices += label == "splice"
-        _record_turn(manager, turn, ids, messages.record, messages.keys)
         times.append(time.perf_counter() - start)
     return manager, times
 
@@ -160,7 +124,7 @@ def run_path(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) 
 
 def unique_tokens(turns: list[JournaledTurn]) -> int:
     """Ids a session really holds: each prompt's tail past its parent's tokens, plus outputs."""
-    from tokentrail.reference import TurnStore
+    from tokentrail.core.reference import TurnStore
 
     store = TurnStore()
     for k, turn in enumerate(turns):

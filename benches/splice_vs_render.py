@@ -23,8 +23,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from tokentrail.sim import Behaviour, SessionSpec, simulate
-from tokentrail.tokenizer import LoadedTokenizer, load_tokenizer
+from tokentrail.sim.harness import Behaviour, SessionSpec, simulate
+from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "tests" / "templates"
 BEHAVIOURS = {
@@ -77,7 +77,7 @@ async def measure(
         generated += run.trajectory.ledger.generated_tokens
         trained += run.trajectory.ledger.trained_tokens
         drifts.update(run.trajectory.drift_counts)
-        fallbacks.update(run.splice_fallbacks)
+        fallbacks.update(run.trajectory.ledger.splice_fallbacks)
     return [
         f"{samples / n:.1f}",
         f"{100.0 * trained / generated:.1f}%",

@@ -54,10 +54,13 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// Every policy's name, in the order Python lists them.
-    pub const NAMES: [&'static str; 2] = ["minimal", "slime"];
+    pub const ALL: [Policy; 2] = [Policy::Minimal, Policy::Slime];
 
-    pub fn as_str(self) -> &'static str {
+    /// Every policy's name, in the order Python lists them.
+    pub const NAMES: [&'static str; 2] = [Policy::Minimal.as_str(), Policy::Slime.as_str()];
+
+    /// The name Python sees; the one place the names are spelled.
+    pub const fn as_str(self) -> &'static str {
         match self {
             Policy::Minimal => "minimal",
             Policy::Slime => "slime",
@@ -66,11 +69,10 @@ impl Policy {
 
     /// The policy named `name`; an unknown name is an `Error::UnknownPolicy`.
     pub fn parse(name: &str) -> Result<Policy, Error> {
-        match name {
-            "minimal" => Ok(Policy::Minimal),
-            "slime" => Ok(Policy::Slime),
-            _ => Err(Error::UnknownPolicy(format!("'{name}'"))),
-        }
+        Policy::ALL
+            .into_iter()
+            .find(|policy| policy.as_str() == name)
+            .ok_or_else(|| Error::UnknownPolicy(format!("'{name}'")))
     }
 }
 

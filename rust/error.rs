@@ -1,6 +1,8 @@
 //! The one error type of tokentrail's core: bad input, named by what is wrong with it.
 use std::fmt;
 
+use crate::drift::Policy;
+
 /// Everything the core refuses. The binding maps each variant to a named Python exception
 /// (`TokenIdError`, `LogprobLengthError`, `PolicyError`, `PackError` or `TokenizerError`, all
 /// `ValueError`s).
@@ -11,7 +13,7 @@ pub enum Error {
     TokenId(String),
     /// A turn's logprobs do not match its output tokens one for one.
     LogprobLength { logprobs: usize, outputs: usize },
-    /// A drift policy other than "minimal" or "slime"; holds the name as Python shows it.
+    /// A drift policy not in `Policy::NAMES`; holds the name as Python shows it.
     UnknownPolicy(String),
     /// A setting that must be `>= 0` was negative.
     Negative { setting: &'static str, value: i64 },
@@ -63,10 +65,11 @@ impl fmt::Display for Error {
             Error::LogprobLength { logprobs, outputs } => {
                 write!(f, "{logprobs} logprobs for {outputs} output tokens")
             }
-            Error::UnknownPolicy(shown) => write!(
-                f,
-                "unknown drift policy {shown}; expected one of ('minimal', 'slime')"
-            ),
+            Error::UnknownPolicy(shown) => {
+                // `Policy::NAMES` as Python prints the tuple `POLICIES`.
+                let names = Policy::NAMES.map(|name| format!("'{name}'")).join(", ");
+                write!(f, "unknown drift policy {shown}; expected one of ({names})")
+            }
             Error::Negative { setting, value } => {
                 write!(f, "{setting} must be >= 0, got {value}")
             }

@@ -19,3 +19,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 @pytest.fixture(params=["rust", "python"])
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The built-in Qwen3 vocabulary and template, loaded once."""
+    from tokentrail.text.tokenizer import load_tokenizer
+
+    return load_tokenizer()

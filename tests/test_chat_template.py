@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tokentrail.chat_template import TemplateError, render
-from tokentrail.tokenizer import LoadedTokenizer, load_tokenizer
+from tokentrail.text.chat_template import TemplateError, render
+from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 FIXTURE = FIXTURE / "claude_code_2.1.197_edit_write_bash.json"
@@ -195,12 +195,6 @@ def test_messages_are_normalized_like_transformers() -> None:
     )
     messages = [{"role": "assistant", "content": None, "thinking": "t"}]
     assert render(template, messages) == "Falset;"
-
-
-def test_compiled_templates_are_cached() -> None:
-    from tokentrail.chat_template import _compile
-
-    assert _compile("{{ 1 }}") is _compile("{{ 1 }}")
 
 
 def test_render_chat_passes_special_tokens(qwen3: LoadedTokenizer) -> None:

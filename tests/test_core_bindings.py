@@ -2,7 +2,7 @@
 
 What goes in (numpy arrays of any integer dtype, lists, tuples), what comes out (numpy arrays
 of fixed dtypes, plain dicts and lists), which named exception bad input raises, and a few
-hand-built chains checked against `tokentrail.reference`.
+hand-built chains checked against `tokentrail.core.reference`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokentrail import _core, reference
+from tokentrail import _core
+from tokentrail.core import reference
 from tokentrail.errors import LogprobLengthError, PolicyError, TokenIdError
 
 # Named tokens: system S, user U1 U2, assistant outputs A1-A3 (turn 0) and B1 B2 (turn 1),

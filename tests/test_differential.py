@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokens import assistant, play, prompt_ids, system, tool, user
-from tokentrail import TrajectoryManager, _core, reference
+from tokentrail import TrajectoryManager, _core
+from tokentrail.core import reference
 
 token = st.integers(0, 40)
 

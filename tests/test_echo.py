@@ -15,8 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokentrail.echo import ToolDefaults, echo_difference, echo_normalize, echo_view, is_echo
 from tokentrail.errors import MessageError
+from tokentrail.trajectory.echo import (
+    ToolDefaults,
+    echo_difference,
+    echo_normalize,
+    echo_view,
+    is_echo,
+)
 
 FIXTURE = (
     Path(__file__).resolve().parents[2] / "shared/fixtures/claude_code_2.1.197_edit_write_bash.json"

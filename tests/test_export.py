@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokentrail import Sample, TokenIdError, TokentrailError, _core, reference
-from tokentrail.export import (
+from tokentrail import Sample, TokenIdError, TokentrailError, _core
+from tokentrail.core import reference
+from tokentrail.storage.export import (
     ExportError,
     Format,
     PackedBatch,

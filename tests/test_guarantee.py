@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokentrail.engines.simulated import SimulatedEngine
-from tokentrail.sim import Behaviour, SessionSpec, simulate
-from tokentrail.tokenizer import load_tokenizer
+from tokentrail.sim.harness import Behaviour, SessionSpec, simulate
+from tokentrail.sim.model import SimulatedEngine
+from tokentrail.text.tokenizer import load_tokenizer
 
 NAMED_REASONS = {"realigned", "merged_rewrite", "truncated"}
 
@@ -112,11 +112,11 @@ def test_every_generated_token_is_accounted_for(
     ledger = run.trajectory.ledger
     generated = sum(len(out) for _, out in engine.calls)
     assert ledger.generated_tokens == generated > 0
-    assert len(ledger.turns) == len(engine.calls)
+    # Every generation is one ledger turn of its own length: none lost, none counted twice.
+    assert sorted(t.generated for t in ledger.turns) == sorted(len(out) for _, out in engine.calls)
     for turn in ledger.turns:
         assert turn.trained + sum(turn.masked.values()) == turn.generated
         assert set(turn.masked) <= NAMED_REASONS, turn
-        assert turn.trained > 0 or turn.masked or turn.generated == 0
     for sample in run.trajectory.samples:
         trained_runs_are_what_the_model_produced(sample, engine.calls)
     if rewrite_policy == "fork":

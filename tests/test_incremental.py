@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer
 
 from tokentrail import _core
-from tokentrail.incremental import IncrementalEncoder, ReferenceIncrementalEncoder
-from tokentrail.tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer
+from tokentrail.text.incremental import IncrementalEncoder, ReferenceIncrementalEncoder
+from tokentrail.text.tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer
 
 Encoder = IncrementalEncoder | ReferenceIncrementalEncoder
 
@@ -317,7 +317,7 @@ def test_unsafe_tokenizers_say_why_and_encode_in_full(
     prompts = growing_conversation(loaded, 4, "say<think>! <x>  y <|im_end|>\n")
     for kind in (IncrementalEncoder, ReferenceIncrementalEncoder):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="tokentrail.incremental"):
+        with caplog.at_level(logging.WARNING, logger="tokentrail.text.incremental"):
             encoder = kind(unsafe)
             assert not encoder.safe
             assert encoder.fallback_reason == reason
@@ -355,7 +355,7 @@ def test_encode_special_tokens_is_refused_by_the_core_and_explained_by_the_refer
 def test_safe_tokenizers_do_not_warn(
     loaded: LoadedTokenizer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="tokentrail.incremental"):
+    with caplog.at_level(logging.WARNING, logger="tokentrail.text.incremental"):
         IncrementalEncoder(loaded)
         ReferenceIncrementalEncoder(loaded)
     assert not caplog.records

@@ -18,8 +18,13 @@ import anthropic
 import numpy as np
 import pytest
 
-from tokentrail.journal import Journal
-from tokentrail.sim import CLAUDE_CODE_TOOLS, SYSTEM_PROMPT, SessionSpec, rerender_tool_input
+from tokentrail.sim.harness import (
+    CLAUDE_CODE_TOOLS,
+    SYSTEM_PROMPT,
+    SessionSpec,
+    rerender_tool_input,
+)
+from tokentrail.storage.journal import Journal
 
 
 def _turn(journal: Journal, sid: str, prompt: list[int], output: list[int], k: int) -> None:
@@ -56,7 +61,7 @@ def test_turns_round_trip_and_are_stored_as_tails(tmp_path: Path) -> None:
     journal.close()
     reopened = Journal(path)
     assert reopened.recovery.clean
-    from tokentrail.journal import decode_turn
+    from tokentrail.storage.journal import decode_turn
 
     turns = [decode_turn(reopened, e) for e in reopened.events()]
     assert [t.prompt_ids.tolist() for t in turns] == prompts

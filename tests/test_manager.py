@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 
@@ -28,7 +26,7 @@ from tokentrail import (
     TrajectoryManager,
     TurnRecord,
 )
-from tokentrail.debug import format_sample, format_tree
+from tokentrail.sim.debug import format_sample, format_tree
 
 
 @pytest.fixture
@@ -437,17 +435,12 @@ class TestBadInput:
             )
         assert format_tree(mgr, "s") == before
 
-    def test_empty_prompt_messages_warn_and_skip(
-        self, mgr: TrajectoryManager, caplog: pytest.LogCaptureFixture
-    ) -> None:
-        with caplog.at_level(logging.WARNING):
-            assert (
-                mgr.record_turn(
-                    "s", turn=TurnRecord([1], [2], "stop"), prompt_messages=[], response_message=A2
-                )
-                is None
+    def test_empty_prompt_messages_are_refused(self, mgr: TrajectoryManager) -> None:
+        # A generated turn with no prompt to route by would be lost: refuse it by name.
+        with pytest.raises(MessageError, match="must not be empty"):
+            mgr.record_turn(
+                "s", turn=TurnRecord([1], [2], "stop"), prompt_messages=[], response_message=A2
             )
-        assert "empty prompt_messages" in caplog.text
         assert mgr.turn_count("s") == 0
 
     def test_bad_settings(self) -> None:

@@ -9,8 +9,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokens import assistant, play, sampled, system, tool, user
-from tokentrail import DriftRecord, Ledger, PolicyError, Trajectory, TrajectoryManager, TurnLedger
-from tokentrail.metrics import (
+from tokentrail import (
+    DriftKind,
+    DriftRecord,
+    Fallback,
+    Ledger,
+    PolicyError,
+    Stage,
+    Trajectory,
+    TrajectoryManager,
+    TurnLedger,
+)
+from tokentrail.adapter.metrics import (
     LATENCY_BUCKETS,
     STAGES,
     Metrics,
@@ -56,10 +66,10 @@ def trajectory() -> Trajectory:
         ]
     )
     drifts = [
-        DriftRecord(2, "clean", 40, 0),
-        DriftRecord(3, "realign", 60, 3),
-        DriftRecord(4, "fork", 80, 30),
-        DriftRecord(5, "clean", 90, 0),
+        DriftRecord(2, DriftKind.CLEAN, 40, 0),
+        DriftRecord(3, DriftKind.REALIGN, 60, 3),
+        DriftRecord(4, DriftKind.FORK, 80, 30),
+        DriftRecord(5, DriftKind.CLEAN, 90, 0),
     ]
     return Trajectory(samples=[], ledger=ledger, drifts=drifts)
 
@@ -87,16 +97,16 @@ def test_session_finished_adds_the_ledger() -> None:
     assert value(s, "tokentrail_sessions_dropped_total") == 0
 
 
-def test_session_finished_accumulates_and_takes_a_merge_count() -> None:
+def test_session_finished_accumulates() -> None:
     m = Metrics()
     m.session_finished(trajectory())
-    m.session_finished(trajectory(), merges=4)
+    m.session_finished(trajectory())
     m.session_dropped()
     s = scrape(m)
     assert value(s, "tokentrail_generated_tokens_total") == 68
     assert value(s, "tokentrail_masked_tokens_total", reason="merged_rewrite") == 14
     assert value(s, "tokentrail_forks_total") == 2
-    assert value(s, "tokentrail_rewrite_merges_total") == 1 + 4
+    assert value(s, "tokentrail_rewrite_merges_total") == 2
     assert value(s, "tokentrail_sessions_finished_total") == 2
     assert value(s, "tokentrail_sessions_dropped_total") == 1
 
@@ -125,7 +135,7 @@ def test_live_counters_and_gauges() -> None:
     m.restored(["Edit", "Write"])
     m.restored(["Edit"])
     m.restored([])
-    m.splice_fallback("template_changed")
+    m.splice_fallback(Fallback.TAIL_MISMATCH)
     m.in_flight(1)
     m.in_flight(1)
     m.in_flight(-1)
@@ -134,20 +144,21 @@ def test_live_counters_and_gauges() -> None:
     assert value(s, "tokentrail_requests_total", protocol="anthropic", status="200") == 2
     assert value(s, "tokentrail_requests_total", protocol="openai", status="400") == 1
     assert labelled(s, "tokentrail_echo_restores_total", "tool") == {"Edit": 2, "Write": 1}
-    assert labelled(s, "tokentrail_splice_fallbacks_total", "reason") == {"template_changed": 1}
+    fallbacks = labelled(s, "tokentrail_splice_fallbacks_total", "reason")
+    assert fallbacks == {f.value: int(f is Fallback.TAIL_MISMATCH) for f in Fallback}
     assert value(s, "tokentrail_requests_in_flight") == 1
     assert value(s, "tokentrail_open_sessions") == 3
 
 
 def test_observe_turn_fills_stage_and_total_histograms() -> None:
     m = Metrics()
-    stages = {"translate": 0.0002, "engine": 1.5, "record": 0.003, "engine_reported": 1.4}
-    m.observe_turn(stages)
-    m.observe_turn({"engine": 70.0}, total=70.5)
+    m.observe_turn({Stage.TRANSLATE: 0.0002, Stage.ENGINE: 1.5, Stage.RECORD: 0.003})
+    m.observe_turn({Stage.ENGINE: 70.0, Stage.RESPOND: 0.5})
     s = scrape(m)
     count = labelled(s, "tokentrail_stage_duration_seconds_count", "stage")
     assert count == {
-        stage: {"translate": 1, "engine": 2, "record": 1}.get(stage, 0) for stage in STAGES
+        stage: {"translate": 1, "engine": 2, "record": 1, "respond": 1}.get(stage, 0)
+        for stage in STAGES
     }
     assert value(s, "tokentrail_stage_duration_seconds_sum", stage="engine") == 71.5
     # 0.2 ms lands in the 0.25 ms bucket, not the 0.1 ms one; 70 s only in +Inf.

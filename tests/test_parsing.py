@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokentrail.chat_template import render
-from tokentrail.parsing import OutputFormatError, ParsedOutput, format_output, parse_output
-from tokentrail.tokenizer import _builtin_chat_template
+from tokentrail.text.chat_template import render
+from tokentrail.text.parsing import OutputFormatError, ParsedOutput, format_output, parse_output
+from tokentrail.text.tokenizer import _builtin_chat_template
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 FIXTURE = FIXTURE / "claude_code_2.1.197_edit_write_bash.json"

@@ -9,16 +9,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.scripted import ScriptedEngine
-from tokentrail.journal import Journal, read_journal
-from tokentrail.manager import TrajectoryManager
-from tokentrail.pipeline import Restore
-from tokentrail.replay import Settings, as_recorded, replay
-from tokentrail.server import Adapter, AdapterConfig, start_server
-from tokentrail.sim import HarnessSim, Workspace
-from tokentrail.splice import History
-from tokentrail.tokenizer import load_tokenizer
+from tokentrail.kinds import History, Restore
+from tokentrail.sim.harness import HarnessSim, Workspace
+from tokentrail.storage.journal import Journal, read_journal
+from tokentrail.storage.replay import Settings, as_recorded, replay
+from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.trajectory.manager import TrajectoryManager
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +122,8 @@ def test_audit_gates_on_the_masked_fraction(tokenizer, tmp_path: Path, capsys) -
 def test_a_lossy_session_logs_one_warning_naming_tools_and_reasons(
     tokenizer, tmp_path: Path, caplog
 ) -> None:
-    with caplog.at_level("WARNING", logger="tokentrail.server"):
+    with caplog.at_level("WARNING", logger="tokentrail.adapter.sessions"):
         record(tokenizer, tmp_path / "j.db", restore="off", policy="merge", sessions=1)
-    lines = [r.getMessage() for r in caplog.records if r.name == "tokentrail.server"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokentrail.adapter.sessions"]
     assert len(lines) == 1
     assert "job-0" in lines[0] and "Edit (merged_rewrite=1)" in lines[0]

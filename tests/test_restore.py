@@ -10,8 +10,10 @@ import pytest
 
 from tokens import assistant, play, prompt_ids, system, tool, user
 from tokentrail import TrajectoryManager
-from tokentrail.pipeline import Restore, prompt_messages_for_turn
-from tokentrail.protocols.anthropic import assistant_message, translate_request
+from tokentrail.adapter.protocols.anthropic import assistant_message, translate_request
+from tokentrail.kinds import Restore
+from tokentrail.messages import Conversation
+from tokentrail.trajectory.pipeline import TurnPipeline
 
 FIXTURE = (
     Path(__file__).resolve().parents[2]
@@ -240,7 +242,8 @@ def test_every_earlier_echo_in_a_long_history_is_restored(backend: str) -> None:
         harness = [SYS, U]  # what the harness sends: echoes rewritten
         for k, (generated, echo) in enumerate(calls):
             mode = Restore.ON if restore else Restore.OFF
-            messages = prompt_messages_for_turn(mgr, "s", harness, TOOLS, restore=mode).render
+            pipeline = TurnPipeline(mgr, None, restore=mode)
+            messages = pipeline.restored("s", Conversation(harness, TOOLS)).render
             play(mgr, "s", messages, generated)
             harness = [*harness, echo or generated, tool(f"result {k}")]
         results[restore] = mgr.finish("s")
@@ -268,7 +271,7 @@ def test_real_claude_code_fixture_replayed(backend: str) -> None:
     byte_different = 0
     for i, exchange in enumerate(fixture["exchanges"]):
         translated = translate_request(exchange["request"])
-        messages = prompt_messages_for_turn(mgr, "cc", translated.messages, translated.tools).render
+        messages = TurnPipeline(mgr, None).restored("cc", translated).render
         sent = [m for m in translated.messages if m["role"] == "assistant"]
         got = [m for m in messages if m["role"] == "assistant"]
         assert got == generated, f"exchange {i}"

@@ -14,11 +14,11 @@ import openai
 import pytest
 
 from support.fake_engines import FakeSGLang, FakeVLLM
+from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.engines.vllm import VLLMEngine
-from tokentrail.server import Adapter, AdapterConfig, start_server
-from tokentrail.tokenizer import load_tokenizer
+from tokentrail.text.tokenizer import load_tokenizer
 
 READ_TOOL = {
     "name": "Read",
@@ -338,9 +338,11 @@ def test_session_guards_and_admin(tokenizer) -> None:
             assert status == 404
             status, result = await finish(url, "capped", token="sekret")
             assert status == 200 and len(result["ledger"]["turns"]) == 1
-            with pytest.raises(anthropic.InternalServerError) as info:
+            # A finished session refuses more turns with a status no SDK retries.
+            with pytest.raises(anthropic.APIStatusError) as info:
                 await client.messages.create(**GOOD)
-            assert info.value.status_code == 503
+            assert info.value.status_code == 410
+            assert "finished or dropped" in info.value.message
             await anthropic_client(url, "other").messages.create(**GOOD)
             async with aiohttp.ClientSession() as http:
                 headers = {"Authorization": "Bearer sekret"}
@@ -396,7 +398,7 @@ def test_finish_waits_for_in_flight_turns(tokenizer) -> None:
     async def body() -> None:
         async with serving(adapter) as url:
             turn = asyncio.create_task(anthropic_client(url, "s").messages.create(**GOOD))
-            while not adapter._sessions.get("s") or not adapter._sessions["s"].in_flight:
+            while not (session := adapter.sessions.get("s")) or not session.in_flight:
                 await asyncio.sleep(0.01)
             finishing = asyncio.create_task(adapter.finish_session("s"))
             await asyncio.sleep(0.05)

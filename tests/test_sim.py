@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from tokentrail.sim import NUDGE, Behaviour, SessionSpec, rerender_tool_input, simulate
-from tokentrail.tokenizer import load_tokenizer
+from tokentrail.sim.harness import NUDGE, Behaviour, SessionSpec, rerender_tool_input, simulate
+from tokentrail.text.tokenizer import load_tokenizer
 
 PLAIN = Behaviour(rerender_echoes=False, move_cache_control=False, system_notes=False)
 
@@ -57,7 +57,7 @@ def test_context_size_follows_the_spec(tokenizer) -> None:
 
 
 def test_claude_code_echo_rerendering() -> None:
-    from tokentrail.sim import CLAUDE_CODE_TOOLS
+    from tokentrail.sim.harness import CLAUDE_CODE_TOOLS
 
     edit = rerender_tool_input(
         "Edit",
@@ -108,7 +108,7 @@ def test_subagents_compaction_and_retries(tokenizer) -> None:
 
 
 def test_reasoning_stripped_from_earlier_turns(tokenizer) -> None:
-    from tokentrail.sim import HarnessSim
+    from tokentrail.sim.harness import HarnessSim
 
     sim = HarnessSim("http://unused", "s", behaviour=Behaviour(strip_reasoning=True))
     history = [

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from tokentrail.cli import main as cli_main
-from tokentrail.parsing import parse_output
-from tokentrail.sim import Behaviour, SessionSpec, simulate
-from tokentrail.splice import Fallback, Splicer
-from tokentrail.tokenizer import load_tokenizer
+from tokentrail.kinds import Fallback
+from tokentrail.sim.harness import Behaviour, SessionSpec, simulate
+from tokentrail.text.parsing import parse_output
+from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.trajectory.splice import Splicer
 
 TEMPLATES = Path(__file__).parent / "templates"
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -86,7 +87,7 @@ def test_linear_conversations_give_one_sample_all_trained(qwen, llama, case, beh
         assert [t.history for t in ledger.turns] == ["render"] + ["splice"] * (
             len(ledger.turns) - 1
         )
-        assert run.splice_fallbacks == {}
+        assert run.trajectory.ledger.splice_fallbacks == {}
 
 
 @pytest.mark.parametrize("case", ["qwen3_strip_think", "llama3", "extra_after_end"])
@@ -112,9 +113,9 @@ def test_position_dependent_template_falls_back_visibly(qwen) -> None:
     )
     ledger = run.trajectory.ledger
     later = ledger.turns[1:]
-    assert later and all(t.history == "splice_fallback:not_prefix" for t in later)
+    assert later and all(t.fallback is Fallback.NOT_PREFIX for t in later)
+    assert all(t.to_dict()["history"] == "splice_fallback:not_prefix" for t in later)
     assert ledger.to_dict()["splice_fallbacks"] == {"not_prefix": len(later)}
-    assert run.splice_fallbacks == {"not_prefix": len(later)}
     assert ledger.trained_tokens == ledger.generated_tokens  # a fallback is not a loss
 
 

@@ -14,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from test_differential import as_plain
-from tokentrail import _core, reference
-from tokentrail.backend import load_backend
+from tokentrail import _core
+from tokentrail.core import reference
+from tokentrail.core.backend import load_backend
 from tokentrail.errors import LogprobLengthError, PolicyError, TokenIdError
 
 BACKENDS = (_core, reference)

@@ -12,8 +12,8 @@ import tiktoken
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokentrail import tokenizer as tt
-from tokentrail.tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer
+from tokentrail.text import tokenizer as tt
+from tokentrail.text.tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 FIXTURE = FIXTURE / "claude_code_2.1.197_edit_write_bash.json"

@@ -2,51 +2,79 @@
 
 from __future__ import annotations
 
-from tokentrail.chat_template import TemplateError, render
 from tokentrail.errors import (
     ExportError,
     LogprobLengthError,
     MessageError,
     PackError,
     PolicyError,
+    RequestError,
     SessionError,
+    TemplateError,
     TokenIdError,
+    TokenizerError,
     TokentrailError,
 )
-from tokentrail.export import PackedBatch, pack_samples, read_samples, write_samples
-from tokentrail.incremental import IncrementalEncoder
-from tokentrail.ledger import Ledger, TurnLedger
-from tokentrail.manager import DriftRecord, Trajectory, TrajectoryManager
-from tokentrail.parsing import ParsedOutput, format_output, parse_output
-from tokentrail.pipeline import Restore
-from tokentrail.sample import Sample
-from tokentrail.tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer
-from tokentrail.turn import TurnRecord
+from tokentrail.kinds import (
+    DriftKind,
+    DriftPolicy,
+    Fallback,
+    History,
+    MaskReason,
+    Restore,
+    RewritePolicy,
+    Stage,
+)
+from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
+from tokentrail.storage.export import PackedBatch, pack_samples, read_samples, write_samples
+from tokentrail.text.chat_template import render
+from tokentrail.text.incremental import IncrementalEncoder
+from tokentrail.text.parsing import ParsedOutput, format_output, parse_output
+from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
+from tokentrail.trajectory.ledger import Ledger, TurnLedger
+from tokentrail.trajectory.manager import DriftRecord, Trajectory, TrajectoryManager
+from tokentrail.trajectory.pipeline import PreparedTurn, TurnPipeline
+from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.turn import TurnRecord
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Conversation",
+    "DriftKind",
+    "DriftPolicy",
     "DriftRecord",
     "ExportError",
+    "Fallback",
+    "History",
     "IncrementalEncoder",
     "Ledger",
     "LoadedTokenizer",
     "LogprobLengthError",
+    "MaskReason",
+    "Message",
     "MessageError",
     "PackError",
+    "PackedBatch",
     "ParsedOutput",
     "PolicyError",
+    "PreparedTurn",
+    "RequestError",
     "Restore",
-    "PackedBatch",
+    "RewritePolicy",
     "Sample",
     "SessionError",
+    "Stage",
     "TemplateError",
     "TokenIdError",
     "TokenizerError",
     "TokentrailError",
+    "ToolCall",
+    "ToolSchema",
     "Trajectory",
     "TrajectoryManager",
     "TurnLedger",
+    "TurnPipeline",
     "TurnRecord",
     "__version__",
     "format_output",

@@ -16,18 +16,24 @@ from typing import Any
 
 from aiohttp import web
 
+from tokentrail.kinds import Backend, DriftPolicy, History, Restore, RewritePolicy
+
+
+def _names(enum: Any) -> list[str]:
+    return [member.value for member in enum]
+
+
 DEMO_TASK = "Fix the spacing in calc.py, add util.py with mul(), and write NOTES.md."
 DEMO_OUT = "tokentrail-demo-samples.jsonl"
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from tokentrail.engines.base import create_engine
-    from tokentrail.journal import Journal
-    from tokentrail.manager import TrajectoryManager
-    from tokentrail.pipeline import Restore
-    from tokentrail.server import Adapter, AdapterConfig
-    from tokentrail.splice import History
-    from tokentrail.tokenizer import load_tokenizer
+    import tokentrail.sim  # noqa: F401 - registers the simulated model as an engine
+    from tokentrail.adapter.server import Adapter, AdapterConfig
+    from tokentrail.engines import create_engine
+    from tokentrail.storage.journal import Journal
+    from tokentrail.text.tokenizer import load_tokenizer
+    from tokentrail.trajectory.manager import TrajectoryManager
 
     tokenizer = load_tokenizer(args.tokenizer)
     template = Path(args.chat_template).read_text() if args.chat_template else None
@@ -77,11 +83,10 @@ DEMO_CONFIGS = (
 async def _demo_run(restore: str, rewrite_policy: str, tokenizer: Any) -> tuple[dict, Any]:
     import aiohttp
 
+    from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
     from tokentrail.engines.scripted import ScriptedEngine
-    from tokentrail.manager import TrajectoryManager
-    from tokentrail.pipeline import Restore
-    from tokentrail.server import Adapter, AdapterConfig, start_server
-    from tokentrail.sim import HarnessSim, Workspace
+    from tokentrail.sim.harness import HarnessSim, Workspace
+    from tokentrail.trajectory.manager import TrajectoryManager
 
     adapter = Adapter(
         engine=ScriptedEngine(tokenizer),
@@ -130,7 +135,7 @@ def _demo_table(runs: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from tokentrail.tokenizer import load_tokenizer
+    from tokentrail.text.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
     runs = []
@@ -160,8 +165,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _check_template(args: argparse.Namespace) -> int:
-    from tokentrail.splice import check_template
-    from tokentrail.tokenizer import load_tokenizer
+    from tokentrail.text.tokenizer import load_tokenizer
+    from tokentrail.trajectory.splice import check_template
 
     target = Path(args.target)
     if target.is_dir():
@@ -183,19 +188,17 @@ def _check_template(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from tokentrail.journal import read_journal
-    from tokentrail.pipeline import Restore
-    from tokentrail.replay import Settings, as_recorded, progress_bar, replay, side_by_side
-    from tokentrail.splice import History
-    from tokentrail.tokenizer import load_tokenizer
+    from tokentrail.storage.journal import read_journal
+    from tokentrail.storage.replay import Settings, as_recorded, progress_bar, replay, side_by_side
+    from tokentrail.text.tokenizer import load_tokenizer
 
     contents = read_journal(args.journal)
     recorded = Settings.recorded(contents.meta)
     settings = Settings(
         restore=Restore(args.restore or recorded.restore),
         history=History(args.history or recorded.history),
-        drift_policy=args.drift_policy or recorded.drift_policy,
-        rewrite_policy=args.rewrite_policy or recorded.rewrite_policy,
+        drift_policy=DriftPolicy(args.drift_policy or recorded.drift_policy),
+        rewrite_policy=RewritePolicy(args.rewrite_policy or recorded.rewrite_policy),
         fork_threshold=recorded.fork_threshold,
     )
     tokenizer = load_tokenizer(args.tokenizer or contents.meta.get("tokenizer", "builtin:qwen3"))
@@ -210,7 +213,7 @@ def _replay(args: argparse.Namespace) -> int:
         )
     )
     if args.out:
-        from tokentrail.export import write_samples
+        from tokentrail.storage.export import write_samples
 
         samples = [s for t in after.values() for s in t.samples]
         write_samples(args.out, samples)
@@ -219,8 +222,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from tokentrail.ledger import Ledger
-    from tokentrail.replay import audit_table
+    from tokentrail.storage.replay import audit_table
+    from tokentrail.trajectory.ledger import Ledger
 
     path = Path(args.target)
     if path.suffix in (".json", ".jsonl"):
@@ -230,8 +233,8 @@ def _audit(args: argparse.Namespace) -> int:
                 record = json.loads(line)
                 ledgers.append(Ledger.from_dict(record.get("ledger", record)))
     else:
-        from tokentrail.journal import read_journal
-        from tokentrail.replay import as_recorded
+        from tokentrail.storage.journal import read_journal
+        from tokentrail.storage.replay import as_recorded
 
         ledgers = [t.ledger for t in as_recorded(read_journal(path)).values()]
     table, fraction = audit_table(ledgers)
@@ -252,16 +255,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8300)
     serve.add_argument(
-        "--engine", default="scripted", help="sglang://H:P, vllm://H:P, scripted[:FILE]"
+        "--engine",
+        default="scripted",
+        help="sglang://H:P, vllm://H:P, scripted[:FILE], simulated",
     )
     serve.add_argument("--tokenizer", default="builtin:qwen3", help="builtin:qwen3 or a model dir")
     serve.add_argument("--chat-template", default=None, help="a Jinja file overriding the model's")
     serve.add_argument("--tool-parser", default="hermes", choices=["hermes", "qwen3_coder", "none"])
     serve.add_argument("--reasoning-parser", default="qwen3", choices=["qwen3", "none"])
     serve.add_argument("--fork-threshold", type=int, default=1024)
-    serve.add_argument("--drift-policy", default="minimal", choices=["minimal", "slime"])
-    serve.add_argument("--rewrite-policy", default="fork", choices=["fork", "merge"])
-    serve.add_argument("--history", default="splice", choices=["splice", "render"])
+    serve.add_argument("--drift-policy", default="minimal", choices=_names(DriftPolicy))
+    serve.add_argument("--rewrite-policy", default="fork", choices=_names(RewritePolicy))
+    serve.add_argument("--history", default="splice", choices=_names(History))
     serve.add_argument(
         "--splice-verify-every",
         type=int,
@@ -274,11 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--journal", default=None, help="SQLite journal: recover, then append")
     serve.add_argument("--journal-sync", default="normal", choices=["normal", "full"])
     serve.add_argument("--model-name", default="tokentrail")
-    serve.add_argument("--backend", default=None, choices=["rust", "python"])
+    serve.add_argument("--backend", default=None, choices=_names(Backend))
     serve.add_argument(
         "--restore",
         default="on",
-        choices=["on", "tree_only", "off"],
+        choices=_names(Restore),
         help="restore harness-re-rendered echoes before rendering (on), in the tree only, or off",
     )
     serve.set_defaults(func=_serve)
@@ -290,10 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("replay", help="re-linearize a journal under other settings")
     rep.add_argument("journal")
-    rep.add_argument("--restore", choices=["on", "tree_only", "off"], default=None)
-    rep.add_argument("--history", choices=["splice", "render"], default=None)
-    rep.add_argument("--drift-policy", choices=["minimal", "slime"], default=None)
-    rep.add_argument("--rewrite-policy", choices=["merge", "fork"], default=None)
+    rep.add_argument("--restore", choices=_names(Restore), default=None)
+    rep.add_argument("--history", choices=_names(History), default=None)
+    rep.add_argument("--drift-policy", choices=_names(DriftPolicy), default=None)
+    rep.add_argument("--rewrite-policy", choices=_names(RewritePolicy), default=None)
     rep.add_argument("--tokenizer", default=None, help="default: the one the journal names")
     rep.add_argument(
         "--out", default=None, help="write the replayed samples (.npz/.jsonl/.parquet)"

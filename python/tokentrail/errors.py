@@ -1,10 +1,23 @@
-"""The exceptions tokentrail raises. Each one is a `ValueError`: bad input, named."""
+"""Every exception tokentrail raises, in one module.
+
+Bad input is a `TokentrailError` (a `ValueError`), named for what is wrong. The ones a harness
+can cause carry the HTTP status and error type the adapter answers with; the adapter's one error
+middleware (`tokentrail.adapter.middleware`) reads them and writes each protocol's JSON error
+body. `EngineError` is not bad input: the engine failed, and the harness gets a 502.
+"""
 
 from __future__ import annotations
 
 
 class TokentrailError(ValueError):
     """Base of every error tokentrail raises for bad input."""
+
+    # What the adapter answers when this reaches a harness: bad input is a 400.
+    status = 400
+    kind = "invalid_request_error"
+
+
+# -- the hot path ---------------------------------------------------------------------------------
 
 
 class TokenIdError(TokentrailError):
@@ -19,22 +32,138 @@ class PolicyError(TokentrailError):
     """An unknown policy or an out-of-range setting, or a call the policy forbids."""
 
 
+class PackError(TokentrailError):
+    """Samples cannot be packed: a mask or logprobs does not fit the response, a response is
+    longer than its sample, or the inputs differ in number."""
+
+
+# -- messages, text, templates ------------------------------------------------------------------
+
+
 class MessageError(TokentrailError):
     """A message list or a message is malformed (not a list, no role, wrong types)."""
+
+
+class TokenizerError(TokentrailError):
+    """A tokenizer spec cannot be loaded, or a token does not exist in the vocabulary."""
+
+
+class TemplateError(TokentrailError):
+    """A chat template failed: bad syntax, or it rejected the messages (`raise_exception`)."""
+
+
+class OutputFormatError(TokentrailError):
+    """An unknown parser or format name, or a message `format_output` cannot write."""
+
+
+# -- sessions and storage -------------------------------------------------------------------------
 
 
 class SessionError(TokentrailError):
     """An operation names a session that does not exist or is closed."""
 
+    status = 404
+    kind = "not_found_error"
 
-class RequestError(TokentrailError):
-    """A harness's request is malformed; the adapter answers it with HTTP 400."""
+
+class JournalError(TokentrailError):
+    """A journal cannot be opened or written."""
 
 
 class ExportError(TokentrailError):
     """A sample file cannot be written or read: unknown format, missing pyarrow, corrupt file."""
 
 
-class PackError(TokentrailError):
-    """Samples cannot be packed: a mask or logprobs does not fit the response, a response is
-    longer than its sample, or the inputs differ in number."""
+# -- engines --------------------------------------------------------------------------------------
+
+
+class EngineSpecError(TokentrailError):
+    """An engine spec string `create_engine` does not understand."""
+
+
+class SamplingParamsError(TokentrailError):
+    """A sampling override names an unknown parameter or has the wrong type."""
+
+
+class ScriptError(TokentrailError):
+    """A scripted engine's script is malformed."""
+
+
+class EngineError(Exception):
+    """The engine failed a request: unreachable, non-2xx, or an answer that cannot be read.
+
+    `status` is the engine's HTTP status when it sent one. The adapter answers the harness with
+    HTTP 502 and this message.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+    def __str__(self) -> str:
+        return self.message if self.status is None else f"{self.message} (HTTP {self.status})"
+
+
+# -- what a harness's request can be refused for ----------------------------------------------
+
+
+class RequestError(TokentrailError):
+    """A harness's request is malformed; the adapter answers it with HTTP 400."""
+
+
+class AuthenticationError(TokentrailError):
+    """A request carries no usable credential (the session id is the API key)."""
+
+    status = 401
+    kind = "authentication_error"
+
+
+class PermissionDenied(TokentrailError):
+    """A credential that may not do this (an admin route without the admin token)."""
+
+    status = 403
+    kind = "permission_error"
+
+
+class NotFound(TokentrailError):
+    """An unknown route or resource."""
+
+    status = 404
+    kind = "not_found_error"
+
+
+class MethodNotAllowed(TokentrailError):
+    """A known route asked with a method it does not answer."""
+
+    status = 405
+    kind = "invalid_request_error"
+
+
+class SessionClosed(TokentrailError):
+    """A turn for a session that was finished or dropped: retrying cannot help, so the status
+    is one the official SDKs do not retry (they retry 408, 409, 429 and 5xx)."""
+
+    status = 410
+    kind = "invalid_request_error"
+
+
+class RequestTooLarge(TokentrailError):
+    """A body, or a part of it, over the adapter's admission limits."""
+
+    status = 413
+    kind = "request_too_large"
+
+
+class RateLimited(TokentrailError):
+    """A per-session or server-wide limit that a later retry may pass."""
+
+    status = 429
+    kind = "rate_limit_error"
+
+
+class UpstreamError(TokentrailError):
+    """What the harness reads when the engine failed its turn (HTTP 502); nothing is recorded."""
+
+    status = 502
+    kind = "api_error"

@@ -15,18 +15,16 @@ import time
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokentrail.engines.base import GenerateRequest, Generation
-from tokentrail.errors import TokentrailError
-from tokentrail.parsing import format_output
-
-if TYPE_CHECKING:
-    from tokentrail.tokenizer import LoadedTokenizer
+from tokentrail.engines.registry import register_engine
+from tokentrail.errors import EngineSpecError, ScriptError
+from tokentrail.text.parsing import format_output
+from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
 
-END_OF_TURN = "<|im_end|>"
 FINAL_REPLY: list[dict[str, Any]] = [{"type": "text", "text": "Done."}]
 LOGPROB_MIN, LOGPROB_MAX = -3.0, -0.01
 BLOCK_TYPES = ("thinking", "text", "tool_use")
@@ -44,10 +42,6 @@ BLOCK_TYPES = ("thinking", "text", "tool_use")
 # old_string must occur exactly once in the file Claude Code has read.
 CALC_PY = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
 DEFAULT_SCRIPT_FILES = {"calc.py": CALC_PY}
-
-
-class ScriptError(TokentrailError):
-    """A script file is missing or is not a list of replies made of known content blocks."""
 
 
 def load_script(source: str | os.PathLike[str] | Sequence[Any] | None = None) -> list[list[dict]]:
@@ -179,3 +173,12 @@ class ScriptedEngine:
 
     async def close(self) -> None:
         """Nothing to release."""
+
+
+@register_engine("scripted", "scripted, scripted:FILE")
+def _from_spec(
+    spec: str, address: str, tokenizer: LoadedTokenizer, timeout: float
+) -> ScriptedEngine:
+    if spec.startswith("scripted:") and not address:
+        raise EngineSpecError("scripted:FILE needs a file name")
+    return ScriptedEngine(tokenizer, address or None)

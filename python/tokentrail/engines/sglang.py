@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tokentrail.engines.base import EngineError, GenerateRequest, Generation, HTTPEngine, token_list
-
-if TYPE_CHECKING:
-    from tokentrail.tokenizer import LoadedTokenizer
+from tokentrail.engines.base import GenerateRequest, Generation, token_list
+from tokentrail.engines.http import HTTPEngine, base_url
+from tokentrail.engines.registry import register_engine
+from tokentrail.errors import EngineError
+from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -143,3 +144,8 @@ def parse_generate_response(data: Any, req: GenerateRequest, elapsed: float) -> 
             len(req.input_ids),
         )
     return Generation(ids, logprobs, kind, prompt_tokens, elapsed)
+
+
+@register_engine("sglang", "sglang://HOST:PORT")
+def _from_spec(spec: str, address: str, tokenizer: LoadedTokenizer, timeout: float) -> SGLangEngine:
+    return SGLangEngine(base_url(spec, address), tokenizer, timeout=timeout)

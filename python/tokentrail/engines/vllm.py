@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tokentrail.engines.base import EngineError, GenerateRequest, Generation, HTTPEngine, token_list
-
-if TYPE_CHECKING:
-    from tokentrail.tokenizer import LoadedTokenizer
+from tokentrail.engines.base import GenerateRequest, Generation, token_list
+from tokentrail.engines.http import HTTPEngine, base_url
+from tokentrail.engines.registry import register_engine
+from tokentrail.errors import EngineError
+from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -158,3 +159,8 @@ def parse_completion_response(data: Any, req: GenerateRequest, elapsed: float) -
     if not isinstance(prompt_tokens, int):
         prompt_tokens = len(req.input_ids)
     return Generation(list(ids), [float(x) for x in logprobs], finish, prompt_tokens, elapsed)
+
+
+@register_engine("vllm", "vllm://HOST:PORT")
+def _from_spec(spec: str, address: str, tokenizer: LoadedTokenizer, timeout: float) -> VLLMEngine:
+    return VLLMEngine(base_url(spec, address), tokenizer, timeout=timeout)

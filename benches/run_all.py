@@ -1,0 +1,50 @@
+"""Run every benchmark in this folder, one after another, each printing its own table.
+
+    python benches/run_all.py [--quick]
+
+`--quick` passes each bench its smallest setting (a smoke run that checks they all work);
+without it each runs its defaults, the settings the README's tables were measured with. The
+Criterion bench of the Rust core runs with `cargo bench --bench core`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+# Each bench and the arguments of its smallest run.
+BENCHES: list[tuple[str, list[str]]] = [
+    ("echo_restore_table.py", []),
+    ("harness_behaviours.py", ["--sessions", "1", "--steps", "4"]),
+    ("splice_vs_render.py", ["--sessions", "1", "--steps", "4"]),
+    ("journal_durability.py", ["--turns", "40"]),
+    ("adapter_load.py", ["--sessions", "2", "--turns", "8"]),
+    ("session_scaling.py", ["--quick"]),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smallest settings: a smoke run")
+    args = parser.parse_args()
+    failed = []
+    for name, quick_args in BENCHES:
+        argv = [sys.executable, str(HERE / name), *(quick_args if args.quick else [])]
+        print(f"== {name} {' '.join(argv[2:])}".rstrip(), flush=True)
+        start = time.perf_counter()
+        code = subprocess.call(argv)
+        print(f"== {name}: exit {code} after {time.perf_counter() - start:.1f} s\n", flush=True)
+        if code:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The adapter's Prometheus metrics, and the warning a trainer reads when tool-call turns lose
+their training signal. Each adapter owns one `CollectorRegistry`, so several adapters in one
+process (or one test run) never share or collide on a series.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as _Tally
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from tokentrail.errors import PolicyError
+from tokentrail.kinds import DriftKind, Fallback, MaskReason, Stage
+
+if TYPE_CHECKING:
+    from tokentrail.trajectory.ledger import Ledger
+    from tokentrail.trajectory.manager import Trajectory
+
+__all__ = [
+    "DRIFT_KINDS",
+    "LATENCY_BUCKETS",
+    "MASK_REASONS",
+    "STAGES",
+    "Metrics",
+    "masked_tool_turn_warning",
+    "warn_if_masked",
+]
+
+# The pipeline stages of one turn, in order; `TurnTiming.lap` names.
+STAGES = tuple(s.value for s in Stage)
+DRIFT_KINDS = tuple(k.value for k in DriftKind)
+MASK_REASONS = tuple(r.value for r in MaskReason)
+# 0.1 ms (a cache hit in `restore`) up to 60 s (a long generation in `engine`).
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+
+class Metrics:
+    """Every series the adapter exports, in a registry of its own.
+
+    Live events (requests, echo restores, splice fallbacks) are counted as they happen, so a
+    dropped session still shows in them; token and drift counts exist only once a session is
+    linearized and are added by `session_finished`.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.generated_tokens = Counter(
+            "tokentrail_generated_tokens_total",
+            "Tokens the engine generated, counted when their session finishes.",
+            registry=r,
+        )
+        self.trained_tokens = Counter(
+            "tokentrail_trained_tokens_total",
+            "Generated tokens some training sample trains on.",
+            registry=r,
+        )
+        self.masked_tokens = Counter(
+            "tokentrail_masked_tokens_total",
+            "Generated tokens masked out of training, by the reason that removed them.",
+            ["reason"],
+            registry=r,
+        )
+        self.echo_restores = Counter(
+            "tokentrail_echo_restores_total",
+            "Harness echoes replaced by the generated message they came from, by tool.",
+            ["tool"],
+            registry=r,
+        )
+        self.drift_decisions = Counter(
+            "tokentrail_drift_decisions_total",
+            "Drift decisions taken while linearizing, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.forks = Counter(
+            "tokentrail_forks_total",
+            "Drift decisions that started a new sample (drift kind fork).",
+            registry=r,
+        )
+        self.rewrite_merges = Counter(
+            "tokentrail_rewrite_merges_total",
+            "Generated turns a harness rewrite merged away (masked as merged_rewrite).",
+            registry=r,
+        )
+        self.splice_fallbacks = Counter(
+            "tokentrail_splice_fallbacks_total",
+            "Turns whose prompt ids were re-rendered instead of spliced, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "tokentrail_requests_total",
+            "HTTP requests answered, by protocol and status code.",
+            ["protocol", "status"],
+            registry=r,
+        )
+        self.sessions_finished = Counter(
+            "tokentrail_sessions_finished_total",
+            "Sessions linearized into training samples.",
+            registry=r,
+        )
+        self.sessions_dropped = Counter(
+            "tokentrail_sessions_dropped_total",
+            "Sessions dropped without producing samples.",
+            registry=r,
+        )
+        self.stage_latency = Histogram(
+            "tokentrail_stage_duration_seconds",
+            "Seconds one turn spent in each pipeline stage.",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "tokentrail_request_duration_seconds",
+            "Seconds one turn spent in the adapter, all stages together.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight_requests = Gauge(
+            "tokentrail_requests_in_flight",
+            "Requests the adapter is serving now.",
+            registry=r,
+        )
+        self.open_sessions = Gauge(
+            "tokentrail_open_sessions",
+            "Sessions recorded and not yet finished or dropped.",
+            registry=r,
+        )
+        # Closed label sets start at zero, so `rate()` sees the first increment.
+        for stage in STAGES:
+            self.stage_latency.labels(stage=stage)
+        for kind in DRIFT_KINDS:
+            self.drift_decisions.labels(kind=kind)
+        for reason in MASK_REASONS:
+            self.masked_tokens.labels(reason=reason)
+        for fallback in Fallback:
+            self.splice_fallbacks.labels(reason=fallback.value)
+
+    # -- per request ----------------------------------------------------------------------------
+
+    def observe_turn(self, stages: Mapping[Stage, float]) -> None:
+        """Observe one turn's seconds per stage, and their sum as the turn's latency."""
+        for stage, value in stages.items():
+            self.stage_latency.labels(stage=stage.value).observe(value)
+        self.request_latency.observe(sum(stages.values()))
+
+    def request_done(self, protocol: str, status: int) -> None:
+        self.requests.labels(protocol=protocol, status=str(status)).inc()
+
+    def in_flight(self, delta: int) -> None:
+        self.in_flight_requests.inc(delta)
+
+    def set_open_sessions(self, n: int) -> None:
+        self.open_sessions.set(n)
+
+    def restored(self, tool_names: list[str]) -> None:
+        """Count one restored echo per tool name (a message with two calls restores both)."""
+        for tool in tool_names:
+            self.echo_restores.labels(tool=tool).inc()
+
+    def splice_fallback(self, reason: Fallback) -> None:
+        self.splice_fallbacks.labels(reason=reason.value).inc()
+
+    # -- per session ----------------------------------------------------------------------------
+
+    def session_finished(self, trajectory: Trajectory) -> None:
+        """Add a finished session's ledger and drift decisions.
+
+        Merges are the ledger's turns masked as `merged_rewrite`. Restores and splice
+        fallbacks are not taken from the ledger: they were counted live.
+        """
+        ledger = trajectory.ledger
+        self.generated_tokens.inc(ledger.generated_tokens)
+        self.trained_tokens.inc(ledger.trained_tokens)
+        for reason, n in ledger.masked_tokens.items():
+            self.masked_tokens.labels(reason=reason).inc(n)
+        drifts = trajectory.drift_counts
+        for kind, n in drifts.items():
+            self.drift_decisions.labels(kind=kind).inc(n)
+        self.forks.inc(drifts.get(DriftKind.FORK.value, 0))
+        merged = MaskReason.MERGED_REWRITE.value
+        self.rewrite_merges.inc(sum(1 for t in ledger.turns if t.masked.get(merged, 0) > 0))
+        self.sessions_finished.inc()
+
+    def session_dropped(self) -> None:
+        self.sessions_dropped.inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition payload and its content type, for a `/metrics` handler."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def masked_tool_turn_warning(sid: str, ledger: Ledger, threshold: float = 0.05) -> str | None:
+    """One line when more than `threshold` of a session's tool-call turns lost any token.
+
+    The line names the session, the fraction, and per tool the number of turns masked by each
+    reason; a turn masked for two reasons counts under both. None when the fraction is at or
+    below the threshold, or the session made no tool calls.
+    """
+    if not 0.0 <= threshold <= 1.0:
+        raise PolicyError(f"threshold must be in [0, 1], got {threshold}")
+    tool_turns = [t for t in ledger.turns if t.tools]
+    lost = [t for t in tool_turns if t.masked_total > 0]
+    if not tool_turns or len(lost) / len(tool_turns) <= threshold:
+        return None
+    by_tool: dict[str, _Tally[str]] = {}
+    for t in lost:
+        for tool in dict.fromkeys(t.tools):
+            tally = by_tool.setdefault(tool, _Tally())
+            tally.update(reason for reason, n in t.masked.items() if n > 0)
+    parts = [
+        f"{tool} ({', '.join(f'{r}={n}' for r, n in sorted(by_tool[tool].items()))})"
+        for tool in sorted(by_tool)
+    ]
+    fraction = len(lost) / len(tool_turns)
+    return (
+        f"session {sid}: {len(lost)}/{len(tool_turns)} tool-call turns ({fraction:.1%}) "
+        f"lost training signal: {', '.join(parts)}"
+    )
+
+
+def warn_if_masked(
+    logger: logging.Logger, sid: str, ledger: Ledger, threshold: float = 0.05
+) -> str | None:
+    """Log `masked_tool_turn_warning` at WARNING, if there is one; call once per finished
+    session. Returns the line logged."""
+    line = masked_tool_turn_warning(sid, ledger, threshold)
+    if line is not None:
+        logger.warning("%s", line)
+    return line

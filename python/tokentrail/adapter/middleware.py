@@ -1,0 +1,70 @@
+"""The adapter's one error middleware: every exception a handler raises becomes a JSON answer
+in the shape of the protocol its path belongs to, with the status its type names.
+
+`TokentrailError` subclasses carry their status and error type (`tokentrail.errors`); an
+`EngineError` is a 502; aiohttp's own refusals (unknown route 404, wrong method 405, a body
+over the size limit 413) are rewritten into the same shapes; anything else is logged and
+answered 500, never as a bare text page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from tokentrail.adapter.protocols import WireProtocol, protocol_for_path, protocols
+from tokentrail.errors import EngineError, TokentrailError
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_HTTP_KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+
+
+def error_response(path: str, status: int, kind: str, message: str) -> web.Response:
+    """A JSON error in the shape of the protocol `path` belongs to (OpenAI's by default)."""
+    proto = protocol_for_path(path) or _default_protocol()
+    return web.json_response(proto.error_body(status, kind, message), status=status)
+
+
+def _default_protocol() -> WireProtocol:
+    return next(p for p in protocols() if p.name == "openai")
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except TokentrailError as exc:
+        return error_response(request.path, exc.status, exc.kind, str(exc))
+    except EngineError as exc:
+        return error_response(request.path, 502, "api_error", f"engine error: {exc}")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.text or exc.reason
+        if exc.status == 404:
+            message = f"no route {request.method} {request.path}"
+        elif exc.status == 405:
+            message = f"{request.method} is not allowed on {request.path}"
+        elif exc.status == 413:
+            message = f"request body too large: {exc.text}"
+        kind = _HTTP_KINDS.get(exc.status, "api_error")
+        return error_response(request.path, exc.status, kind, message)
+    except ConnectionResetError:
+        raise  # the client went away: nobody to answer
+    except Exception:
+        logger.exception("%s %s failed", request.method, request.path)
+        return error_response(request.path, 500, "api_error", "internal error (logged)")

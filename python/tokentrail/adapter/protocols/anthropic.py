@@ -1,0 +1,260 @@
+"""Anthropic Messages (`POST /v1/messages`, `/v1/messages/count_tokens`) on the wire,
+chat-template messages inside.
+
+`translate_request` turns a body into the messages and tools tokentrail renders;
+`response_content` turns a parsed assistant message back into content blocks. Wire-only keys
+(`cache_control`, ids, signatures) never reach the messages, so they cannot break routing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from tokentrail.adapter.protocols.common import (
+    OpenCalls,
+    Outcome,
+    WireProtocol,
+    append_system_note,
+    mint_id,
+    part_text,
+    pieces,
+    register_protocol,
+    sampling_keys,
+    text_of,
+    tool_schema,
+    translate_tools,
+    wire_messages,
+)
+from tokentrail.errors import RequestError
+from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
+
+ROLES = ("user", "assistant", "system")
+TEXT = ("text",)
+IMAGES = ("image", "document")
+
+
+def _tool(pos: int, tool: object) -> ToolSchema:
+    if not isinstance(tool, dict):
+        raise RequestError(f"tools[{pos}] must be an object with a string name")
+    return tool_schema(pos, tool.get("name"), tool.get("description"), tool.get("input_schema"))
+
+
+def _text(content: object, where: str) -> str:
+    return text_of(content, where, text_types=TEXT, image_types=IMAGES)
+
+
+def _user_messages(content: object, where: str, calls: OpenCalls) -> list[Message]:
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    if not isinstance(content, list):
+        raise RequestError(f"{where}.content must be a string or a list of content blocks")
+    out: list[Message] = []
+    texts: list[str] = []
+    for pos, block in enumerate(content):
+        at = f"{where}.content[{pos}]"
+        if not isinstance(block, dict):
+            raise RequestError(f"{at} must be a content block object")
+        kind = block.get("type")
+        if kind == "tool_result":
+            calls.answer(block.get("tool_use_id"), at, "tool_result")
+            msg: Message = {
+                "role": "tool",
+                "content": _text(block.get("content", ""), f"{at}.content"),
+            }
+            if block.get("is_error") is True:
+                msg["is_error"] = True
+            out.append(msg)
+        elif kind in TEXT or kind in IMAGES:
+            texts.append(part_text(block, at, text_types=TEXT, image_types=IMAGES))
+        else:
+            raise RequestError(f"{at}: unsupported block type {kind!r}")
+    if texts:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def assistant_message(content: object, where: str = "content") -> tuple[Message, list[str]]:
+    """An assistant message from its content blocks, and the ids of its tool calls."""
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}, []
+    if not isinstance(content, list):
+        raise RequestError(f"{where}.content must be a string or a list of content blocks")
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[ToolCall] = []
+    ids: list[str] = []
+    for pos, block in enumerate(content):
+        at = f"{where}.content[{pos}]"
+        if not isinstance(block, dict):
+            raise RequestError(f"{at} must be a content block object")
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(part_text(block, at, text_types=TEXT, image_types=()))
+        elif kind == "thinking":
+            if not isinstance(block.get("thinking"), str):
+                raise RequestError(f"{at}.thinking must be a string")
+            thinking.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue
+        elif kind == "tool_use":
+            name, args = block.get("name"), block.get("input", {})
+            if not isinstance(name, str) or not isinstance(args, dict):
+                raise RequestError(f"{at}: tool_use needs a string name and an object input")
+            if isinstance(block.get("id"), str):
+                ids.append(block["id"])
+            calls.append({"type": "function", "function": {"name": name, "arguments": args}})
+        else:
+            raise RequestError(f"{at}: unsupported block type {kind!r}")
+    msg: Message = {"role": "assistant", "content": "".join(texts)}
+    if thinking:
+        msg["reasoning_content"] = "\n".join(thinking)
+    if calls:
+        msg["tool_calls"] = calls
+    return msg, ids
+
+
+def translate_request(body: Mapping[str, Any]) -> Conversation:
+    """A Messages request body to chat-template messages and OpenAI-style tools.
+
+    `system` (a string or blocks) becomes the first message. A `system` message in the middle
+    of the list (Claude Code sends them) becomes user text (see `append_system_note`).
+    """
+    tools = translate_tools(body.get("tools"), _tool)
+    messages: list[Message] = []
+    if body.get("system") is not None:
+        system = _text(body["system"], "system")
+        if system:
+            messages.append({"role": "system", "content": system})
+    calls = OpenCalls()
+    for where, m, role in wire_messages(body, ROLES):
+        if "content" not in m:
+            raise RequestError(f"{where} has no content")
+        if role == "assistant":
+            msg, ids = assistant_message(m["content"], where)
+            calls.open(ids)
+            messages.append(msg)
+        elif role == "user":
+            messages.extend(_user_messages(m["content"], where, calls))
+            calls.close_all()
+        else:
+            append_system_note(messages, _text(m["content"], f"{where}.content"))
+    return Conversation(messages, tools)
+
+
+def response_content(message: Message, ids: list[str]) -> list[dict[str, Any]]:
+    """Content blocks for an assistant message; `ids` names its tool calls in order."""
+    blocks: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        blocks.append(
+            {"type": "thinking", "thinking": message["reasoning_content"], "signature": ""}
+        )
+    if message.get("content"):
+        blocks.append({"type": "text", "text": message["content"]})
+    for call, call_id in zip(message.get("tool_calls") or (), ids, strict=True):
+        fn = call["function"]
+        blocks.append(
+            {"type": "tool_use", "id": call_id, "name": fn["name"], "input": fn["arguments"]}
+        )
+    return blocks
+
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "abort": "end_turn"}
+
+
+def stop_reason(message: Message, finish_reason: str) -> str:
+    if finish_reason == "length":
+        return "max_tokens"
+    if message.get("tool_calls"):
+        return "tool_use"
+    return STOP_REASONS.get(finish_reason, "end_turn")
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
+    """The SSE frames of a finished response, as the Messages API streams them.
+
+    Tool input goes out as `input_json_delta` pieces: clients assemble the input from those
+    and ignore the (empty) `input` of `content_block_start`.
+    """
+    start = {**response, "content": [], "stop_reason": None}
+    start["usage"] = {"input_tokens": response["usage"]["input_tokens"], "output_tokens": 0}
+    yield _sse("message_start", {"type": "message_start", "message": start})
+    for index, block in enumerate(response["content"]):
+        kind = block["type"]
+        head: dict[str, Any]
+        deltas: list[dict[str, Any]]
+        if kind == "text":
+            head = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": p} for p in pieces(block["text"]) or [""]]
+        elif kind == "thinking":
+            head = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": p} for p in pieces(block["thinking"]) or [""]
+            ]
+            deltas.append({"type": "signature_delta", "signature": block.get("signature", "")})
+        else:
+            head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            payload = json.dumps(block["input"], ensure_ascii=False)
+            deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces(payload)]
+        yield _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": head},
+        )
+        for delta in deltas:
+            yield _sse(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            )
+        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+    yield _sse(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": response["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": response["usage"]["output_tokens"]},
+        },
+    )
+    yield _sse("message_stop", {"type": "message_stop"})
+
+
+@register_protocol
+class AnthropicMessages(WireProtocol):
+    name = "anthropic"
+    turn_path = "/v1/messages"
+    count_tokens_path = "/v1/messages/count_tokens"
+    path_prefixes = ("/v1/messages",)
+
+    def translate(self, body: dict[str, Any]) -> Conversation:
+        return translate_request(body)
+
+    def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return sampling_keys(body, "max_tokens", "stop_sequences")
+
+    def mint_call_id(self) -> str:
+        return mint_id("toolu_")
+
+    def reply(self, outcome: Outcome) -> dict[str, Any]:
+        return {
+            "id": mint_id("msg_"),
+            "type": "message",
+            "role": "assistant",
+            "model": outcome.model,
+            "content": response_content(outcome.message, outcome.call_ids),
+            "stop_reason": stop_reason(outcome.message, outcome.finish_reason),
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": outcome.prompt_tokens,
+                "output_tokens": outcome.output_tokens,
+            },
+        }
+
+    def stream(self, reply: dict[str, Any], body: Mapping[str, Any]) -> Iterator[bytes]:
+        return stream_events(reply)
+
+    def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": kind, "message": message}}

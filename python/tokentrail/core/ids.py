@@ -1,0 +1,30 @@
+"""Token ids checked once, the same way for every caller: the reference core, `TurnRecord`
+validation and the exporters all refuse a bad id with the same named error."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tokentrail.errors import TokenIdError
+
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+def as_token_array(ids: object, what: str) -> np.ndarray:
+    """Check a token sequence and return it as a `uint32` array (no copy when it already is)."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise TokenIdError(f"{what}: expected a 1-D integer array, got {ids.dtype}{ids.shape}")
+        if ids.dtype == np.uint32:
+            return ids
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) > _MAX_TOKEN_ID):
+            raise TokenIdError(f"{what}: ids must lie in [0, 2**32)")
+        return ids.astype(np.uint32)
+    if not isinstance(ids, list | tuple):
+        raise TokenIdError(f"{what}: expected a list of ints, got {type(ids).__name__}")
+    for pos, x in enumerate(ids):
+        if isinstance(x, bool) or not isinstance(x, int | np.integer):
+            raise TokenIdError(f"{what}[{pos}]: expected an int, got {type(x).__name__}")
+        if x < 0 or x > _MAX_TOKEN_ID:
+            raise TokenIdError(f"{what}[{pos}]: id {x} is outside [0, 2**32)")
+    return np.asarray(ids, dtype=np.uint32)

@@ -1,1 +1,0 @@
-"""Wire protocols the adapter speaks: Anthropic Messages and OpenAI Chat Completions."""

@@ -1,0 +1,1 @@
+"""What outlives a process: the turn journal, replay and audit of journals, sample files."""

@@ -1,0 +1,229 @@
+"""Replay a journal under other settings, and audit where its generated tokens went.
+
+`replay` runs every served turn through the turn pipeline again offline (restore, prompt ids,
+record) with the recorded outputs, so any real run can be re-linearized with restore off,
+render history or the upstream merge and compared side by side with what was recorded;
+`as_recorded` runs them with the journaled prompt ids.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from tokentrail.kinds import DriftPolicy, History, Restore, RewritePolicy
+from tokentrail.messages import Conversation
+from tokentrail.storage.journal import FINISH, Contents
+from tokentrail.text.tokenizer import LoadedTokenizer
+from tokentrail.trajectory.ledger import Ledger
+from tokentrail.trajectory.manager import Trajectory, TrajectoryManager
+from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The knobs a replay can turn."""
+
+    restore: Restore = Restore.ON
+    history: History = History.SPLICE
+    drift_policy: DriftPolicy = DriftPolicy.MINIMAL
+    rewrite_policy: RewritePolicy = RewritePolicy.FORK
+    fork_threshold: int = 1024
+
+    @classmethod
+    def recorded(cls, meta: dict[str, str]) -> Settings:
+        """The settings a journal was recorded with (defaults where it does not say)."""
+        d = cls()
+        return cls(
+            restore=Restore(meta.get("restore", d.restore)),
+            history=History(meta.get("history", d.history)),
+            drift_policy=DriftPolicy(meta.get("drift_policy", d.drift_policy)),
+            rewrite_policy=RewritePolicy(meta.get("rewrite_policy", d.rewrite_policy)),
+            fork_threshold=int(meta.get("fork_threshold", d.fork_threshold)),
+        )
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+    def pipeline(
+        self, tokenizer: LoadedTokenizer | None, template: str | None = None
+    ) -> TurnPipeline:
+        manager = TrajectoryManager(
+            fork_threshold_tokens=self.fork_threshold,
+            drift_policy=self.drift_policy,
+            rewrite_policy=self.rewrite_policy,
+        )
+        return TurnPipeline(
+            manager, tokenizer, template, restore=self.restore, history=self.history
+        )
+
+
+def _rewards(contents: Contents) -> dict[str, float]:
+    return {
+        e.sid: float(e.data.get("reward", 0.0))
+        for e in contents.recovery.events
+        if e.kind == FINISH
+    }
+
+
+def _run(
+    contents: Contents,
+    pipeline: TurnPipeline,
+    *,
+    as_recorded: bool,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Trajectory]:
+    turns = contents.served_turns()
+    for done, turn in enumerate(turns, 1):
+        recorded = None
+        if as_recorded:
+            recorded = RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback)
+        prepared = pipeline.prepare(
+            turn.sid, Conversation(turn.translated, turn.tools), recorded=recorded
+        )
+        metadata = dict(turn.metadata)
+        if not as_recorded:
+            fallback = prepared.fallback
+            metadata["history"] = fallback.label if fallback else str(prepared.history)
+        pipeline.record(
+            prepared,
+            turn,
+            turn.response_message,
+            ill_formed=turn.ill_formed,
+            metadata=metadata,
+        )
+        if progress is not None:
+            progress(done, len(turns))
+    rewards = _rewards(contents)
+    manager = pipeline.manager
+    return {sid: manager.finish(sid, reward=rewards.get(sid, 0.0)) for sid in contents.sessions()}
+
+
+def as_recorded(contents: Contents) -> dict[str, Trajectory]:
+    """Every session linearized exactly as recorded: the journaled prompt ids (no tokenizer
+    is needed)."""
+    settings = Settings.recorded(contents.meta)
+    return _run(contents, settings.pipeline(None), as_recorded=True)
+
+
+def replay(
+    contents: Contents,
+    settings: Settings,
+    tokenizer: LoadedTokenizer,
+    template: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Trajectory]:
+    """Every session re-run under `settings`: restore, render and prompt ids anew."""
+    template = template or contents.meta.get("chat_template") or tokenizer.chat_template
+    pipeline = settings.pipeline(tokenizer, template)
+    return _run(contents, pipeline, as_recorded=False, progress=progress)
+
+
+def progress_bar(done: int, total: int) -> None:
+    """A one-line progress bar on stderr, for long journals."""
+    if not sys.stderr.isatty() and done != total:
+        return
+    width = 30
+    filled = width * done // max(1, total)
+    end = "\n" if done == total else ""
+    sys.stderr.write(f"\rreplaying [{'#' * filled}{'.' * (width - filled)}] {done}/{total}{end}")
+    sys.stderr.flush()
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ToolRow:
+    turns: int = 0
+    masked_turns: int = 0
+    tokens_trained: int = 0
+    tokens_masked: int = 0
+
+
+def tool_rows(ledgers: list[Ledger]) -> dict[str, ToolRow]:
+    rows: dict[str, ToolRow] = {}
+    for ledger in ledgers:
+        for turn in ledger.turns:
+            for tool in dict.fromkeys(turn.tools or ["(text)"]):
+                row = rows.setdefault(tool, ToolRow())
+                row.turns += 1
+                row.masked_turns += turn.masked_total > 0
+                row.tokens_trained += turn.trained
+                row.tokens_masked += turn.masked_total
+    return dict(sorted(rows.items()))
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100.0 * a / b:.0f}%" if b else "-"
+
+
+def side_by_side(
+    before: dict[str, Trajectory], after: dict[str, Trajectory], before_name: str, after_name: str
+) -> str:
+    """Per tool, turns with masked tokens and tokens trained, before -> after."""
+    a = tool_rows([t.ledger for t in before.values()])
+    b = tool_rows([t.ledger for t in after.values()])
+    lines = [
+        f"before: {before_name}",
+        f"after:  {after_name}",
+        "",
+        f"{'tool':<12}{'turns':>7}  {'turns with loss_mask=0':>24}  {'tokens trained':>22}",
+    ]
+    for tool in sorted(set(a) | set(b)):
+        x, y = a.get(tool, ToolRow()), b.get(tool, ToolRow())
+        masked_cell = f"{_pct(x.masked_turns, x.turns)} -> {_pct(y.masked_turns, y.turns)}"
+        trained_cell = f"{x.tokens_trained} -> {y.tokens_trained}"
+        lines.append(f"{tool:<12}{x.turns:>7}  {masked_cell:>24}  {trained_cell:>22}")
+    for name, trajs in (("before", before), ("after", after)):
+        gen = sum(t.ledger.generated_tokens for t in trajs.values())
+        trained = sum(t.ledger.trained_tokens for t in trajs.values())
+        samples = sum(len(t.samples) for t in trajs.values())
+        reasons: dict[str, int] = {}
+        for t in trajs.values():
+            for reason, n in t.ledger.masked_tokens.items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        lines.append(
+            f"{name:<7} {len(trajs)} sessions, {samples} samples, {trained}/{gen} tokens trained "
+            f"({_pct(trained, gen)}), masked {reasons or '{}'}"
+        )
+    return "\n".join(lines)
+
+
+def audit_table(ledgers: list[Ledger]) -> tuple[str, float]:
+    """Per tool and per reason, turns and tokens trained vs masked; and the masked fraction."""
+    rows = tool_rows(ledgers)
+    lines = [
+        f"{'tool':<12}{'turns':>7}{'turns trained':>15}{'tokens trained':>16}{'tokens masked':>15}"
+    ]
+    for tool, r in rows.items():
+        trained_turns = sum(
+            1
+            for ledger in ledgers
+            for t in ledger.turns
+            if tool in (t.tools or ["(text)"]) and t.trained > 0
+        )
+        lines.append(
+            f"{tool:<12}{r.turns:>7}{trained_turns:>15}{r.tokens_trained:>16}{r.tokens_masked:>15}"
+        )
+    reasons: dict[str, list[int]] = {}
+    for ledger in ledgers:
+        for t in ledger.turns:
+            for reason, n in t.masked.items():
+                entry = reasons.setdefault(reason, [0, 0])
+                entry[0] += 1
+                entry[1] += n
+    lines.append("")
+    lines.append(f"{'reason':<20}{'turns':>7}{'tokens':>10}")
+    for reason, (turns, tokens) in sorted(reasons.items()):
+        lines.append(f"{reason:<20}{turns:>7}{tokens:>10}")
+    generated = sum(ledger.generated_tokens for ledger in ledgers)
+    masked = sum(sum(ledger.masked_tokens.values()) for ledger in ledgers)
+    fraction = masked / generated if generated else 0.0
+    lines.append("")
+    lines.append(
+        f"{len(ledgers)} sessions: {generated - masked}/{generated} generated tokens trained, "
+        f"masked fraction {fraction:.4f}"
+    )
+    return "\n".join(lines), fraction

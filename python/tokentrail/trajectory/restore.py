@@ -1,0 +1,81 @@
+"""Where an echo is restored: a harness's re-rendering of a generated message is replaced by the
+message we generated, before the turn is rendered, so the tree and the token prefix line up.
+
+`echo.py` decides whether two messages are the same message; this module walks a session's tree
+along an incoming message list and substitutes every recognized echo with the tree's own dict.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tokentrail.errors import MessageError
+from tokentrail.messages import Message, ToolSchema
+from tokentrail.trajectory.echo import is_echo
+from tokentrail.trajectory.tree import MessageKey, Node, message_key
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Restored:
+    """An incoming message list with its echoes restored.
+
+    A restored message is the tree's own dict, not a copy: read it, do not change it. `newly`
+    holds the generated nodes restored for the first time by this call.
+    """
+
+    messages: list[Message]
+    keys: list[MessageKey]
+    newly: list[Node] = field(default_factory=list)
+
+
+def restore_echoes(
+    root: Node,
+    messages: Sequence[Message],
+    keys: list[MessageKey],
+    tools: Sequence[ToolSchema] | None,
+) -> Restored:
+    """Walk from `root`: exact matches advance; where nothing matches exactly, a generated
+    assistant child that the incoming message is an echo of (`echo.is_echo`) is substituted,
+    and the walk goes on. `keys` are the incoming messages' routing keys."""
+    out = list(messages)
+    keys = list(keys)
+    newly: list[Node] = []
+    node = root
+    for i, key in enumerate(keys):
+        nxt = node.child(key)
+        if nxt is None:
+            # A harness replays an echo the same way every time: recognize it once.
+            nxt = node.known_echo(key)
+            if nxt is None:
+                nxt = _echo_target(node, out[i], tools)
+                if nxt is None:
+                    break
+                node.remember_echo(key, nxt)
+            generated = nxt.message
+            assert generated is not None  # an echo target is a generated turn
+            out[i] = generated
+            keys[i] = nxt.key if nxt.key is not None else message_key(generated)
+            if not nxt.metadata.get("restored"):
+                nxt.metadata = {**nxt.metadata, "restored": True}
+                newly.append(nxt)
+        node = nxt
+    return Restored(out, keys, newly)
+
+
+def _echo_target(node: Node, message: Message, tools: Sequence[ToolSchema] | None) -> Node | None:
+    if message.get("role") != "assistant":
+        return None
+    for child in node.children:
+        generated = child.message
+        if child.turn is not None and generated is not None:
+            try:
+                if is_echo(generated, message, tools):
+                    return child
+            except MessageError as exc:
+                logger.debug("not an echo, malformed message: %s", exc)
+                return None
+    return None

@@ -1,0 +1,203 @@
+"""Token-exact history: the next prompt is the held tokens, then only the new messages' tokens.
+
+Re-rendering a generated assistant message rarely reproduces the tokens that were sampled (JSON
+spacing, booleans, templates that drop earlier reasoning). A splice keeps what was sampled: the
+prompt becomes the previous turn's prompt and output ids, the template's glue after an assistant
+turn's end, and the tokens of only the new messages. Glue and tail come from the template
+itself, rendered after a small synthetic context, and are checked against the full render every
+turn; any check that fails falls back to the full render with a named reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokentrail.errors import TemplateError
+from tokentrail.kinds import Fallback
+from tokentrail.messages import Message, ToolCall, ToolSchema
+from tokentrail.text.chat_template import render
+from tokentrail.text.tokenizer import LoadedTokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Spliced:
+    """The result of one splice attempt: the prompt ids, or why there are none."""
+
+    prompt_ids: npt.NDArray[np.uint32] | None
+    fallback: Fallback | None = None
+    glue: str = ""
+    tail: str = ""
+
+
+def _stub(message: Message) -> Message:
+    # Without its reasoning, the last assistant message renders the same whether or not the
+    # template strips reasoning before the last user message.
+    stub: dict[str, Any] = {
+        k: v for k, v in message.items() if k not in ("reasoning_content", "reasoning")
+    }
+    return stub  # type: ignore[return-value]  # a Message less some of its keys
+
+
+class Splicer:
+    """Derives glue and tail from a template and builds spliced prompt ids."""
+
+    def __init__(self, tokenizer: LoadedTokenizer, template: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.template = template or tokenizer.chat_template
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None,
+        add_generation_prompt: bool,
+    ) -> str:
+        return render(
+            self.template,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            **self.tokenizer.special_tokens_map,
+        )
+
+    def glue_and_tail(
+        self,
+        last_assistant: Message,
+        end_token: str,
+        new_messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None,
+    ) -> tuple[str, str] | Fallback:
+        """The text after an assistant turn's end token: the glue, then the new messages and
+        the generation prompt, derived from renders around a synthetic context."""
+        stub = _stub(last_assistant)
+        # Tools render once, before the conversation, in every template we know of: leaving
+        # them out of both renders keeps the difference and spares rendering every schema. The
+        # check against the full render (which has them) catches a template where they matter.
+        del tools
+        try:
+            before = self.render([stub], None, add_generation_prompt=False)
+            after = self.render([stub, *new_messages], None, add_generation_prompt=True)
+        except TemplateError:
+            return Fallback.TEMPLATE_ERROR
+        cut = before.rfind(end_token)
+        if cut < 0:
+            return Fallback.NO_BOUNDARY
+        if not after.startswith(before):
+            return Fallback.NOT_PREFIX
+        return before[cut + len(end_token) :], after[len(before) :]
+
+    def splice(
+        self,
+        *,
+        held_prompt: Sequence[int],
+        held_output: Sequence[int],
+        finish_reason: str | None,
+        last_assistant: Message,
+        new_messages: Sequence[Message],
+        tools: Sequence[ToolSchema] | None,
+        full_text: str | None,
+    ) -> Spliced:
+        """Prompt ids for the new messages after a generated turn, or a named fallback.
+
+        `full_text` is the full render of the conversation; the spliced tail must be its suffix.
+        None skips that check (the synthetic-context checks still run): see `TurnPipeline`.
+        """
+        if finish_reason == "length":
+            return Spliced(None, Fallback.LENGTH)
+        if not len(held_output):
+            return Spliced(None, Fallback.NO_END_TOKEN)
+        end_id = int(held_output[-1])
+        end_token = self.tokenizer.decode([end_id])
+        if self.tokenizer.added_tokens.get(end_token) != end_id:
+            return Spliced(None, Fallback.NO_END_TOKEN)
+        derived = self.glue_and_tail(last_assistant, end_token, new_messages, tools)
+        if isinstance(derived, Fallback):
+            return Spliced(None, derived)
+        glue, tail = derived
+        if full_text is not None and not full_text.endswith(end_token + glue + tail):
+            return Spliced(None, Fallback.TAIL_MISMATCH, glue, tail)
+        # The held tokens end with a special token, where tokenization always splits, so the
+        # glue and tail tokenize the same here as inside the full text.
+        new = np.asarray(self.tokenizer.encode(glue + tail), dtype=np.uint32)
+        ids = np.concatenate(
+            [np.asarray(held_prompt, np.uint32), np.asarray(held_output, np.uint32), new]
+        )
+        return Spliced(ids, None, glue, tail)
+
+
+# -- checking a template ---------------------------------------------------------------------
+
+_CALL: ToolCall = {"type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}
+BOUNDARIES: dict[str, tuple[list[Message], list[Message]]] = {
+    # name: (conversation up to and including the assistant turn, the messages that follow)
+    "user": (
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."}],
+        [{"role": "user", "content": "list the files"}],
+    ),
+    "assistant-with-tool-calls": (
+        [
+            {"role": "user", "content": "list"},
+            {"role": "assistant", "content": "", "tool_calls": [_CALL]},
+        ],
+        [{"role": "tool", "content": "a.py"}],
+    ),
+    "tool": (
+        [
+            {"role": "user", "content": "list"},
+            {"role": "assistant", "content": "Listing.", "tool_calls": [_CALL, _CALL]},
+        ],
+        [{"role": "tool", "content": "a.py"}, {"role": "tool", "content": "b.py"}],
+    ),
+    "reasoning": (
+        [
+            {"role": "user", "content": "why?"},
+            {"role": "assistant", "content": "Because.", "reasoning_content": "Think first."},
+        ],
+        [{"role": "user", "content": "and then?"}],
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BoundaryReport:
+    name: str
+    prefix_preserving: bool
+    splice: bool
+    glue: str | None
+    fallback: Fallback | None
+
+
+def check_template(tokenizer: LoadedTokenizer, template: str | None = None) -> list[BoundaryReport]:
+    """For each boundary: is the template prefix-preserving there, can a turn be spliced, and
+    with what glue after the assistant's end token (the tokenizer's eos token)."""
+    splicer = Splicer(tokenizer, template)
+    end = tokenizer.eos_token
+    system: list[Message] = [{"role": "system", "content": "You are terse."}]
+    reports = []
+    for name, (history, new) in BOUNDARIES.items():
+        history = system + history
+        try:
+            before = splicer.render(history, None, add_generation_prompt=False)
+            full = splicer.render(history + new, None, add_generation_prompt=True)
+        except TemplateError:
+            reports.append(BoundaryReport(name, False, False, None, Fallback.TEMPLATE_ERROR))
+            continue
+        derived = splicer.glue_and_tail(history[-1], end, new, None)
+        if isinstance(derived, Fallback):
+            reports.append(BoundaryReport(name, full.startswith(before), False, None, derived))
+            continue
+        glue, tail = derived
+        ok = full.endswith(end + glue + tail)
+        reports.append(
+            BoundaryReport(
+                name, full.startswith(before), ok, glue, None if ok else Fallback.TAIL_MISMATCH
+            )
+        )
+    return reports

@@ -1,0 +1,85 @@
+"""What the engine produced for one turn, and the checks that keep bad turns out of a session.
+
+A `TurnRecord` holds the exact prompt ids the engine saw and the ids it sampled, with their
+logprobs. `validate_turn` normalizes one into compact numpy arrays or raises a named error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from tokentrail.core.ids import as_token_array
+from tokentrail.errors import LogprobLengthError, TokenIdError
+from tokentrail.kinds import Fallback, History
+
+TokenIds = Sequence[int] | npt.NDArray[np.integer]
+Logprobs = Sequence[float] | npt.NDArray[np.floating]
+
+
+@dataclass
+class TurnRecord:
+    prompt_ids: TokenIds
+    output_ids: TokenIds
+    finish_reason: str | None
+    output_log_probs: Logprobs | None = field(default_factory=list)
+    ill_formed: bool = False
+    # How the prompt ids were built; the ledger reports it per turn.
+    history: History | None = None
+    fallback: Fallback | None = None
+
+
+@dataclass(frozen=True)
+class CheckedTurn:
+    """A validated turn: ids as `uint32` arrays, logprobs as `float32` or None."""
+
+    prompt_ids: np.ndarray
+    output_ids: np.ndarray
+    logprobs: np.ndarray | None
+    finish_reason: str | None
+    ill_formed: bool
+    history: History | None = None
+    fallback: Fallback | None = None
+
+
+def validate_turn(turn: TurnRecord) -> CheckedTurn:
+    if not isinstance(turn, TurnRecord):
+        raise TokenIdError(f"turn: expected a TurnRecord, got {type(turn).__name__}")
+    prompt = as_token_array(turn.prompt_ids, "prompt_ids")
+    output = as_token_array(turn.output_ids, "output_ids")
+    lps = turn.output_log_probs
+    logprobs = None
+    if lps is not None and len(lps):
+        try:
+            logprobs = np.asarray(lps, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise LogprobLengthError(f"output_log_probs: not a list of floats ({exc})") from None
+        if logprobs.ndim != 1 or len(logprobs) != len(output):
+            raise LogprobLengthError(
+                f"output_log_probs has {len(lps)} entries for {len(output)} output tokens"
+            )
+    return CheckedTurn(
+        prompt,
+        output,
+        logprobs,
+        turn.finish_reason,
+        bool(turn.ill_formed),
+        None if turn.history is None else History(turn.history),
+        None if turn.fallback is None else Fallback(turn.fallback),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    """A generated turn as the tree holds it: its tokens live in the session's `TurnStore`."""
+
+    id: int
+    output_len: int
+    finish_reason: str | None
+    ill_formed: bool
+    # How its prompt ids were built (None: recorded by a caller that did not say).
+    history: History | None = None
+    fallback: Fallback | None = None

@@ -1,0 +1,77 @@
+//! The Python binding `tokentrail._core`: the module's contents, the error mapping and the
+//! GIL-release helper.
+//!
+//! Each submodule is thin: convert the arguments (`convert`), call the core, convert back
+//! (`records`). The core refuses bad settings, logprobs and chains before it does any work.
+use pyo3::marker::Ungil;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::drift::{DriftKind, Policy};
+use crate::error::Error;
+
+mod builder;
+mod convert;
+mod pack;
+mod records;
+mod store;
+mod tokenize;
+
+pyo3::import_exception!(tokentrail.errors, TokenIdError);
+pyo3::import_exception!(tokentrail.errors, LogprobLengthError);
+pyo3::import_exception!(tokentrail.errors, PolicyError);
+pyo3::import_exception!(tokentrail.errors, PackError);
+pyo3::import_exception!(tokentrail.errors, TokenizerError);
+
+/// tokentrail's Rust hot path: the same names and semantics as `tokentrail.reference`.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("CLEAN", DriftKind::Clean.as_str())?;
+    m.add("REALIGN", DriftKind::Realign.as_str())?;
+    m.add("FORK", DriftKind::Fork.as_str())?;
+    m.add("POLICIES", PyTuple::new(m.py(), Policy::NAMES)?)?;
+    m.add_class::<records::PyDrift>()?;
+    m.add_class::<records::PySpan>()?;
+    m.add_class::<builder::PySampleBuilder>()?;
+    m.add_class::<records::PyBuiltSample>()?;
+    m.add_class::<records::PyDriftEvent>()?;
+    m.add_class::<records::PyLinearized>()?;
+    m.add_class::<records::PyPacked>()?;
+    m.add_class::<store::PyTurnStore>()?;
+    m.add_class::<tokenize::PyIncrementalTokenizer>()?;
+    m.add_function(wrap_pyfunction!(builder::common_prefix_len, m)?)?;
+    m.add_function(wrap_pyfunction!(builder::linearize, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::pack_samples, m)?)?;
+    Ok(())
+}
+
+/// Each variant becomes its named `ValueError` subclass from `tokentrail.errors` (or
+/// `tokentrail.tokenizer`), carrying the core's message.
+impl From<Error> for PyErr {
+    fn from(err: Error) -> PyErr {
+        let message = err.to_string();
+        match err {
+            Error::TokenId(_) => TokenIdError::new_err(message),
+            Error::LogprobLength { .. } => LogprobLengthError::new_err(message),
+            Error::UnknownPolicy(_)
+            | Error::Negative { .. }
+            | Error::Fork { .. }
+            | Error::TurnOutOfRange { .. }
+            | Error::NoSuchTurn { .. } => PolicyError::new_err(message),
+            Error::PackCount { .. }
+            | Error::ResponseLength { .. }
+            | Error::PackLength { .. }
+            | Error::PackTooLong { .. } => PackError::new_err(message),
+            Error::Tokenizer(_) => TokenizerError::new_err(message),
+        }
+    }
+}
+
+/// Run `work` with the GIL released; its error becomes the matching Python exception.
+fn detached<T, F>(py: Python<'_>, work: F) -> PyResult<T>
+where
+    F: Ungil + FnOnce() -> Result<T, Error>,
+    Result<T, Error>: Ungil,
+{
+    py.detach(work).map_err(PyErr::from)
+}
