@@ -107,6 +107,38 @@ async def _demo_run(restore: str, rewrite_policy: str, tokenizer: Any) -> tuple[
     return finished, sim
 
 
+async def _demo_codex(tokenizer: Any) -> tuple[Any, Any]:
+    """A Codex-shaped session (exec_command, the free-form apply_patch) over the Responses API."""
+    import aiohttp
+
+    from tokentrail.adapter.server import Adapter, start_server
+    from tokentrail.engines.scripted import ScriptedEngine
+    from tokentrail.sim.codex import CODEX_FILES, CODEX_SCRIPT, CODEX_TOOLS, CodexWorkspace
+    from tokentrail.sim.harness import Behaviour, HarnessSim
+
+    # One user turn of the script: read, two parallel commands, a failed and a good patch, the
+    # test run, the answer. Codex sends every item back as it got it, so nothing is rewritten.
+    script = CODEX_SCRIPT[:6]
+    adapter = Adapter(engine=ScriptedEngine(tokenizer, script), tokenizer=tokenizer)
+    runner, url = await start_server(adapter)
+    try:
+        async with aiohttp.ClientSession() as http:
+            sim = await HarnessSim(
+                url,
+                "demo-codex",
+                protocol="responses",
+                tools=CODEX_TOOLS,
+                workspace=CodexWorkspace(dict(CODEX_FILES)),
+                behaviour=Behaviour(
+                    rerender_echoes=False, move_cache_control=False, system_notes=False
+                ),
+            ).run("Space the sum in calc.py.", http)
+        trajectory = await adapter.finish_trajectory("demo-codex", reward=1.0)
+    finally:
+        await runner.cleanup()
+    return trajectory, sim
+
+
 def _demo_table(runs: list[tuple[str, dict[str, Any]]]) -> str:
     """Per tool: trained turns and tokens under each configuration."""
     width = max(len(name) for name, _ in runs) + 2
@@ -144,6 +176,7 @@ def _demo(args: argparse.Namespace) -> int:
         runs.append((name, finished))
         if name == DEMO_CONFIGS[0][0]:
             first, first_sim = finished, sim
+    codex, codex_sim = asyncio.run(_demo_codex(tokenizer))
     out = Path(args.out)
     with out.open("w") as f:
         for sample in first["samples"]:
@@ -156,6 +189,15 @@ def _demo(args: argparse.Namespace) -> int:
     )
     print()
     print(_demo_table(runs))
+    print()
+    ledger = codex.ledger
+    codex_calls = ", ".join(f"{k}={v}" for k, v in sorted(codex_sim.tool_calls.items()))
+    print("Codex CLI 0.169-style session over the OpenAI Responses API (custom apply_patch tool):")
+    print(
+        f"session: {codex_sim.requests} requests, tool calls {codex_calls}; "
+        f"{ledger.trained_tokens}/{ledger.generated_tokens} generated tokens trained, "
+        f"{len(codex.samples)} sample, echoes restored: {ledger.restored_echoes}"
+    )
     print()
     print(
         f"wrote {len(first['samples'])} samples ({DEMO_CONFIGS[0][0]}) to {out}: one JSON object "

@@ -262,7 +262,15 @@ class Adapter:
         stream: bool,
         timing: TurnTiming,
     ) -> web.StreamResponse:
-        conversation = proto.translate(body)
+        ref = proto.continues(body)
+        if ref is None:
+            conversation = proto.translate(body)
+        else:
+            found = self.manager.find_turn(sid, "reply_id", ref)
+            if found is None:
+                raise RequestError(f"unknown previous response {ref!r} in this session")
+            prior, metadata = found
+            conversation = proto.translate_after(body, prior, list(metadata.get("call_ids") or []))
         sampling = (
             SamplingParams(max_new_tokens=self.config.default_max_tokens)
             .merged(session.sampling_defaults)
@@ -279,7 +287,14 @@ class Adapter:
             # Over the context window: answer `length` without generating; nothing to record.
             empty: Message = {"role": "assistant", "content": ""}
             outcome = Outcome(
-                self.config.model_name, empty, [], "length", len(prepared.prompt_ids), 0
+                self.config.model_name,
+                empty,
+                [],
+                "length",
+                len(prepared.prompt_ids),
+                0,
+                reply_id=proto.mint_reply_id(),
+                body=body,
             )
             return await write_reply(request, proto, proto.reply(outcome), stream, body)
 
@@ -297,13 +312,19 @@ class Adapter:
             generation.finish_reason,
             len(prepared.prompt_ids),
             len(generation.output_ids),
+            cached_tokens=prepared.held_tokens,
+            reasoning_tokens=self.pipeline.reasoning_tokens(generation.output_ids, message),
             output_ids=list(generation.output_ids),
             logprobs=list(generation.logprobs),
+            reply_id=proto.mint_reply_id(),
+            body=body,
         )
         reply = proto.reply(outcome)
         metadata = {
             "protocol": proto.name,
             "request_id": rid,
+            "reply_id": outcome.reply_id,
+            "call_ids": outcome.call_ids,
             "ill_formed": parsed.reason,
             "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
         }

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
+from tokentrail.sim.wire import from_openai, from_responses, to_openai, to_responses, wire_tools
 from tokentrail.trajectory.manager import Trajectory
 
 # Claude Code's file tools, with the schema default it fills in on echo (`replace_all`).
@@ -174,7 +175,9 @@ def rerender_tool_input(
     Defaults the schema declares are filled in (first, as the CLI orders them); each line of an
     Edit's `new_string`, and of a Write's `content` unless the file is Markdown, is right-stripped.
     """
-    schema: dict[str, Any] = next((t["input_schema"] for t in tools if t["name"] == name), {})
+    schema: dict[str, Any] = next(
+        (t.get("input_schema", {}) for t in tools if t["name"] == name), {}
+    )
     filled = {
         key: prop["default"]
         for key, prop in schema.get("properties", {}).items()
@@ -242,83 +245,12 @@ class SimResult:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
 
-# -- wire formats -------------------------------------------------------------------------------
-
-
-def _to_openai(system: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Anthropic-shaped history to Chat Completions messages."""
-    out: list[dict[str, Any]] = [{"role": "system", "content": system}]
-    for m in messages:
-        content = m["content"]
-        if m["role"] == "system":
-            out.append({"role": "system", "content": content})
-        elif m["role"] == "user":
-            if isinstance(content, str):
-                out.append({"role": "user", "content": content})
-                continue
-            texts = []
-            for block in content:
-                if block["type"] == "tool_result":
-                    out.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": block["tool_use_id"],
-                            "content": block["content"],
-                        }
-                    )
-                else:
-                    texts.append(block["text"])
-            if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
-        else:
-            msg: dict[str, Any] = {
-                "role": "assistant",
-                "content": "".join(b["text"] for b in content if b["type"] == "text") or None,
-            }
-            thinking = "\n".join(b["thinking"] for b in content if b["type"] == "thinking")
-            if thinking:
-                msg["reasoning_content"] = thinking
-            calls = [
-                {
-                    "id": b["id"],
-                    "type": "function",
-                    "function": {"name": b["name"], "arguments": json.dumps(b["input"])},
-                }
-                for b in content
-                if b["type"] == "tool_use"
-            ]
-            if calls:
-                msg["tool_calls"] = calls
-            out.append(msg)
-    return out
-
-
-def _from_openai(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    message = payload["choices"][0]["message"]
-    blocks: list[dict[str, Any]] = []
-    if message.get("reasoning_content"):
-        blocks.append(
-            {"type": "thinking", "thinking": message["reasoning_content"], "signature": ""}
-        )
-    if message.get("content"):
-        blocks.append({"type": "text", "text": message["content"]})
-    for call in message.get("tool_calls") or ():
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": call["id"],
-                "name": call["function"]["name"],
-                "input": json.loads(call["function"]["arguments"]),
-            }
-        )
-    return blocks
-
-
 # -- the harness --------------------------------------------------------------------------------
 
 
 class HarnessSim:
-    """A coding harness speaking the Anthropic (default) or OpenAI API to an adapter."""
+    """A coding harness speaking the Anthropic (default), OpenAI Chat Completions or OpenAI
+    Responses API to an adapter."""
 
     def __init__(
         self,
@@ -333,7 +265,7 @@ class HarnessSim:
         max_requests: int = 256,
         max_tokens: int = 4096,
     ) -> None:
-        if protocol not in ("anthropic", "openai"):
+        if protocol not in ("anthropic", "openai", "responses"):
             raise ValueError(f"unknown protocol {protocol!r}")
         self.base_url = base_url.rstrip("/")
         self.session_id = session_id
@@ -454,7 +386,9 @@ class HarnessSim:
                 self._result.tool_calls[name] = self._result.tool_calls.get(name, 0) + 1
                 if self.behaviour.rerender_echoes:
                     rewritten = rerender_tool_input(name, block["input"], self.tools)
-                    self._result.rewritten_echoes += rewritten != block["input"]
+                    if rewritten != block["input"]:
+                        self._result.rewritten_echoes += 1
+                        block.pop("arguments", None)  # the wire text no longer says this
                     block["input"] = rewritten
                 if name == "Agent" and self.behaviour.subagents:
                     text, failed = await self._subagent(http, block["input"]), False
@@ -509,32 +443,35 @@ class HarnessSim:
             }
             headers["anthropic-version"] = "2023-06-01"
         else:
-            url = f"{self.base_url}/v1/chat/completions"
             for m in wire:
                 if isinstance(m["content"], list):
                     for blk in m["content"]:
                         blk.pop("cache_control", None)
-            body = {
-                "model": "tokentrail",
-                "max_tokens": self.max_tokens,
-                "messages": _to_openai(system, wire),
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": t["name"],
-                            "description": t.get("description", ""),
-                            "parameters": t["input_schema"],
-                        },
-                    }
-                    for t in self.tools
-                ],
-            }
+            if self.protocol == "openai":
+                url = f"{self.base_url}/v1/chat/completions"
+                body = {
+                    "model": "tokentrail",
+                    "max_tokens": self.max_tokens,
+                    "messages": to_openai(system, wire),
+                    "tools": wire_tools(self.tools, "openai"),
+                }
+            else:
+                url = f"{self.base_url}/v1/responses"
+                body = {
+                    "model": "tokentrail",
+                    "max_output_tokens": self.max_tokens,
+                    "input": to_responses(system, wire),
+                    "tools": wire_tools(self.tools, "responses"),
+                    "store": False,
+                    "include": ["reasoning.encrypted_content"],
+                }
         async with http.post(url, json=body, headers=headers) as resp:
             payload = await resp.json()
             if resp.status != 200:
                 raise RuntimeError(f"adapter answered {resp.status}: {payload}")
-        return payload["content"] if self.protocol == "anthropic" else _from_openai(payload)
+        if self.protocol == "anthropic":
+            return list(payload["content"])
+        return from_openai(payload) if self.protocol == "openai" else from_responses(payload)
 
 
 def transcript_json(result: SimResult) -> str:

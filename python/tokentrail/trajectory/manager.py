@@ -268,6 +268,21 @@ class TrajectoryManager:
                 at,
             )
 
+    def find_turn(
+        self, sid: str, key: str, value: object
+    ) -> tuple[list[Message], dict[str, Any]] | None:
+        """The conversation of the session's generated turn whose metadata has `key == value`:
+        its prompt messages then its response, with that metadata; None if there is none."""
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                return None
+            for node in iter_nodes(session.root):
+                if node.turn is not None and node.metadata.get(key) == value:
+                    path = [n.message for n in node.path()]
+                    return [m for m in path if m is not None], dict(node.metadata)
+        return None
+
     def restored_by_tool(self, sid: str) -> dict[str, int]:
         session = self._sessions.get(sid)
         return dict(session.restored_by_tool) if session else {}

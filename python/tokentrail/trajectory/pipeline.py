@@ -109,6 +109,8 @@ class PreparedTurn:
     # Tools of the echoes this turn restored for the first time.
     restored_tools: list[str]
     timing: TurnTiming
+    # Prompt tokens taken from the session's held tokens (a splice), not encoded anew.
+    held_tokens: int = 0
 
     @property
     def tools(self) -> list[ToolSchema] | None:
@@ -201,12 +203,13 @@ class TurnPipeline:
             for _ in range(n - restored_before.get(tool, 0))
         ]
         timing.lap(Stage.RESTORE)
+        held = 0
         if recorded is not None:
             ids = np.asarray(recorded.prompt_ids, dtype=np.uint32)
             used = recorded.history or History.RENDER
             fallback = recorded.fallback
         else:
-            ids, used, fallback = self._prompt_ids(
+            ids, used, fallback, held = self._prompt_ids(
                 sid,
                 render_messages,
                 conversation.tools,
@@ -226,6 +229,7 @@ class TurnPipeline:
             fallback,
             restored_tools,
             timing,
+            held,
         )
 
     def restored(self, sid: str, conversation: Conversation) -> TurnMessages:
@@ -246,7 +250,7 @@ class TurnPipeline:
         history: History,
         keys: list[MessageKey] | None,
         timing: TurnTiming,
-    ) -> tuple[npt.NDArray[np.uint32], History, Fallback | None]:
+    ) -> tuple[npt.NDArray[np.uint32], History, Fallback | None, int]:
         """Spliced onto the last generated turn's tokens when possible, else a full render.
 
         The full render is made only when needed: a render, a fallback, or a splice whose tail
@@ -260,6 +264,7 @@ class TurnPipeline:
                 self._encode(sid, self._render_timed(messages, tools, timing)),
                 History.RENDER,
                 None,
+                0,
             )
         new = messages[anchor.index + 1 :]
         checks = self._checks.setdefault(sid, _SpliceChecks())
@@ -280,11 +285,12 @@ class TurnPipeline:
             logger.debug("session %s: splice fell back (%s)", sid, spliced.fallback)
             if text is None:
                 text = self._render_timed(messages, tools, timing)
-            return self._encode(sid, text), History.RENDER, spliced.fallback
+            return self._encode(sid, text), History.RENDER, spliced.fallback, 0
         checks.splices += 1
         if verify:
             checks.verified.add(shape)
-        return spliced.prompt_ids, History.SPLICE, None
+        held = len(anchor.prompt_ids) + len(anchor.output_ids)
+        return spliced.prompt_ids, History.SPLICE, None, held
 
     def _render_timed(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None, timing: TurnTiming
@@ -325,6 +331,18 @@ class TurnPipeline:
         )
         prepared.timing.lap(Stage.PARSE)
         return parsed
+
+    def reasoning_tokens(self, output_ids: TokenIds, message: Message) -> int:
+        """How many sampled tokens are reasoning: up to the reasoning's closing marker when it
+        is one token, else the length of the reasoning text encoded."""
+        reasoning = message.get("reasoning_content")
+        if not reasoning:
+            return 0
+        ids = [int(x) for x in output_ids]
+        close = self.tokenizer.added_tokens.get("</think>")
+        if close is not None and close in ids:
+            return ids.index(close) + 1
+        return len(self.tokenizer.encode(reasoning))
 
     def record(
         self,

@@ -238,9 +238,12 @@ class AnthropicMessages(WireProtocol):
     def mint_call_id(self) -> str:
         return mint_id("toolu_")
 
+    def mint_reply_id(self) -> str:
+        return mint_id("msg_")
+
     def reply(self, outcome: Outcome) -> dict[str, Any]:
         return {
-            "id": mint_id("msg_"),
+            "id": outcome.reply_id or self.mint_reply_id(),
             "type": "message",
             "role": "assistant",
             "model": outcome.model,

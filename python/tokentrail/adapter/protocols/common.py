@@ -32,8 +32,13 @@ class Outcome:
     output_tokens: int
     # Prompt tokens reused from the session's held prefix (a splice).
     cached_tokens: int = 0
+    # Output tokens spent on reasoning.
+    reasoning_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # The reply's id (`WireProtocol.mint_reply_id`) and the request it answers.
+    reply_id: str = ""
+    body: Mapping[str, Any] = field(default_factory=dict)
 
 
 class WireProtocol(ABC):
@@ -72,6 +77,21 @@ class WireProtocol(ABC):
     @abstractmethod
     def mint_call_id(self) -> str:
         """A fresh id for one tool call of a reply."""
+
+    def mint_reply_id(self) -> str:
+        """A fresh id for a reply; the session's turn keeps it (see `continues`)."""
+        return mint_id("reply_")
+
+    def continues(self, body: Mapping[str, Any]) -> str | None:
+        """The id of an earlier reply this request continues (its history is not resent)."""
+        return None
+
+    def translate_after(
+        self, body: dict[str, Any], prior: list[Message], prior_calls: list[str]
+    ) -> Conversation:
+        """`translate` for a request that continues `prior` (the earlier turn's messages and
+        its reply), whose tool calls had the ids `prior_calls`."""
+        raise RequestError(f"{self.name} requests cannot continue an earlier reply")
 
     @abstractmethod
     def reply(self, outcome: Outcome) -> dict[str, Any]:

@@ -211,10 +211,13 @@ class OpenAIChat(WireProtocol):
     def mint_call_id(self) -> str:
         return mint_id("call_")
 
+    def mint_reply_id(self) -> str:
+        return mint_id("chatcmpl-")
+
     def reply(self, outcome: Outcome) -> dict[str, Any]:
         message = outcome.message
         return {
-            "id": mint_id("chatcmpl-"),
+            "id": outcome.reply_id or self.mint_reply_id(),
             "object": "chat.completion",
             "created": int(time.time()),
             "model": outcome.model,

@@ -1,0 +1,518 @@
+"""OpenAI Responses (`POST /v1/responses`, `/v1/responses/input_tokens`) on the wire,
+chat-template messages inside. The API the Codex CLI speaks.
+
+Input is a flat list of items. Assistant-side items in a row (`reasoning`, an assistant
+`message`, `function_call`, `custom_tool_call`) are one assistant message; the outputs that
+follow answer its calls by `call_id` and are ordered as the calls are. Free-form `custom` tools
+(Codex's `apply_patch`) are offered to the model as a function with one string parameter and
+turned back into a `custom_tool_call`; `namespace` tools are flattened as `NAMESPACE.NAME`.
+Server-side tools (`web_search`, `tool_search`, ...) are not offered: nothing would run them.
+
+Reasoning round-trips exactly: a reply carries the raw reasoning text as `encrypted_content`
+(clients with `store: false` send it back untouched) and that is what translation reads first.
+Codex echoes every item it was sent dict-equal, arguments byte for byte, so a replayed turn is
+recognized as the generated one without any re-rendering rule.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokentrail.adapter.protocols.common import (
+    OpenCalls,
+    Outcome,
+    WireProtocol,
+    append_system_note,
+    mint_id,
+    pieces,
+    register_protocol,
+    sampling_keys,
+    text_of,
+    tool_schema,
+)
+from tokentrail.adapter.protocols.openai import dump_arguments, parse_arguments
+from tokentrail.errors import RequestError
+from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
+
+ROLES = ("developer", "system", "user", "assistant")
+TEXT = ("input_text", "output_text", "text", "refusal")
+IMAGES = ("input_image", "input_file", "input_audio")
+# The one parameter a free-form tool's input travels in, inside.
+CUSTOM_INPUT = "input"
+# Tools the provider runs itself: offering them to the model would produce calls nobody runs.
+SERVER_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "tool_search",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "computer_use_preview",
+        "mcp",
+        "local_shell",
+    }
+)
+# History items those tools leave behind; rendered as text, never refused.
+SERVER_ITEMS = frozenset(
+    {
+        "web_search_call",
+        "tool_search_call",
+        "tool_search_output",
+        "file_search_call",
+        "code_interpreter_call",
+        "image_generation_call",
+        "mcp_call",
+        "mcp_list_tools",
+    }
+)
+ASSISTANT_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call"})
+OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
+
+
+@dataclass
+class ToolTable:
+    """How a request's tools map to the functions the template renders, and back."""
+
+    schemas: list[ToolSchema] = field(default_factory=list)
+    custom: set[str] = field(default_factory=set)
+    # Flattened name -> (namespace, name on the wire).
+    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
+    withheld: list[str] = field(default_factory=list)
+
+    def internal_name(self, name: str, namespace: object) -> str:
+        return f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
+
+
+def read_tools(tools: object) -> ToolTable:
+    table = ToolTable()
+    if tools is None:
+        return table
+    if not isinstance(tools, list):
+        raise RequestError("tools must be a list")
+    for pos, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise RequestError(f"tools[{pos}] must be an object")
+        kind = tool.get("type")
+        if kind == "function":
+            table.schemas.append(
+                tool_schema(pos, tool.get("name"), tool.get("description"), tool.get("parameters"))
+            )
+        elif kind == "custom":
+            name = tool.get("name")
+            schema = {
+                "type": "object",
+                "properties": {CUSTOM_INPUT: {"type": "string"}},
+                "required": [CUSTOM_INPUT],
+            }
+            table.schemas.append(tool_schema(pos, name, tool.get("description"), schema))
+            table.custom.add(str(name))
+        elif kind == "namespace":
+            space, members = tool.get("name"), tool.get("tools")
+            if not isinstance(space, str) or not isinstance(members, list):
+                raise RequestError(f"tools[{pos}]: a namespace needs a name and a list of tools")
+            for sub, member in enumerate(members):
+                if not isinstance(member, dict) or member.get("type") != "function":
+                    raise RequestError(f"tools[{pos}].tools[{sub}] must be a function tool")
+                name = member.get("name")
+                flat = f"{space}.{name}"
+                table.schemas.append(
+                    tool_schema(pos, flat, member.get("description"), member.get("parameters"))
+                )
+                table.namespaced[flat] = (space, str(name))
+        elif kind in SERVER_TOOLS:
+            table.withheld.append(str(kind))
+        else:
+            raise RequestError(f"tools[{pos}]: unsupported tool type {kind!r}")
+    return table
+
+
+def _text(content: object, where: str) -> str:
+    return text_of(content, where, text_types=TEXT, image_types=IMAGES)
+
+
+def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
+    """The raw reasoning of an item: our `encrypted_content` first, then its content, then its
+    summary (all a client that never saw our reply can send)."""
+    encrypted = item.get("encrypted_content")
+    if isinstance(encrypted, str) and encrypted:
+        return encrypted
+    for key, kind, joiner in (
+        ("content", "reasoning_text", ""),
+        ("summary", "summary_text", "\n\n"),
+    ):
+        parts = item.get(key)
+        if isinstance(parts, list) and parts:
+            return joiner.join(_text([p], f"{where}.{key}") for p in parts if _is(p, kind))
+    return ""
+
+
+def _is(part: object, kind: str) -> bool:
+    return isinstance(part, dict) and part.get("type") in (kind, "text")
+
+
+class _Builder:
+    """Collects input items into messages, one assistant message per run of assistant items."""
+
+    def __init__(self, tools: ToolTable, calls: OpenCalls) -> None:
+        self.tools = tools
+        self.calls = calls
+        self.messages: list[Message] = []
+        self._assistant: Message | None = None
+        self._call_ids: list[str] = []
+        # Outputs of the open assistant message's calls, by call id, until they are placed.
+        self._outputs: dict[str, Message] = {}
+        # The call ids, in order, of the assistant message the pending outputs answer.
+        self._order: list[str] = []
+
+    def _open_assistant(self) -> Message:
+        if self._assistant is None:
+            self._flush_outputs()
+            self._assistant = {"role": "assistant", "content": ""}
+            self.messages.append(self._assistant)
+            self._call_ids = []
+        return self._assistant
+
+    def _close_assistant(self) -> None:
+        if self._assistant is not None:
+            self.calls.open(self._call_ids)
+            self._assistant = None
+
+    def _flush_outputs(self) -> None:
+        """Tool results in the order of the calls they answer, not the order they came in."""
+        if not self._outputs:
+            return
+        order = {cid: k for k, cid in enumerate(self._order)}
+        for cid in sorted(self._outputs, key=lambda c: order.get(c, len(order))):
+            self.messages.append(self._outputs[cid])
+        self._outputs = {}
+
+    def system(self, text: str) -> None:
+        self._close_assistant()
+        self._flush_outputs()
+        if not self.messages:
+            self.messages.append({"role": "system", "content": text})
+        elif len(self.messages) == 1 and self.messages[0]["role"] == "system":
+            # Codex sends its instructions as several developer messages up front.
+            first = self.messages[0]
+            self.messages[0] = {**first, "content": f"{first['content']}\n\n{text}"}
+        else:
+            append_system_note(self.messages, text)
+
+    def user(self, text: str) -> None:
+        self._close_assistant()
+        self._flush_outputs()
+        self.calls.close_all()
+        self.messages.append({"role": "user", "content": text})
+
+    def reasoning(self, text: str) -> None:
+        msg = self._open_assistant()
+        if self._call_ids or msg.get("content"):
+            # Reasoning after visible output starts the next assistant message.
+            self._close_assistant()
+            msg = self._open_assistant()
+        if text:
+            previous = msg.get("reasoning_content")
+            msg["reasoning_content"] = f"{previous}\n{text}" if previous else text
+
+    def assistant_text(self, text: str) -> None:
+        msg = self._open_assistant()
+        msg["content"] = msg.get("content", "") + text
+
+    def call(self, name: str, arguments: dict[str, Any], call_id: object, where: str) -> None:
+        if not isinstance(call_id, str) or not call_id:
+            raise RequestError(f"{where}: a tool call needs a string call_id")
+        msg = self._open_assistant()
+        call: ToolCall = {"type": "function", "function": {"name": name, "arguments": arguments}}
+        msg.setdefault("tool_calls", []).append(call)
+        self._call_ids.append(call_id)
+
+    def output(self, call_id: object, text: str, where: str) -> None:
+        if self._assistant is not None:
+            self._order = list(self._call_ids)
+            self._close_assistant()
+        self.calls.answer(call_id, where, "tool output")
+        self._outputs[str(call_id)] = {"role": "tool", "content": text}
+
+    def server_item(self, item: Mapping[str, Any]) -> None:
+        note = json.dumps({k: v for k, v in item.items() if k != "id"}, ensure_ascii=False)
+        self.assistant_text(f"[{item.get('type')}: {note}]")
+
+    def finish(self) -> list[Message]:
+        self._close_assistant()
+        self._flush_outputs()
+        return self.messages
+
+
+def translate_request(
+    body: Mapping[str, Any],
+    prior: list[Message] | None = None,
+    prior_calls: list[str] | None = None,
+) -> tuple[Conversation, ToolTable]:
+    """A Responses request to chat-template messages and tools; `prior` is the conversation a
+    `previous_response_id` continues (its last message the response), `prior_calls` that
+    response's call ids."""
+    tools = read_tools(body.get("tools"))
+    calls = OpenCalls()
+    builder = _Builder(tools, calls)
+    builder._order = list(prior_calls or [])
+    if prior:
+        builder.messages.extend(prior)
+        calls.open(prior_calls or [])
+    instructions = body.get("instructions")
+    if instructions is not None and not prior:
+        if not isinstance(instructions, str):
+            raise RequestError("instructions must be a string")
+        if instructions:
+            builder.system(instructions)
+    raw = body.get("input")
+    if isinstance(raw, str):
+        raw = [{"type": "message", "role": "user", "content": raw}]
+    if not isinstance(raw, list):
+        raise RequestError("input must be a string or a list of items")
+    for pos, item in enumerate(raw):
+        _read_item(builder, item, f"input[{pos}]")
+    messages = builder.finish()
+    if not messages:
+        raise RequestError("input must not be empty")
+    return Conversation(messages, tools.schemas or None), tools
+
+
+def _read_item(builder: _Builder, item: object, where: str) -> None:
+    if not isinstance(item, dict):
+        raise RequestError(f"{where} must be an object")
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message":
+        role = item.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}.role must be one of {ROLES}, got {role!r}")
+        text = _text(item.get("content", ""), f"{where}.content")
+        if role == "assistant":
+            builder.assistant_text(text)
+        elif role == "user":
+            builder.user(text)
+        else:
+            builder.system(text)
+    elif kind == "reasoning":
+        builder.reasoning(_reasoning_text(item, where))
+    elif kind == "function_call":
+        name = item.get("name")
+        if not isinstance(name, str):
+            raise RequestError(f"{where}: function_call needs a string name")
+        internal = builder.tools.internal_name(name, item.get("namespace"))
+        arguments = parse_arguments(item.get("arguments", "{}"))
+        builder.call(internal, arguments, item.get("call_id"), where)
+    elif kind == "custom_tool_call":
+        tool, patch = item.get("name"), item.get("input")
+        if not isinstance(tool, str) or not isinstance(patch, str):
+            raise RequestError(f"{where}: custom_tool_call needs a string name and input")
+        builder.call(tool, {CUSTOM_INPUT: patch}, item.get("call_id"), where)
+    elif kind in OUTPUT_ITEMS:
+        builder.output(item.get("call_id"), _text(item.get("output", ""), f"{where}.output"), where)
+    elif kind in SERVER_ITEMS:
+        builder.server_item(item)
+    else:
+        raise RequestError(f"{where}: unsupported input item type {kind!r}")
+
+
+# -- replies --------------------------------------------------------------------------------------
+
+
+def output_items(outcome: Outcome, tools: ToolTable) -> list[dict[str, Any]]:
+    """The `output` of a response: reasoning, the message, then each call, with fresh ids."""
+    message = outcome.message
+    items: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content")
+    if reasoning:
+        items.append(
+            {
+                "type": "reasoning",
+                "id": mint_id("rs_"),
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": reasoning}],
+                "encrypted_content": reasoning,
+            }
+        )
+    if message.get("content"):
+        items.append(
+            {
+                "type": "message",
+                "id": mint_id("msg_"),
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+            }
+        )
+    for call, call_id in zip(message.get("tool_calls") or (), outcome.call_ids, strict=True):
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        if name in tools.custom:
+            text = arguments.get(CUSTOM_INPUT)
+            items.append(
+                {
+                    "type": "custom_tool_call",
+                    "id": mint_id("ctc_"),
+                    "status": "completed",
+                    "call_id": call_id,
+                    "name": name,
+                    "input": text if isinstance(text, str) else dump_arguments(arguments),
+                }
+            )
+            continue
+        item = {
+            "type": "function_call",
+            "id": mint_id("fc_"),
+            "status": "completed",
+            "name": name,
+            "arguments": dump_arguments(arguments),
+            "call_id": call_id,
+        }
+        if name in tools.namespaced:
+            item["namespace"], item["name"] = tools.namespaced[name]
+        items.append(item)
+    return items
+
+
+def response_object(
+    outcome: Outcome, body: Mapping[str, Any], output: list[dict[str, Any]], status: str
+) -> dict[str, Any]:
+    length = outcome.finish_reason == "length"
+    return {
+        "id": outcome.reply_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if length else None,
+        "instructions": body.get("instructions"),
+        "model": outcome.model,
+        "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "previous_response_id": body.get("previous_response_id"),
+        "store": body.get("store", True),
+        "metadata": body.get("metadata") or {},
+        "usage": {
+            "input_tokens": outcome.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": outcome.cached_tokens},
+            "output_tokens": outcome.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": outcome.reasoning_tokens},
+            "total_tokens": outcome.prompt_tokens + outcome.output_tokens,
+        },
+    }
+
+
+class _Events:
+    """SSE frames with a running `sequence_number`."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def __call__(self, kind: str, **data: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+
+def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
+    """The SSE frames of a finished response, as the Responses API streams them."""
+    event = _Events()
+    head = {**response, "status": "in_progress", "output": [], "usage": None}
+    yield event("response.created", response=head)
+    yield event("response.in_progress", response=head)
+    for index, item in enumerate(response["output"]):
+        yield from _item_events(event, index, item)
+    yield event("response.completed", response=response)
+
+
+def _item_events(event: _Events, index: int, item: dict[str, Any]) -> Iterator[bytes]:
+    kind, item_id = item["type"], item["id"]
+    at = {"item_id": item_id, "output_index": index}
+    if kind == "reasoning":
+        text = item["content"][0]["text"]
+        yield event("response.output_item.added", output_index=index, item={**item, "content": []})
+        for part in pieces(text):
+            yield event("response.reasoning_text.delta", **at, content_index=0, delta=part)
+        yield event("response.reasoning_text.done", **at, content_index=0, text=text)
+    elif kind == "message":
+        part = item["content"][0]
+        added = {**item, "status": "in_progress", "content": []}
+        yield event("response.output_item.added", output_index=index, item=added)
+        empty = {**part, "text": ""}
+        yield event("response.content_part.added", **at, content_index=0, part=empty)
+        for piece in pieces(part["text"]):
+            yield event(
+                "response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[]
+            )
+        yield event(
+            "response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]
+        )
+        yield event("response.content_part.done", **at, content_index=0, part=part)
+    elif kind == "function_call":
+        added = {**item, "status": "in_progress", "arguments": ""}
+        yield event("response.output_item.added", output_index=index, item=added)
+        for piece in pieces(item["arguments"]):
+            yield event("response.function_call_arguments.delta", **at, delta=piece)
+        yield event("response.function_call_arguments.done", **at, arguments=item["arguments"])
+    else:
+        added = {**item, "status": "in_progress", "input": ""}
+        yield event("response.output_item.added", output_index=index, item=added)
+        for piece in pieces(item["input"]):
+            yield event("response.custom_tool_call_input.delta", **at, delta=piece)
+        yield event("response.custom_tool_call_input.done", **at, input=item["input"])
+    yield event("response.output_item.done", output_index=index, item=item)
+
+
+@register_protocol
+class OpenAIResponses(WireProtocol):
+    name = "responses"
+    turn_path = "/v1/responses"
+    count_tokens_path = "/v1/responses/input_tokens"
+    path_prefixes = ("/v1/responses",)
+
+    def translate(self, body: dict[str, Any]) -> Conversation:
+        return translate_request(body)[0]
+
+    def continues(self, body: Mapping[str, Any]) -> str | None:
+        ref = body.get("previous_response_id")
+        if ref is not None and (not isinstance(ref, str) or not ref):
+            raise RequestError("previous_response_id must be a non-empty string")
+        return ref
+
+    def translate_after(
+        self, body: dict[str, Any], prior: list[Message], prior_calls: list[str]
+    ) -> Conversation:
+        return translate_request(body, prior, prior_calls)[0]
+
+    def withheld_tools(self, body: Mapping[str, Any]) -> list[str]:
+        return read_tools(body.get("tools")).withheld
+
+    def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return sampling_keys(body, "max_output_tokens", "stop")
+
+    def mint_call_id(self) -> str:
+        return mint_id("call_")
+
+    def mint_reply_id(self) -> str:
+        return mint_id("resp_")
+
+    def reply(self, outcome: Outcome) -> dict[str, Any]:
+        tools = read_tools(outcome.body.get("tools"))
+        status = "incomplete" if outcome.finish_reason == "length" else "completed"
+        return response_object(outcome, outcome.body, output_items(outcome, tools), status)
+
+    def stream(self, reply: dict[str, Any], body: Mapping[str, Any]) -> Iterator[bytes]:
+        return stream_events(reply)
+
+    def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+    def count_tokens_reply(self, tokens: int) -> dict[str, Any]:
+        return {"object": "response.input_tokens", "input_tokens": tokens}

@@ -1,0 +1,113 @@
+"""The real Codex CLI (0.169.0, from npm) driven headless against the adapter's Responses API.
+
+The scripted model reads a file, runs two commands in parallel, sends an `apply_patch` that does
+not apply, then one that does, runs the test and answers; a second `codex exec resume` process
+continues the same thread. Codex replays every item it was sent, so the session must stay one
+tree: one sample, every generated token trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from support.codex import CODEX_VERSION, install_codex, run_codex, write_home
+from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.sim.codex import CALC, CODEX_SCRIPT, TEST
+
+SCRIPT = CODEX_SCRIPT
+
+
+@pytest.fixture(scope="module")
+def codex_exe() -> Path:
+    if shutil.which("npm") is None:
+        reason = f"npm is missing: cannot install @openai/codex@{CODEX_VERSION}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        print(f"\n*** SKIPPING the real Codex test: {reason} ***", file=sys.stderr)
+        pytest.skip(reason)
+    exe = install_codex()
+    assert exe is not None
+    return exe
+
+
+@contextmanager
+def serving(adapter: Adapter) -> Iterator[tuple[str, asyncio.AbstractEventLoop]]:
+    """The adapter on loopback in a thread of its own, while a CLI runs in this one."""
+    loop = asyncio.new_event_loop()
+    started: dict = {}
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        started["runner"], started["url"] = loop.run_until_complete(start_server(adapter))
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    try:
+        yield started["url"], loop
+    finally:
+        asyncio.run_coroutine_threadsafe(started["runner"].cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+
+
+def test_real_codex_session_and_its_resume_train_every_token(
+    codex_exe: Path, tokenizer, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "calc.py").write_text(CALC)
+    (work / "test_calc.py").write_text(TEST)
+    adapter = Adapter(engine=ScriptedEngine(tokenizer, SCRIPT), tokenizer=tokenizer)
+    with serving(adapter) as (url, loop):
+        home = write_home(tmp_path / "codex-home", url)
+        first = run_codex(
+            codex_exe, "Space the sum in calc.py.", home=home, session_id="cx", cwd=work
+        )
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert first.thread_id
+        second = run_codex(
+            codex_exe,
+            "Check calc.py once more.",
+            home=home,
+            session_id="cx",
+            cwd=work,
+            resume=first.thread_id,
+        )
+        assert second.returncode == 0, second.stderr[-3000:]
+        trajectory = asyncio.run_coroutine_threadsafe(
+            adapter.finish_trajectory("cx", reward=1.0), loop
+        ).result(60)
+
+    # What Codex ran: the failed patch did not apply, the good one did, byte for byte.
+    assert (work / "calc.py").read_text() == "def add(a, b):\n    return a + b  \n"
+    commands = [c["command"] for c in first.items("command_execution")]
+    assert any("test_calc.py" in c for c in commands)
+    assert "calc.py is as it should be." in [m["text"] for m in second.items("agent_message")]
+
+    ledger = trajectory.ledger
+    assert len(ledger.turns) == len(SCRIPT)
+    assert ledger.generated_tokens > 0
+    assert ledger.trained_tokens == ledger.generated_tokens
+    assert sum(t.trained + t.masked_total for t in ledger.turns) == ledger.generated_tokens
+    # Codex sends every item back as it got it: nothing to restore, nothing forks, and the
+    # resumed process continues the same tree.
+    assert ledger.restored_echoes == 0
+    assert len(trajectory.samples) == 1
+    assert set(trajectory.drift_counts) == {"clean"}
+    assert [t.history for t in ledger.turns[1:]] == ["splice"] * (len(SCRIPT) - 1)
+    by_tool = ledger.by_tool
+    assert by_tool["apply_patch"]["turns"] == by_tool["apply_patch"]["turns_trained"] == 2
