@@ -1,0 +1,27 @@
+"""The adapter's settings, one dataclass that `tokentrail serve` fills from its flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokentrail.kinds import History, Restore
+
+DEFAULT_MAX_BODY = 64 * 1024 * 1024
+
+
+@dataclass
+class AdapterConfig:
+    model_name: str = "tokentrail"
+    tool_parser: str | None = "hermes"
+    reasoning_parser: str | None = "qwen3"
+    max_turns_per_session: int = 0
+    max_context_tokens: int = 0
+    admin_token: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    restore: Restore = Restore.ON
+    history: History = History.SPLICE
+    # Check a spliced tail against the full render every this many splices (1: every turn).
+    splice_verify_every: int = 8
+    default_max_tokens: int = 4096
+    # Warn once per finished session whose tool-call turns lost more than this share.
+    masked_warning_threshold: float = 0.05
