@@ -1,32 +1,41 @@
-"""Adapter throughput and overhead under concurrent sessions, scripted engine.
+"""Adapter throughput under concurrent sessions: a `tokentrail serve` process, and a client in a
+process of its own sending pre-serialized request bodies.
 
-Concurrent Claude-Code-style sessions (default 8 x 32 turns) drive one adapter over loopback
-HTTP. Reported: requests per second, and the adapter's own time per request (every stage but the
-engine's) at p50/p99, for the Rust core and the pure-Python reference backend.
+One Claude-Code-style session (scripted engine, Claude Code's tool list, tool results padded so
+the context grows to `--context` tokens over `--turns` turns) is recorded once; the client then
+replays its bodies for `--sessions` sessions at once (each under its own API key), every session
+sending its next request as soon as the previous reply arrives. The scripted engine reproduces
+the recorded outputs, so every replayed turn is the turn the bodies expect.
 
-    python benches/adapter_load.py [--sessions 8] [--turns 32]
+Reported: turns per second over the whole run, the client's latency per request (p50/p99), and
+from the server's own `/metrics` the time its stages took, with the scripted engine's share
+apart (it tokenizes its reply; a real engine's cost is elsewhere).
+
+    python benches/adapter_load.py [--sessions 32] [--turns 32] [--context 16384]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import platform
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
+from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
-
-from tokentrail.adapter.server import Adapter, start_server
-from tokentrail.engines.scripted import ScriptedEngine
-from tokentrail.sim.harness import HarnessSim, Workspace
-from tokentrail.text.tokenizer import load_tokenizer
-from tokentrail.trajectory.manager import TrajectoryManager
+from sessions import claude_code_tools
 
 TASK = "Refactor the package: read, edit and test every module."
+ADMIN = "bench-admin"
 
 
 def long_script(turns: int) -> list[list[dict[str, Any]]]:
@@ -38,22 +47,14 @@ def long_script(turns: int) -> list[list[dict[str, Any]]]:
         if kind == 0:
             call = {"name": "Read", "input": {"file_path": path}}
         elif kind == 1:
-            call = {
-                "name": "Edit",
-                "input": {
-                    "file_path": path,
-                    "old_string": "x = 0",
-                    "new_string": f"x = 0\n# step {k}   ",
-                },
-            }
+            edit = {"file_path": path, "old_string": "x = 0", "new_string": f"x = 0\n# step {k}   "}
+            call = {"name": "Edit", "input": edit}
         elif kind == 2:
             body = "".join(f"def f{j}(a):   \n    return a + {j}\n" for j in range(8))
             call = {"name": "Write", "input": {"file_path": path, "content": body}}
         else:
-            call = {
-                "name": "Bash",
-                "input": {"command": f"pytest -q tests/test_{k}.py", "description": "run tests"},
-            }
+            command = {"command": f"pytest -q tests/test_{k}.py", "description": "run tests"}
+            call = {"name": "Bash", "input": command}
         replies.append(
             [
                 {"type": "thinking", "thinking": f"Step {k}: working on {path} carefully."},
@@ -65,73 +66,175 @@ def long_script(turns: int) -> list[list[dict[str, Any]]]:
     return replies
 
 
-async def run(backend: str, sessions: int, turns: int, tokenizer: Any) -> dict[str, float]:
-    manager = TrajectoryManager(backend=backend)
-    adapter = Adapter(
-        engine=ScriptedEngine(tokenizer, long_script(turns)), tokenizer=tokenizer, manager=manager
-    )
-    files = {f"mod{j}.py": "x = 0\n" for j in range(4)}
-    runner, url = await start_server(adapter)
-    try:
-        connector = aiohttp.TCPConnector(limit=sessions * 2)
-        async with aiohttp.ClientSession(connector=connector) as http:
-            sims = [
-                HarnessSim(url, f"s{i}", workspace=Workspace(dict(files)), max_requests=turns)
-                for i in range(sessions)
-            ]
-            start = time.perf_counter()
-            results = await asyncio.gather(*(sim.run(TASK, http) for sim in sims))
-            elapsed = time.perf_counter() - start
-        t0 = time.perf_counter()
-        for i in range(sessions):
-            await adapter.finish_trajectory(f"s{i}")
-        finish_s = time.perf_counter() - t0
-    finally:
-        await runner.cleanup()
-    requests = sum(r.requests for r in results)
-    overhead = np.array([t.overhead for t in adapter.timings]) * 1e3
-    return {
-        "requests": requests,
-        "rps": requests / elapsed,
-        "p50": float(np.percentile(overhead, 50)),
-        "p99": float(np.percentile(overhead, 99)),
-        "finish_ms": finish_s * 1e3 / sessions,
-    }
+def record_bodies(script: list, turns: int, context: int) -> list[bytes]:
+    """The bodies one session sends, recorded against an in-process adapter."""
+    from aiohttp import web
 
+    from tokentrail.adapter.server import Adapter, start_server
+    from tokentrail.engines.scripted import ScriptedEngine
+    from tokentrail.sim.harness import HarnessSim, Workspace
+    from tokentrail.text.tokenizer import load_tokenizer
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--turns", type=int, default=32)
-    args = parser.parse_args()
     tokenizer = load_tokenizer()
-    rows = {
-        b: asyncio.run(run(b, args.sessions, args.turns, tokenizer)) for b in ("rust", "python")
+    bodies: list[bytes] = []
+
+    @web.middleware
+    async def capture(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "POST" and request.path == "/v1/messages":
+            bodies.append(await request.read())
+        return await handler(request)
+
+    async def run() -> None:
+        adapter = Adapter(engine=ScriptedEngine(tokenizer, script), tokenizer=tokenizer)
+        adapter.app.middlewares.insert(0, capture)
+        runner, url = await start_server(adapter)
+        try:
+            files = {f"mod{j}.py": "x = 0\n" for j in range(4)}
+            # Results padded so the prompt reaches about `context` tokens (~2 characters each).
+            workspace = Workspace(files, result_chars=max(0, 2 * context // turns - 200))
+            tools, _ = claude_code_tools()
+            sim = HarnessSim(url, "rec", workspace=workspace, tools=tools, max_requests=turns)
+            await sim.run(TASK)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(run())
+    return bodies
+
+
+# -- the client, in its own process --------------------------------------------------------------
+
+
+async def client(url: str, bodies: list[bytes], sessions: int) -> dict[str, Any]:
+    import aiohttp
+
+    latencies: list[float] = []
+
+    async def session(http: aiohttp.ClientSession, sid: str) -> None:
+        headers = {
+            "Authorization": f"Bearer {sid}",
+            "Content-Type": "application/json",
+            "anthropic-version": "2023-06-01",
+        }
+        for body in bodies:
+            start = time.perf_counter()
+            async with http.post(f"{url}/v1/messages", data=body, headers=headers) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{sid}: HTTP {resp.status}")
+            latencies.append(time.perf_counter() - start)
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(session(http, f"load-{i}") for i in range(sessions)))
+        elapsed = time.perf_counter() - start
+    ms = np.array(latencies) * 1e3
+    return {
+        "turns": len(latencies),
+        "elapsed": elapsed,
+        "p50": float(np.percentile(ms, 50)),
+        "p99": float(np.percentile(ms, 99)),
     }
+
+
+def _client_main(url: str, bodies_file: str, sessions: int) -> None:
+    bodies = [bytes.fromhex(h) for h in json.loads(Path(bodies_file).read_text())]
+    print(json.dumps(asyncio.run(client(url, bodies, sessions))))
+
+
+# -- the orchestration ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError("tokentrail serve exited")
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError("tokentrail serve did not come up")
+
+
+def stage_seconds(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("tokentrail_stage_duration_seconds_sum{"):
+            stage = line.split('stage="', 1)[1].split('"', 1)[0]
+            out[stage] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=32)
+    parser.add_argument("--context", type=int, default=16_384)
+    parser.add_argument("--backend", default="rust", choices=["rust", "python"])
+    parser.add_argument("--client", nargs=2, metavar=("URL", "BODIES"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        _client_main(args.client[0], args.client[1], args.sessions)
+        return 0
+    logging.getLogger("tokentrail").setLevel(logging.ERROR)
+    script = long_script(args.turns)
+    bodies = record_bodies(script, args.turns, args.context)
+    with tempfile.TemporaryDirectory() as tmp:
+        script_file, bodies_file = Path(tmp) / "script.json", Path(tmp) / "bodies.json"
+        script_file.write_text(json.dumps(script))
+        bodies_file.write_text(json.dumps([b.hex() for b in bodies]))
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "TOKENTRAIL_BACKEND": args.backend}
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tokentrail", "serve", "--port", str(port),
+             "--engine", f"scripted:{script_file}", "--admin-token", ADMIN],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            _wait(url, server)
+            out = subprocess.run(
+                [sys.executable, __file__, "--sessions", str(args.sessions),
+                 "--client", url, str(bodies_file)],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            result = json.loads(out)
+            stages = stage_seconds(url)
+        finally:
+            server.terminate()
+            server.wait(30)
+    engine = stages.pop("engine", 0.0)
+    adapter = sum(stages.values())
+    turns = result["turns"]
+    last_kb = len(bodies[-1]) / 1e3
     print(
-        f"adapter load: {args.sessions} concurrent sessions x {args.turns} turns, scripted engine"
+        f"adapter load: {args.sessions} concurrent sessions x {len(bodies)} turns, last body "
+        f"{last_kb:.0f} KB; server `tokentrail serve` ({args.backend} core), client in its own "
+        "process"
+    )
+    print(f"{'turns':>7}{'turns/s':>10}{'client p50 ms':>15}{'p99 ms':>9}"
+          f"{'adapter ms/turn':>17}{'scripted engine ms/turn':>25}")  # fmt: skip
+    print(
+        f"{turns:>7}{turns / result['elapsed']:>10.0f}{result['p50']:>15.2f}{result['p99']:>9.2f}"
+        f"{adapter * 1e3 / turns:>17.2f}{engine * 1e3 / turns:>25.2f}"
     )
     print(
-        f"{'backend':<10}{'requests':>9}{'req/s':>9}{'overhead p50 ms':>17}{'p99 ms':>9}"
-        f"{'finish ms/session':>19}"
-    )
-    for name, r in rows.items():
-        print(
-            f"{name:<10}{r['requests']:>9}{r['rps']:>9.1f}{r['p50']:>17.2f}{r['p99']:>9.2f}"
-            f"{r['finish_ms']:>19.2f}"
-        )
-    rust, py = rows["rust"], rows["python"]
-    print(
-        f"{'ratio':<10}{'':>9}{rust['rps'] / py['rps']:>8.2f}x{py['p50'] / rust['p50']:>16.2f}x"
-        f"{py['p99'] / rust['p99']:>8.2f}x{py['finish_ms'] / rust['finish_ms']:>18.2f}x"
-    )
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+        f"machine: {platform.machine()}, {os.cpu_count()} cores (server and client share them), "
         f"{platform.python_implementation()} {platform.python_version()}"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    # The per-session lost-signal warnings would interleave with the table.
-    logging.getLogger("tokentrail").setLevel(logging.ERROR)
-    main()
+    sys.exit(main())

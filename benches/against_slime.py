@@ -1,0 +1,193 @@
+"""tokentrail next to slime's own agent pipeline, on the same recorded sessions.
+
+The sessions (`sessions.py`): a Claude-Code-like harness with Claude Code's real tool list and
+echo rewrites, 128 turns growing to about 64K prompt tokens, one Bash/Edit/Read/Write call and
+about 1,000 characters of tool output per turn; the raw request bodies are kept as sent.
+
+Per turn, both sides start from the body bytes and end with the turn recorded:
+- slime: `json.loads`, the request translated to chat messages, transformers'
+  `apply_chat_template(tokenize=True)` (jinja render and a full encode with the same
+  `tokenizers` vocabulary), then slime's `TrajectoryManager.record_turn`; finish is its
+  `get_trajectory`. This is slime's agent-adapter path (`slime/agent/adapters/common.py`).
+- tokentrail: `json.loads`, the protocol's translation, `TurnPipeline.prepare` (echo restore,
+  splice or incremental render) and `.record`; finish is `TrajectoryManager.finish`.
+The sampled outputs and their parsed messages are computed once, outside the timings.
+Memory is what the session holds before finish (Python allocations, tracemalloc, plus the Rust
+store's buffers).
+
+    python benches/against_slime.py --slime PATH_TO_A_SLIME_CHECKOUT [--turns 128 --context 65536]
+
+The bench does not vendor slime: without `--slime` it says how to get a checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import platform
+import sys
+import time
+import tracemalloc
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sessions import RecordedTurn, claude_code_tools, record_session
+
+from tokentrail.adapter.protocols.anthropic import AnthropicMessages
+from tokentrail.text.parsing import parse_output
+from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
+from tokentrail.trajectory.manager import TrajectoryManager
+from tokentrail.trajectory.pipeline import TurnPipeline
+
+PROTOCOL = AnthropicMessages()
+
+
+@dataclass
+class Sampled:
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+def parsed_replies(tokenizer: LoadedTokenizer, turns: list[RecordedTurn]) -> list[dict[str, Any]]:
+    end = tokenizer.end_token_ids
+    out = []
+    for t in turns:
+        ids = [i for i in t.output_ids if i not in end]
+        out.append(dict(parse_output(tokenizer.decode(ids)).message))
+    return out
+
+
+def run_tokentrail(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: list) -> dict:
+    manager = TrajectoryManager()
+    pipeline = TurnPipeline(manager, tokenizer)
+    times = []
+    for turn, reply in zip(turns, replies, strict=True):
+        start = time.perf_counter()
+        conversation = PROTOCOL.translate(json.loads(turn.body))
+        prepared = pipeline.prepare("s", conversation)
+        pipeline.record(
+            prepared, Sampled(turn.output_ids, turn.logprobs, turn.finish_reason), reply
+        )
+        times.append(time.perf_counter() - start)
+    return {"times": times, "finish": lambda: manager.finish("s"), "manager": manager}
+
+
+def run_slime(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: list) -> dict:
+    from slime.agent.trajectory import TrajectoryManager as SlimeManager
+    from slime.agent.trajectory import TurnRecord as SlimeTurn
+    from slime.utils.types import Sample as SlimeSample
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.tokenizer,
+        chat_template=tokenizer.chat_template,
+        eos_token=tokenizer.eos_token,
+        pad_token=tokenizer.pad_token,
+    )
+    manager = SlimeManager()
+    times = []
+    for turn, reply in zip(turns, replies, strict=True):
+        start = time.perf_counter()
+        conversation = PROTOCOL.translate(json.loads(turn.body))
+        messages = [dict(m) for m in conversation.messages]
+        tools = [dict(t) for t in conversation.tools or []] or None
+        prompt_ids = hf.apply_chat_template(
+            messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        manager.record_turn(
+            "s",
+            turn=SlimeTurn(list(prompt_ids), turn.output_ids, turn.finish_reason, turn.logprobs),
+            prompt_messages=messages,
+            response_message=reply,
+        )
+        times.append(time.perf_counter() - start)
+
+    def finish() -> Any:
+        return manager.get_trajectory("s", base_sample=SlimeSample())
+
+    return {"times": times, "finish": finish, "manager": manager}
+
+
+def held_bytes(run: Any, name: str, tokenizer: LoadedTokenizer, turns: list, replies: list) -> int:
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    result = run(tokenizer, turns, replies)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    if name == "tokentrail":
+        held += result["manager"]._sessions["s"].store.heap_bytes()  # noqa: SLF001 - measuring
+    return held
+
+
+def measure(name: str, run: Any, tokenizer: LoadedTokenizer, turns: list, replies: list) -> dict:
+    result = run(tokenizer, turns, replies)
+    start = time.perf_counter()
+    samples = result["finish"]()
+    finish_ms = (time.perf_counter() - start) * 1e3
+    if name == "tokentrail":
+        samples = samples.samples
+    ms = np.array(result["times"]) * 1e3
+    late = ms[len(ms) // 2 :]
+    return {
+        "p50": float(np.percentile(late, 50)),
+        "p99": float(np.percentile(late, 99)),
+        "finish": finish_ms,
+        "memory": held_bytes(run, name, tokenizer, turns, replies),
+        "samples": len(samples),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--slime", default=os.environ.get("SLIME_PATH"), help="a slime checkout")
+    parser.add_argument("--turns", type=int, default=128)
+    parser.add_argument("--context", type=int, default=65_536)
+    args = parser.parse_args()
+    if not args.slime:
+        print(
+            "against_slime needs a slime checkout, which this repository does not vendor:\n"
+            "  git clone https://github.com/THUDM/slime /tmp/slime\n"
+            "  pip install httpx   # slime.utils imports it\n"
+            "  python benches/against_slime.py --slime /tmp/slime"
+        )
+        return 0
+    sys.path.insert(0, args.slime)
+    logging.getLogger("tokentrail").setLevel(logging.ERROR)
+    tokenizer = load_tokenizer()
+    turns = record_session(tokenizer, args.turns, args.context)
+    replies = parsed_replies(tokenizer, turns)
+    slime = measure("slime", run_slime, tokenizer, turns, replies)
+    tt = measure("tokentrail", run_tokentrail, tokenizer, turns, replies)
+    _, tools = claude_code_tools()
+    last = len(json.loads(turns[-1].body)["messages"])
+    print(
+        f"{len(turns)} turns, last request {len(turns[-1].body) / 1e3:.0f} KB / {last} messages, "
+        f"tools: {tools}; times over the second half of the session"
+    )
+    print(f"{'':<14}{'slime':>12}{'tokentrail':>12}{'ratio':>9}")
+    for key, label, unit in (
+        ("p50", "prep p50", "ms"),
+        ("p99", "prep p99", "ms"),
+        ("finish", "finish", "ms"),
+        ("memory", "memory", "MB"),
+    ):
+        scale = 1e-6 if unit == "MB" else 1.0
+        a, b = slime[key] * scale, tt[key] * scale
+        print(f"{label + ' ' + unit:<14}{a:>12.2f}{b:>12.2f}{a / b:>8.1f}x")
+    print(f"{'samples':<14}{slime['samples']:>12}{tt['samples']:>12}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+        f"{platform.python_implementation()} {platform.python_version()}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
