@@ -27,23 +27,28 @@ from tokentrail.adapter.sessions import Session, Sessions
 from tokentrail.engines.base import Engine, GenerateRequest, Generation, SamplingParams
 from tokentrail.errors import (
     AuthenticationError,
+    ContextTooLong,
     EngineError,
+    EngineLimit,
     RequestError,
     RequestTooLarge,
     SessionError,
     UpstreamError,
 )
 from tokentrail.kinds import History, Restore, Stage
-from tokentrail.messages import Message
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import Trajectory, TrajectoryManager
-from tokentrail.trajectory.pipeline import PreparedTurn, TurnPipeline, TurnTiming
+from tokentrail.trajectory.pipeline import ParsedTurn, PreparedTurn, TurnPipeline, TurnTiming
 from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.side import KNOWN_SIDE_PROMPTS, SideRules
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
+# A request carrying this header (any value but "" or "0") is a side conversation: served and
+# journaled, its tokens masked as `excluded` (see `trajectory.side`).
+EXCLUDE_HEADER = "X-Tokentrail-Exclude"
 
 
 @dataclass
@@ -62,6 +67,15 @@ class AdapterConfig:
     default_max_tokens: int = 4096
     # Warn once per finished session whose tool-call turns lost more than this share.
     masked_warning_threshold: float = 0.05
+    # Side conversations excluded from training in every session: regular expressions searched
+    # in a conversation's first message; `exclude_known_side_requests` adds
+    # `side.KNOWN_SIDE_PROMPTS` (the side requests of Qwen Code and hermes-agent).
+    exclude_patterns: tuple[str, ...] = ()
+    exclude_known_side_requests: bool = False
+
+    def side_patterns(self) -> list[str]:
+        known = list(KNOWN_SIDE_PROMPTS.values()) if self.exclude_known_side_requests else []
+        return [*self.exclude_patterns, *known]
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -93,6 +107,7 @@ class Adapter:
             splice_verify_every=config.splice_verify_every,
             tool_parser=config.tool_parser,
             reasoning_parser=config.reasoning_parser,
+            side_rules=SideRules.compile(config.side_patterns()),
         )
         self.metrics = Metrics()
         self.journal = journal
@@ -141,10 +156,12 @@ class Adapter:
         sampling_defaults: dict[str, Any] | None = None,
         max_context_tokens: int = 0,
         history: History | str | None = None,
+        exclude_patterns: list[str] | None = None,
     ) -> None:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` overrides the adapter's for this session."""
-        self.sessions.open(sid, sampling_defaults, max_context_tokens, history)
+        `history` overrides the adapter's for this session, `exclude_patterns` exclude its
+        side conversations (beside the adapter's own patterns)."""
+        self.sessions.open(sid, sampling_defaults, max_context_tokens, history, exclude_patterns)
 
     async def finish_trajectory(
         self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
@@ -269,19 +286,23 @@ class Adapter:
             .merged(proto.sampling(body))
         )
         timing.lap(Stage.TRANSLATE)
-        prepared = self.pipeline.prepare(sid, conversation, history=session.history, timing=timing)
+        header = request.headers.get(EXCLUDE_HEADER, "")
+        prepared = self.pipeline.prepare(
+            sid,
+            conversation,
+            history=session.history,
+            timing=timing,
+            exclude=header if header not in ("", "0") else None,
+            side_rules=session.side_rules,
+        )
         self.metrics.restored(prepared.restored_tools)
+        self.metrics.dropped_media(conversation.dropped_media)
         if prepared.fallback is not None:
             self.metrics.splice_fallback(prepared.fallback)
 
-        limit = session.max_context_tokens or self.config.max_context_tokens
-        if limit and len(prepared.prompt_ids) > limit:
-            # Over the context window: answer `length` without generating; nothing to record.
-            empty: Message = {"role": "assistant", "content": ""}
-            outcome = Outcome(
-                self.config.model_name, empty, [], "length", len(prepared.prompt_ids), 0
-            )
-            return await write_reply(request, proto, proto.reply(outcome), stream, body)
+        check_can_generate(
+            prepared, session.max_context_tokens or self.config.max_context_tokens, self.engine
+        )
 
         rid = uuid.uuid4().hex
         generation = await self._generate(prepared, sampling, sid, rid)
@@ -292,40 +313,29 @@ class Adapter:
         message = parsed.message
         outcome = Outcome(
             self.config.model_name,
-            message,
-            [proto.mint_call_id() for _ in message.get("tool_calls") or ()],
+            parsed.reply,
+            [proto.mint_call_id() for _ in parsed.reply.get("tool_calls") or ()],
             generation.finish_reason,
             len(prepared.prompt_ids),
             len(generation.output_ids),
             output_ids=list(generation.output_ids),
             logprobs=list(generation.logprobs),
         )
+        if proto.wants_logprobs(body):
+            outcome.token_logprobs = token_logprobs(self.tokenizer, generation)
         reply = proto.reply(outcome)
         metadata = {
             "protocol": proto.name,
             "request_id": rid,
             "ill_formed": parsed.reason,
             "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
+            **prepared.tags,
         }
         # Journaled before the reply leaves: a crash after the client got it must not lose the
         # turn. A reply that never reaches the client retracts it again.
         seq = None
         if self.journal is not None:
-            seq = self.journal.turn(
-                sid,
-                translated=conversation.messages,
-                prompt_messages=prepared.record_messages,
-                response_message=message,
-                tools=conversation.tools,
-                prompt_ids=prepared.prompt_ids,
-                output_ids=generation.output_ids,
-                logprobs=generation.logprobs,
-                finish_reason=generation.finish_reason,
-                ill_formed=parsed.ill_formed,
-                metadata=metadata,
-                history=prepared.history,
-                fallback=prepared.fallback,
-            )
+            seq = journal_turn(self.journal, prepared, generation, parsed, metadata)
         try:
             response = await write_reply(request, proto, reply, stream, body)
         except (ConnectionResetError, asyncio.CancelledError):
@@ -352,6 +362,7 @@ class Adapter:
             request_id=rid,
             messages=prepared.record_messages,
             tools=prepared.tools,
+            constraint=prepared.constraint,
         )
         try:
             generation = await self.engine.generate(request)
@@ -359,6 +370,60 @@ class Adapter:
             await self.engine.abort(rid)
             raise UpstreamError(f"engine error: {exc}") from None
         return generation
+
+
+def journal_turn(
+    journal: Journal,
+    prepared: PreparedTurn,
+    generation: Generation,
+    parsed: ParsedTurn,
+    metadata: dict[str, Any],
+) -> int:
+    """Journal a served turn (before its reply leaves); returns its sequence number."""
+    return journal.turn(
+        prepared.sid,
+        translated=prepared.conversation.messages,
+        prompt_messages=prepared.record_messages,
+        response_message=parsed.message,
+        tools=prepared.conversation.tools,
+        prompt_ids=prepared.prompt_ids,
+        output_ids=generation.output_ids,
+        logprobs=generation.logprobs,
+        finish_reason=generation.finish_reason,
+        ill_formed=parsed.ill_formed,
+        metadata=metadata,
+        history=prepared.history,
+        fallback=prepared.fallback,
+    )
+
+
+def check_can_generate(prepared: PreparedTurn, context_limit: int, engine: Engine) -> None:
+    """Refuse, before generating, a prompt over the context limit (as the real APIs do, so the
+    harness compacts) and a forced tool call the engine cannot constrain itself to."""
+    n = len(prepared.prompt_ids)
+    if context_limit and n > context_limit:
+        raise ContextTooLong(
+            f"prompt is too long: {n} tokens > {context_limit} maximum (this model's maximum "
+            f"context length is {context_limit} tokens)"
+        )
+    if prepared.constraint is not None and not getattr(engine, "supports_constraints", False):
+        raise EngineLimit(
+            f"tool_choice forces {prepared.constraint.wants}, but the {engine.name} engine "
+            "cannot constrain its output (no structured output)"
+        )
+
+
+def token_logprobs(tokenizer: LoadedTokenizer, generation: Generation) -> list[tuple[str, float]]:
+    """Text and logprob of each sampled token, the end-of-turn token left out (as the OpenAI
+    API leaves it out)."""
+    ids = list(generation.output_ids)
+    end = len(ids)
+    while end and ids[end - 1] in tokenizer.end_token_ids:
+        end -= 1
+    return [
+        (tokenizer.decode([t]), float(lp))
+        for t, lp in zip(ids[:end], generation.logprobs, strict=False)
+    ]
 
 
 async def write_reply(
