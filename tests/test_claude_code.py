@@ -3,8 +3,8 @@
 The scripted model Reads a file, Edits it (trailing whitespace, no `replace_all`), Writes a `.py`
 file with trailing whitespace, runs Bash and ends. Claude Code re-renders the Edit and the Write
 when it replays them; the adapter must restore both, and every turn must train. A second session
-makes parallel calls where one fails and one is slow: Claude Code answers them in the order they
-finished, and each result must still render after its own call.
+makes parallel calls where one fails and one is slow: Claude Code (2.1.332) answers them in the
+order they finished, and each result must still render after its own call.
 """
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
+from support.claude_code import (
+    CLAUDE_CODE_COMPLETION_ORDER_VERSION,
+    CLAUDE_CODE_VERSION,
+    install_claude_code,
+    run_claude,
+)
 from support.serve import serving
 from tokentrail.text.tokenizer import load_tokenizer
 
@@ -62,17 +67,26 @@ def _script(repo: Path) -> list:
     ]
 
 
-@pytest.fixture(scope="module")
-def claude_exe() -> Path:
+def _install(version: str) -> Path:
     if shutil.which("npm") is None:
-        reason = f"npm is missing: cannot install @anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"
+        reason = f"npm is missing: cannot install @anthropic-ai/claude-code@{version}"
         if os.environ.get("CI"):
             pytest.fail(reason)
         print(f"\n*** SKIPPING the real Claude Code test: {reason} ***", file=sys.stderr)
         pytest.skip(reason)
-    exe = install_claude_code()
+    exe = install_claude_code(version=version)
     assert exe is not None
     return exe
+
+
+@pytest.fixture(scope="module")
+def claude_exe() -> Path:
+    return _install(CLAUDE_CODE_VERSION)
+
+
+@pytest.fixture(scope="module")
+def claude_exe_completion_order() -> Path:
+    return _install(CLAUDE_CODE_COMPLETION_ORDER_VERSION)
 
 
 def test_real_claude_code_session_trains_every_edit_and_write(
@@ -137,8 +151,9 @@ def _parallel_script(repo: Path) -> list:
 
 
 def test_real_claude_code_parallel_results_render_after_their_own_calls(
-    claude_exe: Path, tmp_path: Path
+    claude_exe_completion_order: Path, tmp_path: Path
 ) -> None:
+    # Claude Code 2.1.332 answers the three reads as [missing.py (failed), util.py, calc.py].
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "calc.py").write_text("CALC_MARKER = 1\n")
@@ -148,7 +163,7 @@ def test_real_claude_code_parallel_results_render_after_their_own_calls(
     script.write_text(json.dumps(_parallel_script(repo)))
     with serving(script) as served:
         run = run_claude(
-            claude_exe,
+            claude_exe_completion_order,
             "What do calc.py, missing.py and util.py hold?",
             base_url=served.url,
             session_id="cc-parallel",

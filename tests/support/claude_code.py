@@ -18,6 +18,9 @@ from support.headless import run_headless
 from support.npm import npm_install
 
 CLAUDE_CODE_VERSION = "2.1.197"
+# The release that answers parallel tool calls in the order they finished (errors and fast
+# tools first); 2.1.197 still answers them in call order.
+CLAUDE_CODE_COMPLETION_ORDER_VERSION = "2.1.332"
 PACKAGE = "@anthropic-ai/claude-code"
 
 # Environment of every run; nothing else is inherited from the caller but PATH, so a developer's
@@ -51,12 +54,11 @@ class ClaudeRun:
         return next((e for e in reversed(self.events) if e.get("type") == "result"), None)
 
 
-def install_claude_code(cache_dir: Path | None = None) -> Path | None:
+def install_claude_code(
+    cache_dir: Path | None = None, version: str = CLAUDE_CODE_VERSION
+) -> Path | None:
     """Install the pinned CLI once and return its executable; None when npm is missing."""
-    return npm_install(
-        PACKAGE, CLAUDE_CODE_VERSION, f"claude-code-{CLAUDE_CODE_VERSION}", _find_executable,
-        cache_dir,
-    )  # fmt: skip
+    return npm_install(PACKAGE, version, f"claude-code-{version}", _find_executable, cache_dir)
 
 
 def _find_executable(prefix: Path) -> Path | None:

@@ -399,10 +399,16 @@ class TurnPipeline:
         return self.splicer.render(messages, tools, add_generation_prompt=True)
 
     def count_tokens(self, conversation: Conversation) -> int:
-        """How many tokens the conversation's full render has (nothing is recorded)."""
-        if not conversation.messages:
+        """How many tokens the conversation's prompt has, a prefill continued as a turn would
+        continue it (nothing is recorded)."""
+        context, prefill = split_prefill(conversation.messages)
+        if not context:
             raise RequestError("the request has no messages to render")
-        return len(self.tokenizer.encode(self.render(conversation.messages, conversation.tools)))
+        if prefill is not None:
+            end = self.tokenizer.eos_token
+            text = prefill_text(self.splicer.render, context, prefill, conversation.tools, end)
+            return len(self.tokenizer.encode(text.prompt))
+        return len(self.tokenizer.encode(self.render(context, conversation.tools)))
 
     # -- after the engine -----------------------------------------------------------------------
 
