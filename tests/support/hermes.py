@@ -62,10 +62,15 @@ def install_hermes(cache_dir: Path | None = None) -> Path:
         if marker.exists() and exe.exists():
             return exe
         # A venv cannot be moved once made, so it is made in place; the marker says it is whole.
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(root / "venv")], check=True)
+        # Made without pip (a system Python may lack ensurepip), and filled by this Python's
+        # pip, which installs into another interpreter's environment with `--python`.
+        venv = root / "venv"
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)], check=True
+        )
         pip = subprocess.run(
-            [str(root / "venv" / "bin" / "pip"), "install", "--quiet",
-             "--disable-pip-version-check", f"{PACKAGE}=={HERMES_VERSION}"],
+            [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+             "--quiet", "--disable-pip-version-check", f"{PACKAGE}=={HERMES_VERSION}"],
             capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         if pip.returncode != 0 or not exe.exists():
