@@ -2,24 +2,30 @@
 
 The scripted model Reads a file, Edits it (trailing whitespace, no `replace_all`), Writes a `.py`
 file with trailing whitespace, runs Bash and ends. Claude Code re-renders the Edit and the Write
-when it replays them; the adapter must restore both, and every turn must train.
+when it replays them; the adapter must restore both, and every turn must train. A second session
+makes parallel calls where one fails and one is slow: Claude Code (2.1.332) answers them in the
+order they finished, and each result must still render after its own call.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
+from support.claude_code import (
+    CLAUDE_CODE_COMPLETION_ORDER_VERSION,
+    CLAUDE_CODE_VERSION,
+    install_claude_code,
+    run_claude,
+)
+from support.serve import serving
+from tokentrail.text.tokenizer import load_tokenizer
 
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
 
@@ -61,37 +67,26 @@ def _script(repo: Path) -> list:
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tokentrail serve exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError("tokentrail serve did not come up")
-
-
-@pytest.fixture(scope="module")
-def claude_exe() -> Path:
+def _install(version: str) -> Path:
     if shutil.which("npm") is None:
-        reason = f"npm is missing: cannot install @anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"
+        reason = f"npm is missing: cannot install @anthropic-ai/claude-code@{version}"
         if os.environ.get("CI"):
             pytest.fail(reason)
         print(f"\n*** SKIPPING the real Claude Code test: {reason} ***", file=sys.stderr)
         pytest.skip(reason)
-    exe = install_claude_code()
+    exe = install_claude_code(version=version)
     assert exe is not None
     return exe
+
+
+@pytest.fixture(scope="module")
+def claude_exe() -> Path:
+    return _install(CLAUDE_CODE_VERSION)
+
+
+@pytest.fixture(scope="module")
+def claude_exe_completion_order() -> Path:
+    return _install(CLAUDE_CODE_COMPLETION_ORDER_VERSION)
 
 
 def test_real_claude_code_session_trains_every_edit_and_write(
@@ -102,46 +97,18 @@ def test_real_claude_code_session_trains_every_edit_and_write(
     (repo / "calc.py").write_text(CALC)
     script = tmp_path / "script.json"
     script.write_text(json.dumps(_script(repo)))
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tokentrail",
-            "serve",
-            "--port",
-            str(port),
-            "--engine",
-            f"scripted:{script}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        _wait_healthy(url, server)
+    with serving(script) as served:
         run = run_claude(
             claude_exe,
             "Fix the spacing in calc.py and add util.py with mul().",
-            base_url=url,
+            base_url=served.url,
             session_id="cc-session",
             cwd=repo,
             timeout=180,
         )
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.result is not None and "util.py" in run.result.get("result", "")
-
-        req = urllib.request.Request(
-            f"{url}/tokentrail/sessions/cc-session/finish",
-            data=json.dumps({"reward": 1.0}).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            finished = json.loads(resp.read())
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+        finished = served.finish("cc-session")
 
     # The edits happened on disk, as Claude Code ran them (right-stripped).
     assert (repo / "calc.py").read_text() == (
@@ -159,4 +126,63 @@ def test_real_claude_code_session_trains_every_edit_and_write(
     # Claude Code rewrote exactly the Edit (default + strip) and the .py Write (strip).
     assert ledger["restored_echoes"] == 2
     assert ledger["restored_by_tool"] == {"Edit": 1, "Write": 1}
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]
+
+
+def _parallel_script(repo: Path) -> list:
+    calc, missing, util, notes = (
+        str(repo / n) for n in ("calc.py", "missing.py", "util.py", "NOTES.txt")
+    )
+    slow = "python3 -c \"import time; time.sleep(2); print('slow done')\""
+    return [
+        [
+            {"type": "text", "text": "Reading all three."},
+            {"type": "tool_use", "name": "Read", "input": {"file_path": calc}},
+            {"type": "tool_use", "name": "Read", "input": {"file_path": missing}},
+            {"type": "tool_use", "name": "Read", "input": {"file_path": util}},
+        ],
+        [
+            {"type": "tool_use", "name": "Bash",
+             "input": {"command": slow, "description": "Run the slow check"}},
+            {"type": "tool_use", "name": "Read", "input": {"file_path": notes}},
+        ],
+        [{"type": "text", "text": "calc.py adds, util.py multiplies, missing.py is missing."}],
+    ]  # fmt: skip
+
+
+def test_real_claude_code_parallel_results_render_after_their_own_calls(
+    claude_exe_completion_order: Path, tmp_path: Path
+) -> None:
+    # Claude Code 2.1.332 answers the three reads as [missing.py (failed), util.py, calc.py].
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("CALC_MARKER = 1\n")
+    (repo / "util.py").write_text("UTIL_MARKER = 2\n")
+    (repo / "NOTES.txt").write_text("NOTES_MARKER\n")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(_parallel_script(repo)))
+    with serving(script) as served:
+        run = run_claude(
+            claude_exe_completion_order,
+            "What do calc.py, missing.py and util.py hold?",
+            base_url=served.url,
+            session_id="cc-parallel",
+            cwd=repo,
+            timeout=180,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        finished = served.finish("cc-parallel")
+
+    (sample,) = finished["samples"]
+    prompt = load_tokenizer().decode(sample["tokens"])
+    responses = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", prompt, re.S)
+    # Each result in its call's place: calc, missing (failed: the error marker), util; then the
+    # slow Bash before the fast Read that finished first.
+    assert len(responses) == 5, prompt
+    assert "CALC_MARKER" in responses[0]
+    assert responses[1].startswith("Error: ") and "does not exist" in responses[1]
+    assert "UTIL_MARKER" in responses[2]
+    assert "slow done" in responses[3]
+    assert "NOTES_MARKER" in responses[4]
+    ledger = finished["ledger"]
     assert ledger["trained_tokens"] == ledger["generated_tokens"]

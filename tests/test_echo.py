@@ -146,10 +146,15 @@ def test_write_echo_right_strips_every_line(cc_tools: list[dict[str, Any]]) -> N
 
 
 def test_line_structure_is_kept() -> None:
-    a = {"role": "assistant", "content": "x  \n\t\n"}
-    assert is_echo(a, {"role": "assistant", "content": "x\n\n"}, None)
-    assert not is_echo(a, {"role": "assistant", "content": "x\n"}, None)
-    assert not is_echo(a, {"role": "assistant", "content": "x"}, None)
+    a = {"role": "assistant", "content": "x  \n\t\ny"}
+    assert is_echo(a, {"role": "assistant", "content": "x\n\ny"}, None)
+    assert not is_echo(a, {"role": "assistant", "content": "x\ny"}, None)
+    assert not is_echo(a, {"role": "assistant", "content": "xy"}, None)
+    # Argument strings keep it at their ends too: only the message's own text is stripped there.
+    write = call("Write", {"content": "x  \n\t\n"})
+    assert is_echo(write, call("Write", {"content": "x\n\n"}), None)
+    assert not is_echo(write, call("Write", {"content": "x\n"}), None)
+    assert not is_echo(write, call("Write", {"content": "x"}), None)
 
 
 def test_carriage_returns_count_as_trailing_whitespace() -> None:
@@ -418,10 +423,15 @@ def test_identifiers_are_not_stripped() -> None:
     )
 
 
-def test_arguments_as_a_json_string_are_compared_as_text(cc_tools: list[dict[str, Any]]) -> None:
+def test_arguments_as_a_json_string_are_the_object_they_encode(
+    cc_tools: list[dict[str, Any]],
+) -> None:
     text = json.dumps({"file_path": "/f", "old_string": "a", "new_string": "b"})
     filled = json.dumps({"file_path": "/f", "old_string": "a", "new_string": "b", "replace_all": 0})
+    defaulted = json.dumps({"replace_all": False, "new_string": "b", "old_string": "a",
+                            "file_path": "/f"}, separators=(",", ":"))  # fmt: skip
     assert is_echo(call("Edit", text + "  "), call("Edit", text), cc_tools)
+    assert is_echo(call("Edit", text), call("Edit", defaulted), cc_tools)
     assert not is_echo(call("Edit", text), call("Edit", filled), cc_tools)
 
 
@@ -662,3 +672,115 @@ def test_a_changed_argument_is_never_an_echo(schema: dict[str, Any], data: st.Da
     assert not is_echo(
         call("T", {**arguments, "marker": "x"}), call("T", {**arguments, "marker": "y"}), tools
     )
+
+
+# --- what OpenAI-compatible harnesses drop or normalise (hermes-agent, Qwen Code) -------------
+
+
+def think(content: str, reasoning: str | None, *calls: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": name, "arguments": args}}
+            for name, args in calls
+        ]
+    return message
+
+
+WRITE_ARGS = {"path": "calc.py", "content": "def mul(a, b):\n    return a * b  # café\n"}
+# What hermes-agent replays: `json.dumps(json.loads(args), separators=(",", ":"),
+# sort_keys=True)`, ASCII-escaped.
+WRITE_HERMES = json.dumps(WRITE_ARGS, separators=(",", ":"), sort_keys=True)
+WRITE_MODEL = json.dumps(WRITE_ARGS, ensure_ascii=False)
+
+# (case, generated, incoming, is an echo). A case that is not provably the same message is not.
+ECHO_CASES = [
+    (
+        "reasoning dropped (hermes)",
+        think("Adding mul.", "  Let me write calc.py.  \n", ("write_file", WRITE_ARGS)),
+        think("Adding mul.", None, ("write_file", WRITE_ARGS)),
+        True,
+    ),
+    (
+        "reasoning dropped, answer kept (hermes final answer)",
+        think("Added add() to calc.py.", "Done, say so."),
+        think("Added add() to calc.py.", None),
+        True,
+    ),
+    (
+        "reasoning dropped and the content differs",
+        think("Adding mul.", "plan", ("write_file", WRITE_ARGS)),
+        think("Adding div.", None, ("write_file", WRITE_ARGS)),
+        False,
+    ),
+    (
+        "reasoning dropped and an argument differs",
+        think("", "plan", ("write_file", WRITE_ARGS)),
+        think("", None, ("write_file", {**WRITE_ARGS, "path": "util.py"})),
+        False,
+    ),
+    (
+        "reasoning trimmed at both ends (Qwen Code)",
+        think("", "\n  The old string was wrong; retry.  \n", ("edit", {"old_string": "a"})),
+        think("", "The old string was wrong; retry.", ("edit", {"old_string": "a"})),
+        True,
+    ),
+    ("reasoning changed", think("x", "think A"), think("x", "think B"), False),
+    ("reasoning the model never wrote", think("x", None), think("x", "added"), False),
+    ("an empty reasoning is none (deepseek's ' ')", think("x", None), think("x", " "), True),
+    (
+        "content stripped at both ends (hermes)",
+        think("  I'll add add() to calc.py.\n", None),
+        think("I'll add add() to calc.py.", None),
+        True,
+    ),
+    ("content stripped to nothing", think("\n", None), think("", None), True),
+    ("inner whitespace of the content changed", think("a  b", None), think("a b", None), False),
+    (
+        "leading whitespace of an argument (code indentation)",
+        think("", None, ("write_file", {"content": "    return 1\n"})),
+        think("", None, ("write_file", {"content": "return 1\n"})),
+        False,
+    ),
+    (
+        "arguments re-serialized: sorted, compact, \\u-escaped (hermes)",
+        think("", None, ("write_file", WRITE_MODEL)),
+        think("", None, ("write_file", WRITE_HERMES)),
+        True,
+    ),
+    (
+        "arguments as a dict, echoed as a JSON string",
+        think("", None, ("write_file", WRITE_ARGS)),
+        think("", None, ("write_file", WRITE_HERMES)),
+        True,
+    ),
+    (
+        "arguments re-serialized with a value changed",
+        think("", None, ("write_file", WRITE_MODEL)),
+        think("", None, ("write_file", WRITE_HERMES.replace("mul", "div"))),
+        False,
+    ),
+    (
+        "arguments that are not JSON stay text",
+        think("", None, ("write_file", '{"path": "calc.py"')),
+        think("", None, ("write_file", '{"path":"calc.py"}')),
+        False,
+    ),
+    (
+        "reasoning dropped, content stripped, arguments re-serialized: all at once",
+        think(" Adding mul.\n", "plan it", ("write_file", WRITE_MODEL)),
+        think("Adding mul.", None, ("write_file", WRITE_HERMES)),
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("generated", "incoming", "echo"),
+    [pytest.param(g, i, e, id=name) for name, g, i, e in ECHO_CASES],
+)
+def test_echo_case_table(generated: dict, incoming: dict, echo: bool) -> None:
+    assert is_echo(generated, incoming, None) is echo
+    assert (echo_difference(generated, incoming, None) is None) is echo

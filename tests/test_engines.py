@@ -34,6 +34,8 @@ from tokentrail.engines.base import ROUTING_HEADER, SESSION_HEADER
 from tokentrail.engines.http import error_message
 from tokentrail.engines.scripted import CALC_PY, blocks_to_message, scripted_logprob
 from tokentrail.engines.sglang import parse_generate_response
+from tokentrail.errors import EngineLimit
+from tokentrail.text.constraints import forced_tool_call
 from tokentrail.text.parsing import format_output
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
@@ -542,3 +544,76 @@ def test_request_ids_are_unique_by_default() -> None:
     a = GenerateRequest([1], SamplingParams(1), "s")
     b = GenerateRequest([1], SamplingParams(1), "s")
     assert a.request_id != b.request_id
+
+
+# --- forced tool calls: structured-output constraints ------------------------------------------
+
+FORCED = forced_tool_call("hermes", ["Read", "Bash"], reasoning=True)
+
+
+def test_sglang_sends_a_forced_call_as_one_regex_string() -> None:
+    async def go() -> FakeSGLang:
+        async with FakeSGLang(fixed_reply) as srv:
+            engine = SGLangEngine(srv.url)
+            req = request()
+            req.constraint = FORCED
+            try:
+                await engine.generate(req)
+            finally:
+                await engine.close()
+            return srv
+
+    params = run(go()).bodies("/generate")[0]["sampling_params"]
+    assert params["regex"] == FORCED.regex
+    assert not {"json_schema", "ebnf", "structural_tag"} & params.keys()
+
+
+def test_vllm_sends_a_forced_call_as_structured_outputs() -> None:
+    async def go() -> FakeVLLM:
+        async with FakeVLLM(fixed_reply) as srv:
+            engine = VLLMEngine(srv.url, model="m")
+            req = request()
+            req.constraint = FORCED
+            try:
+                await engine.generate(req)
+            finally:
+                await engine.close()
+            return srv
+
+    body = run(go()).bodies("/v1/completions")[0]
+    # Not `guided_regex`: vLLM >= 0.12 ignores it and samples unconstrained.
+    assert body["structured_outputs"] == {"regex": FORCED.regex}
+    assert not [k for k in body if k.startswith("guided_")]
+
+
+def test_the_constraint_is_the_models_own_call_markup(tokenizer: LoadedTokenizer) -> None:
+    import re
+
+    def text(message: dict[str, Any]) -> str:
+        return format_output(message, tool_format="hermes")
+
+    read = {"type": "function", "function": {"name": "Read", "arguments": {"file_path": "a"}}}
+    other = {"type": "function", "function": {"name": "Write", "arguments": {}}}
+    assert re.fullmatch(FORCED.regex, text({"content": "", "tool_calls": [read]}))
+    assert re.fullmatch(
+        FORCED.regex, text({"content": "", "reasoning_content": "hm", "tool_calls": [read] * 2})
+    )
+    assert not re.fullmatch(FORCED.regex, text({"content": "Sure.", "tool_calls": [read]}))
+    assert not re.fullmatch(FORCED.regex, text({"content": "", "tool_calls": [other]}))
+    assert not re.fullmatch(FORCED.regex, text({"content": "No call."}))
+
+
+def test_scripted_honours_a_constraint_only_where_its_script_does(
+    tokenizer: LoadedTokenizer,
+) -> None:
+    script = [
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": "a"}}],
+        [{"type": "text", "text": "Done."}],
+    ]
+    engine = ScriptedEngine(tokenizer, script)
+    req = request(max_new_tokens=4096, messages=[{"role": "user", "content": "go"}])
+    req.constraint = FORCED
+    assert run(engine.generate(req)).finish_reason == "stop"
+    req.messages = conversation(1)
+    with pytest.raises(EngineLimit, match="cannot constrain it: reply 1 is not a call to one of"):
+        run(engine.generate(req))

@@ -81,6 +81,7 @@ def test_session_finished_adds_the_ledger() -> None:
     assert value(s, "tokentrail_generated_tokens_total") == 34
     assert value(s, "tokentrail_trained_tokens_total") == 22
     assert labelled(s, "tokentrail_masked_tokens_total", "reason") == {
+        "excluded": 0,
         "merged_rewrite": 7,
         "realigned": 3,
         "truncated": 2,

@@ -304,3 +304,129 @@ def test_prompt_ids_from_restored_messages_extend_the_held_tokens() -> None:
     held = prompt_ids([SYS, U]) + out1
     assert prompt_ids(messages)[: len(held)] == held
     assert prompt_ids([SYS, U, EDIT_ECHO, tool("ok")])[: len(held)] != held
+
+
+# --- hermes-agent's replay, through the adapter -----------------------------------------------
+
+
+def _hermes_replay(message: dict) -> dict:
+    """An assistant reply as hermes-agent 0.19.0 sends it back: no reasoning, content stripped
+    at both ends, arguments `json.dumps(..., separators=(",", ":"), sort_keys=True)`."""
+    out = {"role": "assistant", "content": (message.get("content") or "").strip()}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                **call,
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": json.dumps(
+                        json.loads(call["function"]["arguments"]),
+                        separators=(",", ":"),
+                        sort_keys=True,
+                    ),
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    return out
+
+
+HERMES_SCRIPT = [
+    [
+        {"type": "thinking", "thinking": "  Let me write calc.py.  "},
+        {"type": "text", "text": " I'll add mul()."},
+        {
+            "type": "tool_use",
+            "name": "write_file",
+            "input": {"path": "calc.py", "content": "def mul(a, b):\n    return a * b  # café\n"},
+        },
+    ],
+    [{"type": "thinking", "thinking": "Done."}, {"type": "text", "text": "\nAdded mul().\n"}],
+    [{"type": "thinking", "thinking": "Again."}, {"type": "text", "text": "Still fine."}],
+]
+
+
+@pytest.mark.parametrize("history", ["splice", "render"])
+def test_a_hermes_session_is_one_sample_and_trains_everything(history: str) -> None:
+    import asyncio
+
+    import openai
+
+    from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+    from tokentrail.engines.scripted import ScriptedEngine
+    from tokentrail.text.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    adapter = Adapter(
+        engine=ScriptedEngine(tokenizer, HERMES_SCRIPT),
+        tokenizer=tokenizer,
+        config=AdapterConfig(history=history),
+    )
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "write_file",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"content": {"type": "string"}, "path": {"type": "string"}},
+                },
+            },
+        }
+    ]
+
+    async def go():
+        runner, url = await start_server(adapter)
+        try:
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="h", max_retries=0)
+            messages: list[dict] = [
+                {"role": "system", "content": "You are Hermes Agent."},
+                {"role": "user", "content": "Add mul() to calc.py"},
+            ]
+            for step in range(3):
+                reply = await client.chat.completions.create(
+                    model="qwen3", messages=messages, tools=tools
+                )
+                messages.append(_hermes_replay(reply.choices[0].message.model_dump()))
+                if step == 0:
+                    call_id = reply.choices[0].message.tool_calls[0].id
+                    messages.append({"role": "tool", "tool_call_id": call_id, "content": "ok"})
+                else:
+                    messages.append({"role": "user", "content": "[System: verify it.]"})
+            return await adapter.finish_trajectory("h", reward=1.0)
+        finally:
+            await runner.cleanup()
+
+    trajectory = asyncio.run(go())
+    ledger = trajectory.ledger
+    assert len(trajectory.samples) == 1
+    assert ledger.trained_tokens == ledger.generated_tokens
+    assert ledger.masked_tokens == {}
+    # Both replies sent back came re-rendered, and both were restored.
+    assert ledger.restored_echoes == 2
+    assert ledger.restored_by_tool == {"write_file": 1}
+
+
+def test_sorted_argument_keys_restore_the_generated_order() -> None:
+    # Routing keys ignore key order; `tojson` does not: the tree's own dict is rendered.
+    mgr = TrajectoryManager()
+    call = assistant("", ("Write", {"file_path": "u.py", "content": "x"}))
+    play(mgr, "s", [SYS, U], call)
+    resorted = assistant("", ("Write", {"content": "x", "file_path": "u.py"}))
+    out = restored(mgr, [SYS, U, resorted, tool("ok")])
+    assert list(out[2]["tool_calls"][0]["function"]["arguments"]) == ["file_path", "content"]
+    assert mgr.restored_echoes("s") == 1
+    # An echo in the generated order is the generated message already: nothing to count.
+    restored(mgr, [SYS, U, copy.deepcopy(call), tool("ok")])
+    assert mgr.restored_echoes("s") == 1
+
+
+def test_an_echo_that_matches_two_generated_messages_is_not_restored() -> None:
+    mgr = TrajectoryManager()
+    first = {**assistant("Same answer."), "reasoning_content": "one way"}
+    second = {**assistant("Same answer."), "reasoning_content": "another way"}
+    play(mgr, "s", [SYS, U], first)
+    play(mgr, "s", [SYS, U], second)
+    dropped = assistant("Same answer.")
+    assert restored(mgr, [SYS, U, dropped, user("and?")])[2] == dropped
+    assert restored(mgr, [SYS, U, {**dropped, "reasoning_content": "one way"}])[2] == first

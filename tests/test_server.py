@@ -354,13 +354,18 @@ def test_session_guards_and_admin(tokenizer) -> None:
     run(body)
 
 
-def test_prompt_over_the_context_limit_answers_length_without_generating(tokenizer) -> None:
+def test_prompt_over_the_context_limit_is_refused_without_generating(tokenizer) -> None:
+    # The words the real APIs use, which harnesses compact on: a 400, never a 2xx with no turn.
     adapter = scripted(tokenizer, max_context_tokens=5)
 
     async def body() -> None:
         async with serving(adapter) as url:
-            reply = await anthropic_client(url, "s").messages.create(**GOOD)
-            assert reply.stop_reason == "max_tokens" and reply.content == []
+            with pytest.raises(anthropic.BadRequestError, match="prompt is too long: 9 tokens"):
+                await anthropic_client(url, "s").messages.create(**GOOD)
+            with pytest.raises(openai.BadRequestError, match="maximum context length is 5"):
+                await openai_client(url, "s").chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
         assert adapter.manager.turn_count("s") == 0
 
     run(body)

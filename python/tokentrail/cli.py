@@ -47,6 +47,8 @@ def _serve(args: argparse.Namespace) -> int:
         restore=Restore(args.restore),
         history=History(args.history),
         splice_verify_every=args.splice_verify_every,
+        exclude_patterns=tuple(args.exclude_system),
+        exclude_known_side_requests=args.exclude_side_requests,
     )
     manager = TrajectoryManager(
         fork_threshold_tokens=args.fork_threshold,
@@ -327,6 +329,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         choices=_names(Restore),
         help="restore harness-re-rendered echoes before rendering (on), in the tree only, or off",
+    )
+    serve.add_argument(
+        "--exclude-system",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="exclude side conversations whose first message (the system prompt, or the first "
+        "user message) matches REGEX from training; repeatable",
+    )
+    serve.add_argument(
+        "--exclude-side-requests",
+        action="store_true",
+        help="exclude the known side requests of Qwen Code (memory extraction) and hermes-agent "
+        "(context summarizer) from training",
     )
     serve.set_defaults(func=_serve)
 

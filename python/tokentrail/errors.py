@@ -140,6 +140,17 @@ class MethodNotAllowed(TokentrailError):
     kind = "invalid_request_error"
 
 
+class ContextTooLong(TokentrailError):
+    """A prompt over the session's context window: refused before generating, in words both
+    SDK families' harnesses recognise ("prompt is too long", "maximum context length"), so
+    they compact and retry instead of reading an empty reply."""
+
+
+class EngineLimit(TokentrailError):
+    """A request asks for something the engine cannot do (a forced tool choice on an engine
+    without structured output): refused before anything is generated."""
+
+
 class SessionClosed(TokentrailError):
     """A turn for a session that was finished or dropped: retrying cannot help, so the status
     is one the official SDKs do not retry (they retry 408, 409, 429 and 5xx)."""

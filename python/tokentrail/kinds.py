@@ -50,8 +50,25 @@ class MaskReason(StrEnum):
     MERGED_REWRITE = "merged_rewrite"
     # Cut by `max_sample_tokens`.
     TRUNCATED = "truncated"
+    # A side conversation (a harness's memory agent, summarizer or title request) excluded from
+    # training by a system-prompt pattern or the exclusion header: served and journaled, never
+    # trained.
+    EXCLUDED = "excluded"
     # Never expected: a token no reason accounts for. Logged as an error when it happens.
     UNACCOUNTED = "unaccounted"
+
+
+class ToolChoice(StrEnum):
+    """What a request lets the model do with its tools (Anthropic `tool_choice.type`, OpenAI
+    `tool_choice`, in one vocabulary)."""
+
+    # Call a tool or not, as the model decides (the default).
+    AUTO = "auto"
+    # No tool call: tools are still rendered (the prompt stays the session's), calls are not
+    # parsed.
+    NONE = "none"
+    # At least one call (Anthropic `any`, OpenAI `required`), or a call to one named tool.
+    REQUIRED = "required"
 
 
 class Restore(StrEnum):

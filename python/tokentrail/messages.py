@@ -7,8 +7,10 @@ into `ToolSchema`s; everything below the adapter speaks only this.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
+
+from tokentrail.kinds import ToolChoice
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -47,10 +49,19 @@ class ToolSchema(TypedDict):
 
 @dataclass
 class Conversation:
-    """A request in tokentrail's terms: chat-template messages and OpenAI-style tools."""
+    """A request in tokentrail's terms: chat-template messages and OpenAI-style tools, what it
+    lets the model do with them, and what translation could not keep."""
 
     messages: list[Message]
     tools: list[ToolSchema] | None
+    tool_choice: ToolChoice = ToolChoice.AUTO
+    # With `ToolChoice.REQUIRED`: the one tool the model must call (None: any of them).
+    forced_tool: str | None = None
+    # Typed tools the harness does not run itself (server tools such as `web_search`): not
+    # offered to the model, named here.
+    withheld_tools: list[str] = field(default_factory=list)
+    # Images, documents and other media rendered as a placeholder, by kind.
+    dropped_media: dict[str, int] = field(default_factory=dict)
 
 
 def function_tool(name: str, description: object, parameters: dict[str, Any]) -> ToolSchema:

@@ -9,16 +9,18 @@ events. The CLI sends the session id as `Authorization: Bearer <session_id>`, st
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.headless import run_headless
+from support.npm import npm_install
+
 CLAUDE_CODE_VERSION = "2.1.197"
+# The release that answers parallel tool calls in the order they finished (errors and fast
+# tools first); 2.1.197 still answers them in call order.
+CLAUDE_CODE_COMPLETION_ORDER_VERSION = "2.1.332"
 PACKAGE = "@anthropic-ai/claude-code"
 
 # Environment of every run; nothing else is inherited from the caller but PATH, so a developer's
@@ -52,41 +54,11 @@ class ClaudeRun:
         return next((e for e in reversed(self.events) if e.get("type") == "result"), None)
 
 
-def default_cache_dir() -> Path:
-    root = os.environ.get("TOKENTRAIL_CACHE")
-    return Path(root) / "npm" if root else Path.home() / ".cache" / "tokentrail" / "npm"
-
-
-def install_claude_code(cache_dir: Path | None = None) -> Path | None:
+def install_claude_code(
+    cache_dir: Path | None = None, version: str = CLAUDE_CODE_VERSION
+) -> Path | None:
     """Install the pinned CLI once and return its executable; None when npm is missing."""
-    prefix = (cache_dir or default_cache_dir()) / f"claude-code-{CLAUDE_CODE_VERSION}"
-    if (exe := _find_executable(prefix)) is not None:
-        return exe
-    npm = shutil.which("npm")
-    if npm is None:
-        return None
-    # Install beside the target and rename into place, so concurrent test workers never see
-    # a half-written install.
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=prefix.name + ".", dir=prefix.parent))
-    try:
-        proc = subprocess.run(
-            [npm, "install", "--prefix", str(staging), f"{PACKAGE}@{CLAUDE_CODE_VERSION}",
-             "--no-audit", "--no-fund"],
-            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            raise RuntimeError(f"npm install {PACKAGE}@{CLAUDE_CODE_VERSION}: {proc.stderr}")
-        if _find_executable(staging) is None:
-            raise RuntimeError(f"npm installed {PACKAGE} but no native binary for this platform")
-        try:
-            staging.rename(prefix)
-        except OSError:
-            if _find_executable(prefix) is None:  # not a lost race: a real failure
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return _find_executable(prefix)
+    return npm_install(PACKAGE, version, f"claude-code-{version}", _find_executable, cache_dir)
 
 
 def _find_executable(prefix: Path) -> Path | None:
@@ -119,7 +91,6 @@ def run_claude(
     with tempfile.TemporaryDirectory(prefix="claude-home-") as home:
         (Path(home) / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True}))
         full_env = {
-            "PATH": os.environ.get("PATH", os.defpath),
             "HOME": home,
             "ANTHROPIC_BASE_URL": base_url,
             "ANTHROPIC_AUTH_TOKEN": session_id,
@@ -132,21 +103,8 @@ def run_claude(
             "--output-format", "stream-json", "--verbose",
             *extra_args,
         ]  # fmt: skip
-        # A session of its own, so a timeout can kill the shells its Bash tool started too.
-        proc = subprocess.Popen(
-            argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            raise TimeoutError(
-                f"claude did not finish within {timeout}s (killed); "
-                f"stderr tail: {stderr[-2000:]!r}; stdout tail: {stdout[-2000:]!r}"
-            ) from None
-    return ClaudeRun(proc.returncode, _parse_events(stdout), stdout, stderr)
+        done = run_headless(argv, cwd=cwd, env=full_env, timeout=timeout, what="claude")
+    return ClaudeRun(done.returncode, _parse_events(done.stdout), done.stdout, done.stderr)
 
 
 def _parse_events(stdout: str) -> list[dict]:

@@ -20,6 +20,10 @@ ReplyFn = Callable[[list[int]], tuple[list[int], list[float], str]]
 
 IM_END = 151645
 HANG_LIMIT_S = 30.0
+# SGLang `sampling_params` constraint keys: strings, at most one (sampling_params.py).
+SGLANG_CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
+# vLLM >= 0.12 `structured_outputs` keys: exactly one per request.
+VLLM_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 def echo_reply(input_ids: list[int]) -> tuple[list[int], list[float], str]:
@@ -120,6 +124,14 @@ class FakeSGLang(_FakeServer):
                 {"error": {"message": self.fail_message}}, status=self.fail_status
             )
         input_ids = body["input_ids"]
+        params = body.get("sampling_params", {})
+        set_constraints = [k for k in SGLANG_CONSTRAINTS if params.get(k) is not None]
+        if len(set_constraints) > 1:
+            message = "Only one of json_schema, regex, ebnf, or structural_tag can be set."
+            return web.json_response({"error": {"message": message}}, status=400)
+        if set_constraints and not isinstance(params[set_constraints[0]], str):
+            message = f"unknown variant: {set_constraints[0]} must be a string"
+            return web.json_response({"error": {"message": message}}, status=400)
         if self.mode == "hang":
             event = self._abort_events.setdefault(rid, asyncio.Event())
             try:
@@ -206,6 +218,19 @@ class FakeVLLM(_FakeServer):
             except asyncio.CancelledError:
                 self.disconnected.append(rid)
                 raise
+        structured = body.get("structured_outputs")
+        if structured is not None:
+            given = [
+                k for k in VLLM_CONSTRAINTS if isinstance(structured, dict) and k in structured
+            ]
+            if len(given) != 1:
+                error = {
+                    "message": "You must use one kind of structured outputs constraint",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+                return web.json_response({"error": error}, status=400)
         prompt = body["prompt"]
         ids, logprobs, finish = self._truncate(prompt, body.get("max_tokens"))
         choice = {

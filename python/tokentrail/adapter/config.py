@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokentrail.kinds import History, Restore
+from tokentrail.trajectory.side import KNOWN_SIDE_PROMPTS
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 
@@ -25,3 +26,12 @@ class AdapterConfig:
     default_max_tokens: int = 4096
     # Warn once per finished session whose tool-call turns lost more than this share.
     masked_warning_threshold: float = 0.05
+    # Side conversations excluded from training in every session: regular expressions searched
+    # in a conversation's first message; `exclude_known_side_requests` adds
+    # `side.KNOWN_SIDE_PROMPTS` (the side requests of Qwen Code and hermes-agent).
+    exclude_patterns: tuple[str, ...] = ()
+    exclude_known_side_requests: bool = False
+
+    def side_patterns(self) -> list[str]:
+        known = list(KNOWN_SIDE_PROMPTS.values()) if self.exclude_known_side_requests else []
+        return [*self.exclude_patterns, *known]

@@ -112,6 +112,12 @@ class Metrics:
             "Generated turns a harness rewrite merged away (masked as merged_rewrite).",
             registry=r,
         )
+        self.dropped_media_total = Counter(
+            "tokentrail_dropped_media_total",
+            "Images, documents and other media rendered as a placeholder, by kind, per request.",
+            ["kind"],
+            registry=r,
+        )
         self.splice_fallbacks = Counter(
             "tokentrail_splice_fallbacks_total",
             "Turns whose prompt ids were re-rendered instead of spliced, by reason.",
@@ -188,6 +194,11 @@ class Metrics:
         """Count one restored echo per tool name (a message with two calls restores both)."""
         for tool in tool_names:
             self.echo_restores.labels(tool=tool).inc()
+
+    def dropped_media(self, counts: Mapping[str, int]) -> None:
+        """Count the media a request's translation replaced with a placeholder."""
+        for kind, n in counts.items():
+            self.dropped_media_total.labels(kind=kind).inc(n)
 
     def splice_fallback(self, reason: Fallback) -> None:
         self.splice_fallbacks.labels(reason=reason.value).inc()

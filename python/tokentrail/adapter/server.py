@@ -32,6 +32,7 @@ from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import Trajectory, TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
 from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.side import SideRules
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Adapter:
             splice_verify_every=config.splice_verify_every,
             tool_parser=config.tool_parser,
             reasoning_parser=config.reasoning_parser,
+            side_rules=SideRules.compile(config.side_patterns()),
         )
         self.metrics = Metrics()
         self.journal = journal
@@ -122,10 +124,12 @@ class Adapter:
         sampling_defaults: dict[str, Any] | None = None,
         max_context_tokens: int = 0,
         history: History | str | None = None,
+        exclude_patterns: list[str] | None = None,
     ) -> None:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` overrides the adapter's for this session."""
-        self.sessions.open(sid, sampling_defaults, max_context_tokens, history)
+        `history` overrides the adapter's for this session, `exclude_patterns` exclude its
+        side conversations (beside the adapter's own patterns)."""
+        self.sessions.open(sid, sampling_defaults, max_context_tokens, history, exclude_patterns)
 
     async def finish_trajectory(
         self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None

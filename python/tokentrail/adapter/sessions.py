@@ -20,6 +20,7 @@ from tokentrail.messages import Conversation
 from tokentrail.storage.journal import OPEN, TURN, Journal, decode_turn
 from tokentrail.trajectory.manager import Trajectory
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
+from tokentrail.trajectory.side import SideRules
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ class Session:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     max_context_tokens: int = 0
     history: History | None = None
+    # The session's own side-conversation patterns (beside the adapter's).
+    side_rules: SideRules = field(default_factory=SideRules)
     in_flight: int = 0
     turns: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -70,28 +73,32 @@ class Sessions:
         sampling_defaults: dict[str, Any] | None = None,
         max_context_tokens: int = 0,
         history: History | str | None = None,
+        exclude_patterns: list[str] | None = None,
         *,
         journaled: bool = True,
     ) -> Session:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` overrides the adapter's for this session."""
+        `history` overrides the adapter's for this session, `exclude_patterns` exclude its
+        side conversations from training."""
         if not isinstance(sid, str) or not sid:
             raise SessionError("session id must be a non-empty string")
+        rules = SideRules.compile(exclude_patterns)
         self._closed.discard(sid)
         session = self._open[sid] = Session(
             dict(sampling_defaults or {}),
             int(max_context_tokens),
             History(history) if history is not None else None,
+            rules,
         )
         if self.journal is not None and journaled:
-            self.journal.session_opened(
-                sid,
-                {
-                    "sampling_defaults": dict(sampling_defaults or {}),
-                    "max_context_tokens": int(max_context_tokens),
-                    "history": str(history) if history is not None else None,
-                },
-            )
+            settings: dict[str, Any] = {
+                "sampling_defaults": dict(sampling_defaults or {}),
+                "max_context_tokens": int(max_context_tokens),
+                "history": str(history) if history is not None else None,
+            }
+            if exclude_patterns:
+                settings["exclude_patterns"] = list(exclude_patterns)
+            self.journal.session_opened(sid, settings)
         return session
 
     def admit(self, sid: str) -> Session:
@@ -162,6 +169,7 @@ class Sessions:
                         settings.get("sampling_defaults"),
                         settings.get("max_context_tokens", 0),
                         settings.get("history"),
+                        settings.get("exclude_patterns"),
                         journaled=False,
                     )
                 elif event.kind == TURN and event.seq not in retracted:

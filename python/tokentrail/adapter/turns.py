@@ -23,14 +23,32 @@ from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import Outcome
 from tokentrail.adapter.sessions import Session, Sessions
 from tokentrail.engines.base import Engine, GenerateRequest, Generation, SamplingParams
-from tokentrail.errors import EngineError, RequestError, RequestTooLarge, UpstreamError
+from tokentrail.errors import (
+    ContextTooLong,
+    EngineError,
+    EngineLimit,
+    RequestError,
+    RequestTooLarge,
+    UpstreamError,
+)
 from tokentrail.kinds import Stage
-from tokentrail.messages import Conversation, Message
+from tokentrail.messages import Conversation
 from tokentrail.storage.journal import Journal
+from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
-from tokentrail.trajectory.pipeline import PreparedTurn, TurnPipeline, TurnTiming
+from tokentrail.trajectory.pipeline import (
+    ParsedTurn,
+    PreparedTurn,
+    TurnPipeline,
+    TurnTiming,
+    reasoning_tokens,
+)
 
 logger = logging.getLogger(__name__)
+
+# A request carrying this header (any value but "" or "0") is a side conversation: served and
+# journaled, its tokens masked as `excluded` (see `trajectory.side`).
+EXCLUDE_HEADER = "X-Tokentrail-Exclude"
 
 
 class TurnRoute:
@@ -105,26 +123,22 @@ class TurnRoute:
             .merged(proto.sampling(body))
         )
         timing.lap(Stage.TRANSLATE)
-        prepared = self.pipeline.prepare(sid, conversation, history=session.history, timing=timing)
+        header = request.headers.get(EXCLUDE_HEADER, "")
+        prepared = self.pipeline.prepare(
+            sid,
+            conversation,
+            history=session.history,
+            timing=timing,
+            exclude=header if header not in ("", "0") else None,
+            side_rules=session.side_rules,
+        )
         self.metrics.restored(prepared.restored_tools)
+        self.metrics.dropped_media(conversation.dropped_media)
         if prepared.fallback is not None:
             self.metrics.splice_fallback(prepared.fallback)
-
-        limit = session.max_context_tokens or self.settings.max_context_tokens
-        if limit and len(prepared.prompt_ids) > limit:
-            # Over the context window: answer `length` without generating; nothing to record.
-            empty: Message = {"role": "assistant", "content": ""}
-            outcome = Outcome(
-                self.settings.model_name,
-                empty,
-                [],
-                "length",
-                len(prepared.prompt_ids),
-                0,
-                reply_id=proto.mint_reply_id(),
-                body=body,
-            )
-            return await write_reply(request, proto, proto.reply(outcome), stream, body)
+        check_can_generate(
+            prepared, session.max_context_tokens or self.settings.max_context_tokens, self.engine
+        )
 
         rid = uuid.uuid4().hex
         generation = await self._generate(prepared, sampling, sid, rid)
@@ -135,18 +149,22 @@ class TurnRoute:
         message = parsed.message
         outcome = Outcome(
             self.settings.model_name,
-            message,
-            [proto.mint_call_id() for _ in message.get("tool_calls") or ()],
+            parsed.reply,
+            [proto.mint_call_id() for _ in parsed.reply.get("tool_calls") or ()],
             generation.finish_reason,
             len(prepared.prompt_ids),
             len(generation.output_ids),
             cached_tokens=prepared.held_tokens,
-            reasoning_tokens=self.pipeline.reasoning_tokens(generation.output_ids, message),
+            reasoning_tokens=reasoning_tokens(
+                self.pipeline.tokenizer, generation.output_ids, parsed.reply
+            ),
             output_ids=list(generation.output_ids),
             logprobs=list(generation.logprobs),
             reply_id=proto.mint_reply_id(),
             body=body,
         )
+        if proto.wants_logprobs(body):
+            outcome.token_logprobs = token_logprobs(self.pipeline.tokenizer, generation)
         reply = proto.reply(outcome)
         metadata = {
             "protocol": proto.name,
@@ -155,26 +173,13 @@ class TurnRoute:
             "call_ids": outcome.call_ids,
             "ill_formed": parsed.reason,
             "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
+            **prepared.tags,
         }
         # Journaled before the reply leaves: a crash after the client got it must not lose the
         # turn. A reply that never reaches the client retracts it again.
         seq = None
         if self.journal is not None:
-            seq = self.journal.turn(
-                sid,
-                translated=conversation.messages,
-                prompt_messages=prepared.record_messages,
-                response_message=message,
-                tools=conversation.tools,
-                prompt_ids=prepared.prompt_ids,
-                output_ids=generation.output_ids,
-                logprobs=generation.logprobs,
-                finish_reason=generation.finish_reason,
-                ill_formed=parsed.ill_formed,
-                metadata=metadata,
-                history=prepared.history,
-                fallback=prepared.fallback,
-            )
+            seq = journal_turn(self.journal, prepared, generation, parsed, metadata)
         try:
             response = await write_reply(request, proto, reply, stream, body)
         except (ConnectionResetError, asyncio.CancelledError):
@@ -201,6 +206,7 @@ class TurnRoute:
             request_id=rid,
             messages=prepared.record_messages,
             tools=prepared.tools,
+            constraint=prepared.constraint,
         )
         try:
             generation = await self.engine.generate(request)
@@ -208,6 +214,60 @@ class TurnRoute:
             await self.engine.abort(rid)
             raise UpstreamError(f"engine error: {exc}") from None
         return generation
+
+
+def journal_turn(
+    journal: Journal,
+    prepared: PreparedTurn,
+    generation: Generation,
+    parsed: ParsedTurn,
+    metadata: dict[str, Any],
+) -> int:
+    """Journal a served turn (before its reply leaves); returns its sequence number."""
+    return journal.turn(
+        prepared.sid,
+        translated=prepared.conversation.messages,
+        prompt_messages=prepared.record_messages,
+        response_message=parsed.message,
+        tools=prepared.conversation.tools,
+        prompt_ids=prepared.prompt_ids,
+        output_ids=generation.output_ids,
+        logprobs=generation.logprobs,
+        finish_reason=generation.finish_reason,
+        ill_formed=parsed.ill_formed,
+        metadata=metadata,
+        history=prepared.history,
+        fallback=prepared.fallback,
+    )
+
+
+def check_can_generate(prepared: PreparedTurn, context_limit: int, engine: Engine) -> None:
+    """Refuse, before generating, a prompt over the context limit (as the real APIs do, so the
+    harness compacts) and a forced tool call the engine cannot constrain itself to."""
+    n = len(prepared.prompt_ids)
+    if context_limit and n > context_limit:
+        raise ContextTooLong(
+            f"prompt is too long: {n} tokens > {context_limit} maximum (this model's maximum "
+            f"context length is {context_limit} tokens)"
+        )
+    if prepared.constraint is not None and not getattr(engine, "supports_constraints", False):
+        raise EngineLimit(
+            f"tool_choice forces {prepared.constraint.wants}, but the {engine.name} engine "
+            "cannot constrain its output (no structured output)"
+        )
+
+
+def token_logprobs(tokenizer: LoadedTokenizer, generation: Generation) -> list[tuple[str, float]]:
+    """Text and logprob of each sampled token, the end-of-turn token left out (as the OpenAI
+    API leaves it out)."""
+    ids = list(generation.output_ids)
+    end = len(ids)
+    while end and ids[end - 1] in tokenizer.end_token_ids:
+        end -= 1
+    return [
+        (tokenizer.decode([t]), float(lp))
+        for t, lp in zip(ids[:end], generation.logprobs, strict=False)
+    ]
 
 
 def translate(

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from tokentrail.errors import EngineError, SamplingParamsError
 from tokentrail.kinds import FinishReason
 from tokentrail.messages import Message, ToolSchema
+from tokentrail.text.constraints import OutputConstraint
 
 logger = logging.getLogger(__name__)
 
@@ -110,11 +111,19 @@ class GenerateRequest:
     # The prompt messages and tools, for information; only the scripted engine reads them.
     messages: list[Message] = field(default_factory=list)
     tools: list[ToolSchema] | None = None
+    # What the output must match (a forced tool call); only engines whose
+    # `supports_constraints` is true are sent one.
+    constraint: OutputConstraint | None = None
 
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the adapter needs from an inference engine."""
+    """What the adapter needs from an inference engine.
+
+    An engine that can constrain its output to a regular expression (structured output) says
+    so with a true `supports_constraints` attribute; the adapter refuses a forced tool choice
+    on any other before generating.
+    """
 
     name: str
 

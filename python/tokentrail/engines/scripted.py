@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import struct
 import time
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,7 @@ from typing import Any
 
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.engines.registry import register_engine
-from tokentrail.errors import EngineSpecError, ScriptError
+from tokentrail.errors import EngineLimit, EngineSpecError, ScriptError
 from tokentrail.text.parsing import format_output
 from tokentrail.text.tokenizer import LoadedTokenizer
 
@@ -112,9 +113,13 @@ class ScriptedEngine:
 
     Counting the prompt's assistant messages (not calls) makes a retried or replayed request get
     the same reply. Past the end of the script every reply is a short final "Done.".
+
+    A script cannot be steered, so a constraint (a forced tool call) is honoured only by
+    checking it: a scripted reply that does not match is refused with `EngineLimit`.
     """
 
     name = "scripted"
+    supports_constraints = True
 
     def __init__(
         self,
@@ -147,6 +152,11 @@ class ScriptedEngine:
     async def generate(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
         text = self.text_for(req)
+        if req.constraint is not None and re.fullmatch(req.constraint.regex, text) is None:
+            raise EngineLimit(
+                f"the {self.name} engine replays its script and cannot constrain it: reply "
+                f"{self.reply_index(req.messages)} is not {req.constraint.wants}"
+            )
         ids = self.tokenizer.encode(text) + [self.end_id]
         finish = "stop"
         cut = self._stop_cut(ids[:-1], text, req.sampling.stop)

@@ -31,9 +31,13 @@ class SGLangEngine(HTTPEngine):
     "finish_reason": {"type": "stop"|"length"|"abort", ...}, "prompt_tokens",
     "completion_tokens", "output_token_logprobs": [[logprob, token_id, text|null], ...]}}`;
     errors `{"error": {"message"}}` with HTTP 400. The session id goes in `X-SMG-Routing-Key`.
+    A forced tool call goes as `sampling_params.regex` (a string; SGLang takes at most one of
+    `json_schema`, `regex`, `ebnf`, `structural_tag`).
     """
 
     name = "sglang"
+    # `sampling_params.regex` (xgrammar); one constraint per request, as a string.
+    supports_constraints = True
 
     def __init__(
         self, base_url: str, tokenizer: LoadedTokenizer | None = None, *, timeout: float = 600.0
@@ -57,6 +61,8 @@ class SGLangEngine(HTTPEngine):
         }
         if s.seed is not None:
             params["sampling_seed"] = s.seed
+        if req.constraint is not None:
+            params["regex"] = req.constraint.regex
         return {
             "input_ids": token_list(req.input_ids),
             "sampling_params": params,

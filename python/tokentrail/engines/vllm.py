@@ -31,6 +31,7 @@ class VLLMEngine(HTTPEngine):
     "include_stop_str_in_output": true, "stream": false}`; answer `{"choices": [{"token_ids",
     "prompt_token_ids", "logprobs": {"token_logprobs": [...]}, "finish_reason"}], "usage"}`;
     errors `{"error": {"message", "type", "code"}}` (older: `{"object": "error", "message"}`).
+    A forced tool call goes as `structured_outputs: {"regex": ...}`.
 
     There is no abort endpoint: vLLM's `with_cancellation` cancels a non-streaming request when
     the client disconnects, so `abort(rid)` cancels the in-flight HTTP call and `generate`
@@ -38,6 +39,8 @@ class VLLMEngine(HTTPEngine):
     """
 
     name = "vllm"
+    # `structured_outputs.regex` (the `guided_*` keys are ignored by vLLM >= 0.12).
+    supports_constraints = True
 
     def __init__(
         self,
@@ -82,6 +85,8 @@ class VLLMEngine(HTTPEngine):
         }
         if s.seed is not None:
             body["seed"] = s.seed
+        if req.constraint is not None:
+            body["structured_outputs"] = {"regex": req.constraint.regex}
         return body
 
     async def generate(self, req: GenerateRequest) -> Generation:

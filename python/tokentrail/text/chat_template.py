@@ -25,6 +25,12 @@ from tokentrail.errors import TemplateError
 # `reasoning_content`, gpt-oss templates `thinking`. Same order and aliasing as transformers.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
+# What a failed tool result (`is_error`, Anthropic's flag) renders as: this marker before its
+# content. Templates render a tool message's content and nothing else of it, so the marker is
+# the one way every template shows the model that the tool failed; the message keeps the flag,
+# so an echo of the conversation still routes as the same message.
+TOOL_ERROR_MARKER = "Error: "
+
 
 def render(
     template: str,
@@ -58,10 +64,18 @@ def _normalize_message(message: Any) -> dict[str, Any]:
     # Like apply_chat_template: a key set to None is dropped, since templates test `is defined`
     # (OpenAI clients send `content: null` next to tool calls).
     message = {k: v for k, v in message.items() if v is not None}
+    if message.get("role") == "tool" and message.get("is_error") is True:
+        message["content"] = _marked_error(message.get("content"))
     reasoning = next((message[k] for k in _REASONING_FIELDS if k in message), None)
     if reasoning is not None:
         message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
     return message
+
+
+def _marked_error(content: Any) -> Any:
+    if isinstance(content, list):
+        return [{"type": "text", "text": TOOL_ERROR_MARKER}, *content]
+    return TOOL_ERROR_MARKER + ("" if content is None else str(content))
 
 
 def _plain(value: Any) -> Any:

@@ -3,7 +3,8 @@
 For each generated turn: how many of its tokens some sample trains, and how many are masked,
 by the named reason (`MaskReason`) that removed them. Trained plus masked equals generated, per
 turn and in total, so a lost training signal is a number a trainer can see and gate on.
-`build_ledger` assigns each token its fate from the tree and the linearization.
+`build_ledger` assigns each token its fate from the tree and the linearization. The ledger also
+counts what the model never saw: images and documents its prompts held as placeholders.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class TurnLedger:
     # How the turn's prompt ids were built, and why a splice fell back to a render.
     history: History | None = None
     fallback: Fallback | None = None
+    # Why the turn is excluded from training (a side conversation), if it is.
+    excluded: str | None = None
+    # Images/documents the turn's prompt held as placeholders, by kind.
+    dropped_media: dict[str, int] = field(default_factory=dict)
 
     @property
     def masked_total(self) -> int:
@@ -52,6 +57,8 @@ class TurnLedger:
             "masked": dict(self.masked),
             "history": self.history_label,
             "fallback": None if self.fallback is None else self.fallback.value,
+            "excluded": self.excluded,
+            "dropped_media": dict(self.dropped_media),
         }
 
 
@@ -85,6 +92,20 @@ class Ledger:
             for reason, n in t.masked.items():
                 out[reason] = out.get(reason, 0) + n
         return dict(sorted(out.items()))
+
+    @property
+    def dropped_media(self) -> dict[str, int]:
+        """Media placeholders in the prompts, by kind, summed over turns (an image a harness
+        resends every turn counts once per turn whose prompt lacked it)."""
+        out: dict[str, int] = {}
+        for t in self.turns:
+            for kind, n in t.dropped_media.items():
+                out[kind] = out.get(kind, 0) + n
+        return dict(sorted(out.items()))
+
+    @property
+    def excluded_turns(self) -> int:
+        return sum(1 for t in self.turns if t.excluded is not None)
 
     @property
     def splice_fallbacks(self) -> dict[str, int]:
@@ -123,6 +144,8 @@ class Ledger:
                     masked={k: int(v) for k, v in (t.get("masked") or {}).items()},
                     history=history,
                     fallback=fallback,
+                    excluded=t.get("excluded"),
+                    dropped_media={k: int(v) for k, v in (t.get("dropped_media") or {}).items()},
                 )
             )
         return cls(
@@ -136,6 +159,8 @@ class Ledger:
             "generated_tokens": self.generated_tokens,
             "trained_tokens": self.trained_tokens,
             "masked_tokens": self.masked_tokens,
+            "excluded_turns": self.excluded_turns,
+            "dropped_media": self.dropped_media,
             "restored_echoes": self.restored_echoes,
             "restored_by_tool": dict(sorted(self.restored_by_tool.items())),
             "turns": [t.to_dict() for t in self.turns],
@@ -157,35 +182,44 @@ def build_ledger(
     """Every generated turn of a session's tree, with its tokens trained or masked.
 
     A turn still in the tree is trained where a sample trains it and masked where linearization
-    realigned or truncated it; a turn a rewrite demoted is masked whole as `merged_rewrite`.
+    realigned or truncated it; an excluded turn (in no sample) is masked whole as `excluded`; a
+    turn a rewrite demoted is masked whole as `merged_rewrite`.
     """
     rows: list[TurnLedger] = []
     for node in iter_nodes(root):
         turn = node.turn
         if turn is not None:
             k = turn.id
+            excluded = node.metadata.get("excluded")
+            masked = (
+                {MaskReason.EXCLUDED: turn.output_len}
+                if excluded
+                else {
+                    MaskReason.REALIGNED: lin.realigned.get(k, 0),
+                    MaskReason.TRUNCATED: lin.truncated.get(k, 0),
+                }
+            )
             row = turn_fate(
                 node.turn_index or 0,
                 tool_names(node.message),
                 turn.output_len,
-                lin.trained.get(k, 0),
-                {
-                    MaskReason.REALIGNED: lin.realigned.get(k, 0),
-                    MaskReason.TRUNCATED: lin.truncated.get(k, 0),
-                },
+                0 if excluded else lin.trained.get(k, 0),
+                masked,
             )
             row.history, row.fallback = turn.history, turn.fallback
+            row.excluded = str(excluded) if excluded else None
+            row.dropped_media = dict(node.metadata.get("dropped_media") or {})
             rows.append(row)
         for demoted in node.demoted:
-            rows.append(
-                turn_fate(
-                    demoted.turn_index,
-                    tool_names(demoted.message),
-                    demoted.turn.output_len,
-                    0,
-                    {MaskReason.MERGED_REWRITE: demoted.turn.output_len},
-                )
+            row = turn_fate(
+                demoted.turn_index,
+                tool_names(demoted.message),
+                demoted.turn.output_len,
+                0,
+                {MaskReason.MERGED_REWRITE: demoted.turn.output_len},
             )
+            row.dropped_media = dict(demoted.metadata.get("dropped_media") or {})
+            rows.append(row)
     rows.sort(key=lambda r: r.turn_index)
     return Ledger(
         turns=rows, restored_echoes=restored_echoes, restored_by_tool=dict(restored_by_tool)

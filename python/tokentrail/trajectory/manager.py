@@ -20,6 +20,7 @@ from tokentrail.trajectory.ledger import Ledger, build_ledger
 from tokentrail.trajectory.restore import restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, leaves, message_key, walk
 from tokentrail.trajectory.turn import StoredTurn, TurnRecord, validate_turn
 
@@ -336,9 +337,15 @@ class TrajectoryManager:
         generated: dict[int, Node] = {
             n.turn.id: n for n in iter_nodes(session.root) if n.turn is not None
         }
+        # Excluded turns (side conversations) stay in the tree and the ledger but in no chain:
+        # a later turn that builds on one holds its tokens as prompt.
         chains = []
         for leaf in leaves(session.root):
-            chain = [n.turn.id for n in leaf.path() if n.turn is not None]
+            chain = [
+                n.turn.id
+                for n in leaf.path()
+                if n.turn is not None and not n.metadata.get("excluded")
+            ]
             if chain:
                 chains.append(chain)
         lin = session.store.linearize(
@@ -347,7 +354,11 @@ class TrajectoryManager:
             fork_threshold=self.fork_threshold_tokens,
             max_sample_tokens=max_sample_tokens,
         )
-        samples = [_sample(sid, built, generated, reward, extra_metadata) for built in lin.samples]
+        prompts = subagent_prompts(session.root)
+        samples = [
+            _sample(sid, built, generated, reward, extra_metadata, session.root, prompts)
+            for built in lin.samples
+        ]
         ledger = build_ledger(
             session.root,
             lin,
@@ -367,10 +378,16 @@ def _sample(
     generated: dict[int, Node],
     reward: float,
     extra_metadata: dict[str, Any] | None,
+    root: Node,
+    prompts: list[tuple[str, Node]],
 ) -> Sample:
     nodes = [generated[t] for t in built.turns]
     turns: list[StoredTurn] = [n.turn for n in nodes if n.turn is not None]
     last = nodes[-1]
+    withheld = sorted({t for n in nodes for t in n.metadata.get("withheld_tools") or ()})
+    media: Counter[str] = Counter()
+    for n in nodes:
+        media.update(n.metadata.get("dropped_media") or {})
     metadata: dict[str, Any] = {
         "session_id": sid,
         "chain": built.chain,
@@ -380,6 +397,12 @@ def _sample(
         "ill_formed": any(t.ill_formed for t in turns),
         "finish_reason": last.turn.finish_reason if last.turn else None,
         "tools": last.tools,
+        # The conversation the sample came from (see `trajectory.side`).
+        "conversation": conversation_tags(root, last, prompts),
+        # Typed tools the harness sent but nobody runs (server tools), withheld from prompts.
+        "withheld_tools": withheld,
+        # Images/documents its turns' prompts held as placeholders, summed over the turns.
+        "dropped_media": dict(sorted(media.items())),
     }
     metadata.update(extra_metadata or {})
     return Sample(

@@ -1,11 +1,15 @@
 """The one turn pipeline: translate → restore → prompt ids → [engine] → parse → record.
 
 The HTTP adapter, journal recovery and `replay` all run a turn through `TurnPipeline`, so the
-order of the steps is fixed in one place: echoes are restored before the conversation is
-rendered (that keeps both the tree and the token prefix aligned with what the model generated),
-prompt ids are spliced onto the held tokens when possible and rendered otherwise, sampled text
-is parsed into a message, and the turn is recorded. Each stage is timed; what a stage reports
-(echoes restored, a splice's fallback) comes back in the `PreparedTurn`.
+order of the steps is fixed in one place: a trailing assistant prefill is split off, echoes are
+restored before the conversation is rendered (that keeps both the tree and the token prefix
+aligned with what the model generated), prompt ids are spliced onto the held tokens when
+possible and rendered otherwise, sampled text is parsed into a message, and the turn is
+recorded. Each stage is timed; what a stage reports (echoes restored, a splice's fallback, an
+exclusion, what translation dropped) comes back in the `PreparedTurn`.
+
+A conversation with nothing to record (no message before the prefill) is refused before the
+engine runs: the engine is called only for a turn that will be recorded.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ import numpy as np
 import numpy.typing as npt
 
 from tokentrail.errors import PolicyError, RequestError
-from tokentrail.kinds import Fallback, History, Restore, Stage
+from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice
 from tokentrail.messages import Conversation, Message, ToolSchema
+from tokentrail.text.constraints import OutputConstraint, forced_tool_call
 from tokentrail.text.incremental import IncrementalEncoder
-from tokentrail.text.parsing import ParsedOutput, parse_output
+from tokentrail.text.parsing import parse_output
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
+from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, split_prefill
+from tokentrail.trajectory.side import SideRules, exclusion
 from tokentrail.trajectory.splice import Splicer
 from tokentrail.trajectory.tree import MessageKey
 from tokentrail.trajectory.turn import Logprobs, TokenIds, TurnRecord
@@ -34,11 +41,13 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Generated",
+    "ParsedTurn",
     "PreparedTurn",
     "RecordedPrompt",
     "TurnPipeline",
     "TurnMessages",
     "TurnTiming",
+    "reasoning_tokens",
 ]
 
 
@@ -111,10 +120,68 @@ class PreparedTurn:
     timing: TurnTiming
     # Prompt tokens taken from the session's held tokens (a splice), not encoded anew.
     held_tokens: int = 0
+    # The partial assistant message the model continues (None: a new assistant turn).
+    prefill: Prefill | None = None
+    # What the engine must sample (a forced tool call), when the request forces one.
+    constraint: OutputConstraint | None = None
+    # Why the turn is excluded from training (`side.exclusion`); None when it trains.
+    excluded: str | None = None
 
     @property
     def tools(self) -> list[ToolSchema] | None:
         return self.conversation.tools
+
+    @property
+    def tags(self) -> dict[str, Any]:
+        """What the turn's record keeps about it beyond its tokens: its exclusion, the tools
+        withheld and the media dropped by translation, a non-default tool choice, a prefill."""
+        c = self.conversation
+        tags: dict[str, Any] = {}
+        if self.excluded is not None:
+            tags["excluded"] = self.excluded
+        if c.withheld_tools:
+            tags["withheld_tools"] = list(c.withheld_tools)
+        if c.dropped_media:
+            tags["dropped_media"] = dict(c.dropped_media)
+        if c.tool_choice is not ToolChoice.AUTO:
+            tags["tool_choice"] = c.tool_choice.value
+            if c.forced_tool is not None:
+                tags["forced_tool"] = c.forced_tool
+        if self.prefill is not None:
+            tags["prefill"] = True
+        return tags
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """The sampled output as a message: `message` is what the tree records (a prefill and its
+    continuation), `reply` what the harness gets (the continuation only)."""
+
+    message: Message
+    reply: Message
+    ill_formed: bool = False
+    reason: str | None = None
+
+
+def forced_constraint(
+    conversation: Conversation,
+    prefill: Message | None,
+    tool_parser: str | None,
+    reasoning_parser: str | None,
+) -> OutputConstraint | None:
+    """The constraint a forced tool choice puts on sampling; None when nothing is forced."""
+    if conversation.tool_choice is not ToolChoice.REQUIRED:
+        return None
+    if prefill is not None:
+        raise RequestError("a forced tool choice cannot continue an assistant prefill")
+    if tool_parser is None:
+        raise RequestError("a forced tool choice needs a tool parser (the adapter has none)")
+    names = (
+        [conversation.forced_tool]
+        if conversation.forced_tool is not None
+        else [t["function"]["name"] for t in conversation.tools or ()]
+    )
+    return forced_tool_call(tool_parser, names, reasoning=reasoning_parser is not None)
 
 
 @dataclass
@@ -147,8 +214,11 @@ class TurnPipeline:
         splice_verify_every: int = 8,
         tool_parser: str | None = "hermes",
         reasoning_parser: str | None = "qwen3",
+        side_rules: SideRules | None = None,
     ) -> None:
         self.manager = manager
+        # Side conversations every session excludes (a session may add its own).
+        self.side_rules = side_rules or SideRules()
         self._tokenizer = tokenizer
         self.chat_template = chat_template or (tokenizer.chat_template if tokenizer else "")
         self.restore = Restore(restore)
@@ -184,18 +254,28 @@ class TurnPipeline:
         history: History | None = None,
         recorded: RecordedPrompt | None = None,
         timing: TurnTiming | None = None,
+        exclude: str | None = None,
+        side_rules: SideRules | None = None,
     ) -> PreparedTurn:
-        """Restore the conversation's echoes and build its prompt ids.
+        """Split off a prefill, restore the conversation's echoes and build its prompt ids.
 
         `history` overrides the pipeline's for this turn; `recorded` gives the prompt ids a
-        journal holds (recovery), which are then used as they are. Raises `RequestError` for a
-        conversation with nothing to render, and `TemplateError` when the template refuses it.
+        journal holds (recovery), which are then used as they are. `exclude` (a request's
+        exclusion header) and `side_rules` (a session's patterns, beside the pipeline's)
+        decide whether the turn is excluded from training. Raises `RequestError` for a
+        conversation with nothing to record or a forced tool call the turn cannot take, and
+        `TemplateError` when the template refuses it.
         """
         timing = timing or TurnTiming()
-        if not conversation.messages:
-            raise RequestError("the request has no messages to render")
+        context, prefill = split_prefill(conversation.messages)
+        if not context:
+            what = "before the assistant prefill" if prefill is not None else "to render"
+            raise RequestError(f"the request has no messages {what}")
+        constraint = forced_constraint(
+            conversation, prefill, self.tool_parser, self.reasoning_parser
+        )
         restored_before = self.manager.restored_by_tool(sid)
-        restored = self.restored(sid, conversation)
+        restored = self.restored(sid, Conversation(context, conversation.tools))
         render_messages, record_messages, keys = restored.render, restored.record, restored.keys
         restored_tools = [
             tool
@@ -204,10 +284,23 @@ class TurnPipeline:
         ]
         timing.lap(Stage.RESTORE)
         held = 0
+        continued = None
+        if prefill is not None and self._tokenizer is not None:
+            continued = prefill_text(
+                self.splicer.render,
+                render_messages,
+                prefill,
+                conversation.tools,
+                self.tokenizer.eos_token,
+            )
         if recorded is not None:
             ids = np.asarray(recorded.prompt_ids, dtype=np.uint32)
             used = recorded.history or History.RENDER
             fallback = recorded.fallback
+        elif continued is not None:
+            ids = self._encode(sid, continued.prompt)
+            used, fallback = History.RENDER, None
+            timing.lap(Stage.RENDER)
         else:
             ids, used, fallback, held = self._prompt_ids(
                 sid,
@@ -218,6 +311,7 @@ class TurnPipeline:
                 timing,
             )
         timing.lap(Stage.TOKENIZE)
+        rules = [self.side_rules] + ([side_rules] if side_rules else [])
         return PreparedTurn(
             sid,
             conversation,
@@ -230,6 +324,9 @@ class TurnPipeline:
             restored_tools,
             timing,
             held,
+            prefill=continued,
+            constraint=constraint,
+            excluded=exclusion(record_messages, rules, exclude),
         )
 
     def restored(self, sid: str, conversation: Conversation) -> TurnMessages:
@@ -309,40 +406,51 @@ class TurnPipeline:
         return self.splicer.render(messages, tools, add_generation_prompt=True)
 
     def count_tokens(self, conversation: Conversation) -> int:
-        """How many tokens the conversation's full render has (nothing is recorded)."""
-        if not conversation.messages:
+        """How many tokens the conversation's prompt has, a prefill continued as a turn would
+        continue it (nothing is recorded)."""
+        context, prefill = split_prefill(conversation.messages)
+        if not context:
             raise RequestError("the request has no messages to render")
-        return len(self.tokenizer.encode(self.render(conversation.messages, conversation.tools)))
+        if prefill is not None:
+            end = self.tokenizer.eos_token
+            text = prefill_text(self.splicer.render, context, prefill, conversation.tools, end)
+            return len(self.tokenizer.encode(text.prompt))
+        return len(self.tokenizer.encode(self.render(context, conversation.tools)))
 
     # -- after the engine -----------------------------------------------------------------------
 
-    def parse(self, prepared: PreparedTurn, output_ids: TokenIds) -> ParsedOutput:
+    def parse(self, prepared: PreparedTurn, output_ids: TokenIds) -> ParsedTurn:
         """The assistant message in the sampled ids; the end-of-turn token is the engine's
-        stop, not part of the message."""
+        stop, not part of the message. A prefill's text is parsed with the continuation (a
+        tool call or reasoning block may span both); the reply is the continuation alone.
+        Under `tool_choice: none` calls are not parsed: their markup stays text."""
         ids = [int(x) for x in output_ids]
         end = len(ids)
         while end and ids[end - 1] in self.tokenizer.end_token_ids:
             end -= 1
-        parsed = parse_output(
-            self.tokenizer.decode(ids[:end]),
-            tool_parser=self.tool_parser,
-            reasoning_parser=self.reasoning_parser,
-            tools=prepared.tools,
+        text = self.tokenizer.decode(ids[:end])
+        tool_parser = (
+            None if prepared.conversation.tool_choice is ToolChoice.NONE else self.tool_parser
         )
-        prepared.timing.lap(Stage.PARSE)
-        return parsed
 
-    def reasoning_tokens(self, output_ids: TokenIds, message: Message) -> int:
-        """How many sampled tokens are reasoning: up to the reasoning's closing marker when it
-        is one token, else the length of the reasoning text encoded."""
-        reasoning = message.get("reasoning_content")
-        if not reasoning:
-            return 0
-        ids = [int(x) for x in output_ids]
-        close = self.tokenizer.added_tokens.get("</think>")
-        if close is not None and close in ids:
-            return ids.index(close) + 1
-        return len(self.tokenizer.encode(reasoning))
+        def parsed_text(sampled: str) -> tuple[Message, bool, str | None]:
+            out = parse_output(
+                sampled,
+                tool_parser=tool_parser,
+                reasoning_parser=self.reasoning_parser,
+                tools=prepared.tools,
+            )
+            return out.message, out.ill_formed, out.reason
+
+        prefill = prepared.prefill
+        if prefill is None:
+            message, ill_formed, reason = parsed_text(text)
+            reply = message
+        else:
+            message, ill_formed, reason = parsed_text(prefill.text + text)
+            reply = continuation(message, prefill.message) or parsed_text(text)[0]
+        prepared.timing.lap(Stage.PARSE)
+        return ParsedTurn(message, reply, ill_formed, reason)
 
     def record(
         self,
@@ -379,3 +487,16 @@ class TurnPipeline:
         if self._encoder is not None:
             self._encoder.forget(sid)
         self._checks.pop(sid, None)
+
+
+def reasoning_tokens(tokenizer: LoadedTokenizer, output_ids: TokenIds, message: Message) -> int:
+    """How many sampled tokens are reasoning: up to the reasoning's closing marker when it is
+    one token, else the length of the reasoning text encoded."""
+    reasoning = message.get("reasoning_content")
+    if not reasoning:
+        return 0
+    ids = [int(x) for x in output_ids]
+    close = tokenizer.added_tokens.get("</think>")
+    if close is not None and close in ids:
+        return ids.index(close) + 1
+    return len(tokenizer.encode(reasoning))

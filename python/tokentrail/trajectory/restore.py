@@ -40,14 +40,28 @@ def restore_echoes(
 ) -> Restored:
     """Walk from `root`: exact matches advance; where nothing matches exactly, a generated
     assistant child that the incoming message is an echo of (`echo.is_echo`) is substituted,
-    and the walk goes on. `keys` are the incoming messages' routing keys."""
+    and the walk goes on. `keys` are the incoming messages' routing keys.
+
+    An exact match of a generated message is substituted too: routing keys ignore key order,
+    templates do not (`tojson` writes arguments in dict order), so a harness that sorts the
+    keys of our arguments (hermes-agent) would render other tokens than were sampled. It counts
+    as a restore when the key order differed.
+    """
     out = list(messages)
     keys = list(keys)
     newly: list[Node] = []
     node = root
     for i, key in enumerate(keys):
         nxt = node.child(key)
-        if nxt is None:
+        if nxt is not None:
+            generated = nxt.message if nxt.turn is not None else None
+            if generated is not None and generated is not out[i]:
+                reordered = not _same_layout(generated, out[i])
+                out[i] = generated
+                if reordered and not nxt.metadata.get("restored"):
+                    nxt.metadata = {**nxt.metadata, "restored": True}
+                    newly.append(nxt)
+        else:
             # A harness replays an echo the same way every time: recognize it once.
             nxt = node.known_echo(key)
             if nxt is None:
@@ -67,15 +81,32 @@ def restore_echoes(
 
 
 def _echo_target(node: Node, message: Message, tools: Sequence[ToolSchema] | None) -> Node | None:
+    """The generated child `message` is an echo of; None when there is none, or when two
+    different generated messages both match (the echo then proves neither)."""
     if message.get("role") != "assistant":
         return None
+    found: Node | None = None
     for child in node.children:
         generated = child.message
         if child.turn is not None and generated is not None:
             try:
-                if is_echo(generated, message, tools):
-                    return child
+                if not is_echo(generated, message, tools):
+                    continue
             except MessageError as exc:
                 logger.debug("not an echo, malformed message: %s", exc)
                 return None
-    return None
+            if found is None:
+                found = child
+            elif found.key != child.key:
+                logger.debug("echo matches two generated messages; not restored")
+                return None
+    return found
+
+
+def _same_layout(a: object, b: object) -> bool:
+    """Equal values (as routing keys see them) laid out alike: dict keys in the same order."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same_layout(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_layout(x, y) for x, y in zip(a, b, strict=True))
+    return True

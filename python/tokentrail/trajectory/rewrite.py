@@ -45,7 +45,7 @@ def merge_rewrite(
         return node, i
     if target.turn.output_len >= fork_threshold_tokens:
         return node, i
-    target.demote(DemotedTurn(target.turn_index or 0, target.turn, target.message))
+    target.demote(DemotedTurn(target.turn_index or 0, target.turn, target.message, target.metadata))
     logger.debug("turn %s demoted by a rewrite of its message", target.turn_index)
     target.turn = None
     target.turn_index = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -48,6 +48,7 @@ class DemotedTurn:
     turn_index: int
     turn: StoredTurn
     message: Message | None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
 
 
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})

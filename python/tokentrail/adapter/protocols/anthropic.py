@@ -13,44 +13,82 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tokentrail.adapter.protocols.common import (
-    OpenCalls,
+    ContentReader,
+    DeclaredTools,
     Outcome,
+    ToolResults,
     WireProtocol,
     append_system_note,
+    is_server_block,
     mint_id,
-    part_text,
     pieces,
     register_protocol,
     sampling_keys,
-    text_of,
+    server_block_text,
+    tool_choice,
     tool_schema,
     translate_tools,
     wire_messages,
 )
 from tokentrail.errors import RequestError
+from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
 
 ROLES = ("user", "assistant", "system")
 TEXT = ("text",)
-IMAGES = ("image", "document")
+MEDIA = {"image": "image", "document": "document"}
+# What `tool_choice.type` means, in tokentrail's vocabulary.
+TOOL_CHOICES = {
+    "auto": ToolChoice.AUTO,
+    "none": ToolChoice.NONE,
+    "any": ToolChoice.REQUIRED,
+    "tool": ToolChoice.REQUIRED,
+}
 
 
-def _tool(pos: int, tool: object) -> ToolSchema:
+def _tool(pos: int, tool: object) -> ToolSchema | str:
     if not isinstance(tool, dict):
         raise RequestError(f"tools[{pos}] must be an object with a string name")
+    kind = tool.get("type")
+    if kind not in (None, "custom") and "input_schema" not in tool:
+        # A server tool (web_search_20250305, code_execution_*, ...): the API runs it, the
+        # harness does not; withheld (see `DeclaredTools`).
+        if not isinstance(kind, str):
+            raise RequestError(f"tools[{pos}].type must be a string")
+        return kind
     return tool_schema(pos, tool.get("name"), tool.get("description"), tool.get("input_schema"))
 
 
-def _text(content: object, where: str) -> str:
-    return text_of(content, where, text_types=TEXT, image_types=IMAGES)
+def _reader() -> ContentReader:
+    return ContentReader(TEXT, MEDIA)
 
 
-def _user_messages(content: object, where: str, calls: OpenCalls) -> list[Message]:
+def _result_text(content: object, where: str, reader: ContentReader) -> str:
+    """A tool result's content: text, media, and the tool-search blocks it may hold
+    (`tool_reference`, `search_result`) as text."""
+    if not isinstance(content, list):
+        return reader.text(content, where)
+    parts = []
+    for pos, block in enumerate(content):
+        at = f"{where}[{pos}]"
+        if isinstance(block, dict) and is_server_block(block.get("type")):
+            parts.append(server_block_text(block))
+        else:
+            parts.append(reader.part(block, at))
+    return "\n".join(parts)
+
+
+def _user_messages(
+    content: object, where: str, results: ToolResults, reader: ContentReader
+) -> list[Message]:
     if isinstance(content, str):
+        if not content:
+            raise RequestError(f"{where}.content must not be empty")
         return [{"role": "user", "content": content}]
     if not isinstance(content, list):
         raise RequestError(f"{where}.content must be a string or a list of content blocks")
-    out: list[Message] = []
+    if not content:
+        raise RequestError(f"{where}.content must not be empty")
     texts: list[str] = []
     for pos, block in enumerate(content):
         at = f"{where}.content[{pos}]"
@@ -58,30 +96,37 @@ def _user_messages(content: object, where: str, calls: OpenCalls) -> list[Messag
             raise RequestError(f"{at} must be a content block object")
         kind = block.get("type")
         if kind == "tool_result":
-            calls.answer(block.get("tool_use_id"), at, "tool_result")
             msg: Message = {
                 "role": "tool",
-                "content": _text(block.get("content", ""), f"{at}.content"),
+                "content": _result_text(block.get("content", ""), f"{at}.content", reader),
             }
             if block.get("is_error") is True:
                 msg["is_error"] = True
-            out.append(msg)
-        elif kind in TEXT or kind in IMAGES:
-            texts.append(part_text(block, at, text_types=TEXT, image_types=IMAGES))
+            results.answer(block.get("tool_use_id"), msg, at, "tool_result")
+        elif is_server_block(kind):
+            texts.append(server_block_text(block))
         else:
-            raise RequestError(f"{at}: unsupported block type {kind!r}")
+            texts.append(reader.part(block, at))
+    out = results.flush()
     if texts:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
 
 
 def assistant_message(content: object, where: str = "content") -> tuple[Message, list[str]]:
-    """An assistant message from its content blocks, and the ids of its tool calls."""
+    """An assistant message from its content blocks, and the ids of its tool calls.
+
+    Server-tool blocks in it (`server_tool_use`, `web_search_tool_result`, ...) become text
+    paragraphs of the message.
+    """
     if isinstance(content, str):
         return {"role": "assistant", "content": content}, []
     if not isinstance(content, list):
         raise RequestError(f"{where}.content must be a string or a list of content blocks")
-    texts: list[str] = []
+    # Paragraphs of text: adjacent text blocks join as they are (a reply split around
+    # citations), a server-tool block is a paragraph of its own.
+    paragraphs: list[str] = []
+    text_open = False
     thinking: list[str] = []
     calls: list[ToolCall] = []
     ids: list[str] = []
@@ -91,7 +136,12 @@ def assistant_message(content: object, where: str = "content") -> tuple[Message,
             raise RequestError(f"{at} must be a content block object")
         kind = block.get("type")
         if kind == "text":
-            texts.append(part_text(block, at, text_types=TEXT, image_types=()))
+            text = ContentReader(TEXT, {}).part(block, at)
+            if text_open:
+                paragraphs[-1] += text
+            else:
+                paragraphs.append(text)
+            text_open = True
         elif kind == "thinking":
             if not isinstance(block.get("thinking"), str):
                 raise RequestError(f"{at}.thinking must be a string")
@@ -105,9 +155,12 @@ def assistant_message(content: object, where: str = "content") -> tuple[Message,
             if isinstance(block.get("id"), str):
                 ids.append(block["id"])
             calls.append({"type": "function", "function": {"name": name, "arguments": args}})
+        elif is_server_block(kind):
+            paragraphs.append(server_block_text(block))
+            text_open = False
         else:
             raise RequestError(f"{at}: unsupported block type {kind!r}")
-    msg: Message = {"role": "assistant", "content": "".join(texts)}
+    msg: Message = {"role": "assistant", "content": "\n\n".join(p for p in paragraphs if p)}
     if thinking:
         msg["reasoning_content"] = "\n".join(thinking)
     if calls:
@@ -115,32 +168,57 @@ def assistant_message(content: object, where: str = "content") -> tuple[Message,
     return msg, ids
 
 
+def _tool_choice(body: Mapping[str, Any], declared: DeclaredTools) -> tuple[ToolChoice, str | None]:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return ToolChoice.AUTO, None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in TOOL_CHOICES:
+        raise RequestError(
+            f"tool_choice must be an object with type one of {tuple(TOOL_CHOICES)}, got {choice!r}"
+        )
+    name = choice.get("name") if kind == "tool" else None
+    if kind == "tool" and name is None:
+        raise RequestError("tool_choice of type 'tool' needs a name")
+    return tool_choice(TOOL_CHOICES[kind], name, declared)
+
+
 def translate_request(body: Mapping[str, Any]) -> Conversation:
     """A Messages request body to chat-template messages and OpenAI-style tools.
 
     `system` (a string or blocks) becomes the first message. A `system` message in the middle
-    of the list (Claude Code sends them) becomes user text (see `append_system_note`).
+    of the list (Claude Code sends them) becomes user text (see `append_system_note`). Tool
+    results are put in the order of their calls (see `ToolResults`).
     """
-    tools = translate_tools(body.get("tools"), _tool)
+    declared = translate_tools(body.get("tools"), _tool)
+    choice, forced = _tool_choice(body, declared)
+    reader = _reader()
     messages: list[Message] = []
     if body.get("system") is not None:
-        system = _text(body["system"], "system")
+        system = reader.text(body["system"], "system")
         if system:
             messages.append({"role": "system", "content": system})
-    calls = OpenCalls()
+    results = ToolResults()
     for where, m, role in wire_messages(body, ROLES):
         if "content" not in m:
             raise RequestError(f"{where} has no content")
         if role == "assistant":
             msg, ids = assistant_message(m["content"], where)
-            calls.open(ids)
+            results.open(ids)
             messages.append(msg)
         elif role == "user":
-            messages.extend(_user_messages(m["content"], where, calls))
-            calls.close_all()
+            messages.extend(_user_messages(m["content"], where, results, reader))
+            results.close_all()
         else:
-            append_system_note(messages, _text(m["content"], f"{where}.content"))
-    return Conversation(messages, tools)
+            append_system_note(messages, reader.text(m["content"], f"{where}.content"))
+    return Conversation(
+        messages,
+        declared.tools,
+        tool_choice=choice,
+        forced_tool=forced,
+        withheld_tools=declared.withheld,
+        dropped_media=dict(reader.media),
+    )
 
 
 def response_content(message: Message, ids: list[str]) -> list[dict[str, Any]]:

@@ -5,13 +5,16 @@ schemas, tool-result matching, sampling keys, the mid-list `system` rule, ids, S
 
 from __future__ import annotations
 
+import json
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from tokentrail.errors import AuthenticationError, RequestError
+from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolSchema, function_tool
 
 IMAGE_PLACEHOLDER = "[image]"
@@ -39,6 +42,9 @@ class Outcome:
     # The reply's id (`WireProtocol.mint_reply_id`) and the request it answers.
     reply_id: str = ""
     body: Mapping[str, Any] = field(default_factory=dict)
+    # (text, logprob) of each sampled token of the reply, when the request asked for them
+    # (`WireProtocol.wants_logprobs`); None when it did not.
+    token_logprobs: list[tuple[str, float]] | None = None
 
 
 class WireProtocol(ABC):
@@ -67,6 +73,10 @@ class WireProtocol(ABC):
     @abstractmethod
     def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The request's sampling overrides, as `SamplingParams` field names."""
+
+    def wants_logprobs(self, body: Mapping[str, Any]) -> bool:
+        """Whether the reply carries each sampled token's logprob."""
+        return False
 
     def stream_requested(self, body: Mapping[str, Any]) -> bool:
         stream = body.get("stream", False)
@@ -151,44 +161,43 @@ def mint_id(prefix: str) -> str:
 # -- messages -------------------------------------------------------------------------------------
 
 
-def text_of(
-    content: object,
-    where: str,
-    *,
-    text_types: Collection[str],
-    image_types: Collection[str],
-    allow_null: bool = False,
-) -> str:
-    """Text of a string or of a list of content parts: text parts joined by newlines, image
-    and document parts as `IMAGE_PLACEHOLDER`; any other part is refused."""
-    if content is None and allow_null:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        expected = "a string, null or a list" if allow_null else "a string or a list"
-        raise RequestError(f"{where} must be {expected} of content blocks")
-    return "\n".join(
-        part_text(block, f"{where}[{pos}]", text_types=text_types, image_types=image_types)
-        for pos, block in enumerate(content)
-    )
+@dataclass
+class ContentReader:
+    """Reads one request's content parts into text, counting what it cannot keep.
 
+    Text parts give their text; media parts (images, documents, audio: `media_types` maps a
+    part type to its kind) become `IMAGE_PLACEHOLDER`, and each one is counted in `media`, so
+    a trainer sees how much of a prompt the model never saw. Any other part is refused.
+    """
 
-def part_text(
-    block: object, where: str, *, text_types: Collection[str], image_types: Collection[str]
-) -> str:
-    """The text of one content part: its `text`, or `IMAGE_PLACEHOLDER` for an image or a
-    document; any other part is refused."""
-    if not isinstance(block, dict):
-        raise RequestError(f"{where} must be a content block object")
-    kind = block.get("type")
-    if kind in text_types:
-        if not isinstance(block.get("text"), str):
-            raise RequestError(f"{where}.text must be a string")
-        return str(block["text"])
-    if kind in image_types:
-        return IMAGE_PLACEHOLDER
-    raise RequestError(f"{where}: unsupported block type {kind!r} here")
+    text_types: Collection[str]
+    media_types: Mapping[str, str]
+    media: Counter[str] = field(default_factory=Counter)
+
+    def text(self, content: object, where: str, *, allow_null: bool = False) -> str:
+        """Text of a string or of a list of content parts, the parts joined by newlines."""
+        if content is None and allow_null:
+            return ""
+        if isinstance(content, str):
+            return content
+        if not isinstance(content, list):
+            expected = "a string, null or a list" if allow_null else "a string or a list"
+            raise RequestError(f"{where} must be {expected} of content blocks")
+        return "\n".join(self.part(block, f"{where}[{pos}]") for pos, block in enumerate(content))
+
+    def part(self, block: object, where: str) -> str:
+        """The text of one content part."""
+        if not isinstance(block, dict):
+            raise RequestError(f"{where} must be a content block object")
+        kind = block.get("type")
+        if kind in self.text_types:
+            if not isinstance(block.get("text"), str):
+                raise RequestError(f"{where}.text must be a string")
+            return str(block["text"])
+        if isinstance(kind, str) and kind in self.media_types:
+            self.media[self.media_types[kind]] += 1
+            return IMAGE_PLACEHOLDER
+        raise RequestError(f"{where}: unsupported block type {kind!r} here")
 
 
 def tool_schema(pos: int, name: object, description: object, schema: object) -> ToolSchema:
@@ -202,15 +211,107 @@ def tool_schema(pos: int, name: object, description: object, schema: object) -> 
     return function_tool(name, description, schema)
 
 
-def translate_tools(
-    tools: object, read: Callable[[int, Any], ToolSchema]
-) -> list[ToolSchema] | None:
-    """A request's tool list through the protocol's `read(pos, tool)`; None when absent."""
+@dataclass
+class DeclaredTools:
+    """A request's tools: the functions offered to the model, and the typed tools withheld.
+
+    A typed tool the harness does not execute itself (Anthropic's server tools such as
+    `web_search_20250305` or `code_execution_*`, OpenAI's non-function tools) would render as
+    a parameterless function whose calls nobody runs; it is withheld from the prompt and named
+    in `withheld` (its `type`), which the turn's sample metadata lists.
+    """
+
+    tools: list[ToolSchema] | None
+    withheld: list[str] = field(default_factory=list)
+
+
+def translate_tools(tools: object, read: Callable[[int, Any], ToolSchema | str]) -> DeclaredTools:
+    """A request's tool list through the protocol's `read(pos, tool)`, which returns a tool
+    or the type of a tool to withhold; tools None when absent."""
     if tools is None:
-        return None
+        return DeclaredTools(None)
     if not isinstance(tools, list):
         raise RequestError("tools must be a list")
-    return [read(pos, tool) for pos, tool in enumerate(tools)]
+    out = DeclaredTools([])
+    for pos, tool in enumerate(tools):
+        read_tool = read(pos, tool)
+        if isinstance(read_tool, str):
+            out.withheld.append(read_tool)
+        else:
+            assert out.tools is not None
+            out.tools.append(read_tool)
+    return out
+
+
+def tool_choice(
+    mode: ToolChoice, name: object, declared: DeclaredTools, where: str = "tool_choice"
+) -> tuple[ToolChoice, str | None]:
+    """A request's tool choice, checked against its tools: a forced choice needs tools, and a
+    named tool must be one of the offered functions."""
+    if mode is not ToolChoice.REQUIRED:
+        return mode, None
+    names = [t["function"]["name"] for t in declared.tools or ()]
+    if not names:
+        raise RequestError(f"{where} forces a tool call but the request offers no tools")
+    if name is None:
+        return mode, None
+    if not isinstance(name, str):
+        raise RequestError(f"{where}: the tool name must be a string")
+    if name not in names:
+        withheld = " (a server tool, withheld)" if name in declared.withheld else ""
+        raise RequestError(f"{where} names {name!r}, which is not a declared tool{withheld}")
+    return mode, name
+
+
+# Server-side and tool-search content blocks (Anthropic) that arrive in a history: the harness
+# did not run them and the model cannot call them, but they are part of what the conversation
+# said, so they render as text rather than being refused. Keys that carry no meaning for the
+# model (ids, signatures, encrypted payloads, cache control) are left out.
+SERVER_BLOCK_SUFFIXES = ("_tool_use", "_tool_result")
+_OPAQUE_KEYS = frozenset(
+    {"type", "id", "tool_use_id", "cache_control", "citations", "encrypted_content",
+     "encrypted_index", "signature", "page_age", "file_id"}
+)  # fmt: skip
+
+
+def is_server_block(kind: object) -> bool:
+    """A content block a server tool wrote (`server_tool_use`, `web_search_tool_result`,
+    `mcp_tool_use`, ...), or a tool-search block (`tool_reference`, `search_result`)."""
+    if not isinstance(kind, str) or kind in ("tool_use", "tool_result"):
+        return False
+    return kind.endswith(SERVER_BLOCK_SUFFIXES) or kind in ("tool_reference", "search_result")
+
+
+def server_block_text(block: Mapping[str, Any]) -> str:
+    """A server-tool or tool-search block as plain text, the same text every time it is sent.
+
+    `server_tool_use` → `[web_search call: {"query": "x"}]`; a tool result → its type, then the
+    titles, urls and texts it holds, one per line; `tool_reference` → `[tool reference: NAME]`.
+    """
+    kind = str(block.get("type"))
+    if kind.endswith("_tool_use"):
+        payload = json.dumps(block.get("input", {}), ensure_ascii=False, sort_keys=True)
+        return f"[{block.get('name', kind)} call: {payload}]"
+    if kind == "tool_reference":
+        return f"[tool reference: {block.get('tool_name', '')}]"
+    lines = [f"[{kind}]"]
+    _flatten(block, lines)
+    return "\n".join(lines)
+
+
+def _flatten(value: object, lines: list[str]) -> None:
+    if isinstance(value, str):
+        if value:
+            lines.append(value)
+    elif isinstance(value, bool) or isinstance(value, int | float):
+        lines.append(json.dumps(value))
+    elif isinstance(value, Mapping):
+        for key, sub in value.items():
+            if key not in _OPAQUE_KEYS:
+                _flatten(sub, lines)
+    elif isinstance(value, list):
+        for sub in value:
+            _flatten(sub, lines)
 
 
 def wire_messages(
@@ -233,26 +334,46 @@ def wire_messages(
         yield where, m, str(role)
 
 
-class OpenCalls:
-    """The tool-call ids of the latest assistant message, which tool results must answer."""
+class ToolResults:
+    """The tool calls of the latest assistant message, and the results that answer them.
+
+    Harnesses send results in the order the tools finished (Claude Code puts errors and fast
+    tools first), but a template renders a result after the calls without naming its call
+    (Qwen's `<tool_response>` carries no id): results are put back in the order of the calls,
+    by id, so each one renders in its call's place. A result whose id matches no open call is
+    refused.
+    """
 
     def __init__(self) -> None:
-        self._ids: set[str] = set()
+        self._position: dict[str, int] = {}
+        self._answered: list[tuple[int, Message]] = []
 
-    def open(self, ids: Collection[str]) -> None:
-        self._ids = set(ids)
+    def open(self, ids: Sequence[str]) -> None:
+        """A new assistant message with these call ids (in call order)."""
+        self._position = {}
+        for pos, call_id in enumerate(ids):
+            self._position.setdefault(call_id, pos)
+        self._answered = []
 
-    def close_all(self) -> None:
-        self._ids = set()
-
-    def answer(self, call_id: object, where: str, what: str) -> None:
-        """A tool result for `call_id`; refused when no open call has that id."""
-        if not isinstance(call_id, str) or call_id not in self._ids:
+    def answer(self, call_id: object, message: Message, where: str, what: str) -> None:
+        """A result for `call_id`; refused when no open call has that id (or it was answered)."""
+        if not isinstance(call_id, str) or call_id not in self._position:
             raise RequestError(
                 f"{where}: {what} for {call_id!r} has no matching tool call in the previous "
                 "assistant message"
             )
-        self._ids.discard(call_id)
+        self._answered.append((self._position.pop(call_id), message))
+
+    def flush(self) -> list[Message]:
+        """The results answered since the last flush, in the order of their calls."""
+        out = [message for _, message in sorted(self._answered, key=lambda pm: pm[0])]
+        self._answered = []
+        return out
+
+    def close_all(self) -> None:
+        """No call is open any more (a user turn came)."""
+        self._position = {}
+        self._answered = []
 
 
 def append_system_note(messages: list[Message], text: str) -> None:
@@ -326,20 +447,23 @@ def pieces(text: str, size: int = STREAM_CHUNK) -> list[str]:
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
+    "ContentReader",
     "Conversation",
-    "OpenCalls",
+    "DeclaredTools",
     "Outcome",
+    "ToolResults",
     "WireProtocol",
     "append_system_note",
     "bearer",
+    "is_server_block",
     "mint_id",
-    "part_text",
     "pieces",
     "protocol_for_path",
     "protocols",
     "register_protocol",
     "sampling_keys",
-    "text_of",
+    "server_block_text",
+    "tool_choice",
     "tool_schema",
     "translate_tools",
     "wire_messages",

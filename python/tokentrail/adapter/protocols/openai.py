@@ -14,36 +14,42 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tokentrail.adapter.protocols.common import (
-    OpenCalls,
+    ContentReader,
+    DeclaredTools,
     Outcome,
+    ToolResults,
     WireProtocol,
     append_system_note,
     mint_id,
     pieces,
     register_protocol,
     sampling_keys,
-    text_of,
+    tool_choice,
     tool_schema,
     translate_tools,
     wire_messages,
 )
 from tokentrail.errors import RequestError
+from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT = ("text",)
-IMAGES = ("image_url", "input_image", "input_audio", "file")
+MEDIA = {"image_url": "image", "input_image": "image", "input_audio": "audio", "file": "document"}
+TOOL_CHOICES = {"auto": ToolChoice.AUTO, "none": ToolChoice.NONE, "required": ToolChoice.REQUIRED}
+MAX_TOP_LOGPROBS = 20
 
 
-def _tool(pos: int, tool: object) -> ToolSchema:
+def _tool(pos: int, tool: object) -> ToolSchema | str:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if isinstance(kind, str) and kind != "function":
+        # A tool the harness does not run as a function (a custom grammar tool, a hosted
+        # tool): withheld (see `DeclaredTools`).
+        return kind
     fn = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise RequestError(f"tools[{pos}] must be {{'type': 'function', 'function': {{...}}}}")
     return tool_schema(pos, fn["name"], fn.get("description"), fn.get("parameters"))
-
-
-def _text(content: object, where: str) -> str:
-    return text_of(content, where, text_types=TEXT, image_types=IMAGES, allow_null=True)
 
 
 def parse_arguments(raw: object) -> dict[str, Any]:
@@ -65,8 +71,11 @@ def dump_arguments(arguments: dict[str, Any]) -> str:
     return json.dumps(arguments, ensure_ascii=False)
 
 
-def _assistant(m: dict[str, Any], where: str) -> tuple[Message, list[str]]:
-    msg: Message = {"role": "assistant", "content": _text(m.get("content"), f"{where}.content")}
+def _assistant(m: dict[str, Any], where: str, reader: ContentReader) -> tuple[Message, list[str]]:
+    msg: Message = {
+        "role": "assistant",
+        "content": reader.text(m.get("content"), f"{where}.content", allow_null=True),
+    }
     reasoning = m.get("reasoning_content", m.get("reasoning"))
     if reasoning is not None:
         if not isinstance(reasoning, str):
@@ -94,22 +103,43 @@ def _assistant(m: dict[str, Any], where: str) -> tuple[Message, list[str]]:
     return msg, ids
 
 
+def _tool_choice(body: Mapping[str, Any], declared: DeclaredTools) -> tuple[ToolChoice, str | None]:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return ToolChoice.AUTO, None
+    if isinstance(choice, str) and choice in TOOL_CHOICES:
+        return tool_choice(TOOL_CHOICES[choice], None, declared)
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(fn, dict):
+        return tool_choice(ToolChoice.REQUIRED, fn.get("name"), declared)
+    raise RequestError(
+        "tool_choice must be 'auto', 'none', 'required' or "
+        f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}"
+    )
+
+
 def translate_request(body: Mapping[str, Any]) -> Conversation:
-    tools = translate_tools(body.get("tools"), _tool)
+    """A Chat Completions body to chat-template messages and tools. Tool messages are put in
+    the order of the calls they answer (see `ToolResults`)."""
+    declared = translate_tools(body.get("tools"), _tool)
+    choice, forced = _tool_choice(body, declared)
+    reader = ContentReader(TEXT, MEDIA)
     messages: list[Message] = []
-    calls = OpenCalls()
+    results = ToolResults()
     for where, m, role in wire_messages(body, ROLES):
+        if role != "tool":
+            messages.extend(results.flush())
         if role == "assistant":
-            msg, ids = _assistant(m, where)
-            calls.open(ids)
+            msg, ids = _assistant(m, where, reader)
+            results.open(ids)
             messages.append(msg)
             continue
         if "content" not in m:
             raise RequestError(f"{where} has no content")
-        text = _text(m["content"], f"{where}.content")
+        text = reader.text(m["content"], f"{where}.content", allow_null=True)
         if role == "tool":
-            calls.answer(m.get("tool_call_id"), where, "tool message")
-            messages.append({"role": "tool", "content": text})
+            results.answer(m.get("tool_call_id"), {"role": "tool", "content": text}, where,
+                           "tool message")  # fmt: skip
         elif role in ("system", "developer"):
             if messages:
                 append_system_note(messages, text)
@@ -117,8 +147,16 @@ def translate_request(body: Mapping[str, Any]) -> Conversation:
                 messages.append({"role": "system", "content": text})
         else:
             messages.append({"role": "user", "content": text})
-            calls.close_all()
-    return Conversation(messages, tools)
+            results.close_all()
+    messages.extend(results.flush())
+    return Conversation(
+        messages,
+        declared.tools,
+        tool_choice=choice,
+        forced_tool=forced,
+        withheld_tools=declared.withheld,
+        dropped_media=dict(reader.media),
+    )
 
 
 def finish_reason(message: Message, finish: str) -> str:
@@ -147,6 +185,19 @@ def wire_message(message: Message, ids: list[str]) -> dict[str, Any]:
     return out
 
 
+def token_logprobs(outcome: Outcome) -> dict[str, Any] | None:
+    """`choices[0].logprobs` for a reply that asked for them: the sampled tokens' own
+    logprobs, which the engine returned anyway. Alternatives were never sampled, so every
+    `top_logprobs` list is empty."""
+    if outcome.token_logprobs is None:
+        return None
+    content = [
+        {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
+        for text, lp in outcome.token_logprobs
+    ]
+    return {"content": content, "refusal": None}
+
+
 def stream_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
     """The `data:` frames of a finished completion, ending with `data: [DONE]`."""
     head = {k: response[k] for k in ("id", "created", "model")}
@@ -154,8 +205,11 @@ def stream_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
     choice = response["choices"][0]
     message = choice["message"]
 
-    def frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        body = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    def frame(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+        body = {**head, "choices": [choice]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
 
     yield frame({"role": "assistant", "content": ""})
@@ -179,6 +233,9 @@ def stream_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
         )
         for part in pieces(fn["arguments"]):
             yield frame({"tool_calls": [{"index": index, "function": {"arguments": part}}]})
+    if choice.get("logprobs") is not None:
+        # All of them in one chunk: clients append each chunk's `logprobs.content`.
+        yield frame({}, None, choice["logprobs"])
     yield frame({}, choice["finish_reason"])
     if include_usage:
         usage = {**head, "choices": [], "usage": response["usage"]}
@@ -205,8 +262,29 @@ class OpenAIChat(WireProtocol):
         return translate_request(body)
 
     def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        n = body.get("n")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise RequestError("n must be a positive integer")
+        if n is not None and n > 1:
+            raise RequestError(
+                f"n={n}: tokentrail samples one choice per request (each turn is one recorded "
+                "sample); send n requests instead"
+            )
+        self.wants_logprobs(body)  # checked before anything is generated
         key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         return sampling_keys(body, key, "stop")
+
+    def wants_logprobs(self, body: Mapping[str, Any]) -> bool:
+        logprobs = body.get("logprobs")
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise RequestError("logprobs must be a boolean")
+        top = body.get("top_logprobs")
+        if top is not None:
+            if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+                raise RequestError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+            if not logprobs:
+                raise RequestError("top_logprobs needs logprobs: true")
+        return bool(logprobs)
 
     def mint_call_id(self) -> str:
         return mint_id("call_")
@@ -226,7 +304,7 @@ class OpenAIChat(WireProtocol):
                     "index": 0,
                     "message": wire_message(message, outcome.call_ids),
                     "finish_reason": finish_reason(message, outcome.finish_reason),
-                    "logprobs": None,
+                    "logprobs": token_logprobs(outcome),
                 }
             ],
             "usage": {

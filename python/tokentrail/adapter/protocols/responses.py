@@ -23,24 +23,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.adapter.protocols.common import (
-    OpenCalls,
+    ContentReader,
+    DeclaredTools,
     Outcome,
+    ToolResults,
     WireProtocol,
     append_system_note,
     mint_id,
     pieces,
     register_protocol,
     sampling_keys,
-    text_of,
+    tool_choice,
     tool_schema,
 )
 from tokentrail.adapter.protocols.openai import dump_arguments, parse_arguments
 from tokentrail.errors import RequestError
+from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
 
 ROLES = ("developer", "system", "user", "assistant")
 TEXT = ("input_text", "output_text", "text", "refusal")
-IMAGES = ("input_image", "input_file", "input_audio")
+MEDIA = {"input_image": "image", "input_file": "document", "input_audio": "audio"}
+TOOL_CHOICES = {"auto": ToolChoice.AUTO, "none": ToolChoice.NONE, "required": ToolChoice.REQUIRED}
 # The one parameter a free-form tool's input travels in, inside.
 CUSTOM_INPUT = "input"
 # Tools the provider runs itself: offering them to the model would produce calls nobody runs.
@@ -131,11 +135,7 @@ def read_tools(tools: object) -> ToolTable:
     return table
 
 
-def _text(content: object, where: str) -> str:
-    return text_of(content, where, text_types=TEXT, image_types=IMAGES)
-
-
-def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
+def _reasoning_text(item: Mapping[str, Any], where: str, reader: ContentReader) -> str:
     """The raw reasoning of an item: our `encrypted_content` first, then its content, then its
     summary (all a client that never saw our reply can send)."""
     encrypted = item.get("encrypted_content")
@@ -147,7 +147,7 @@ def _reasoning_text(item: Mapping[str, Any], where: str) -> str:
     ):
         parts = item.get(key)
         if isinstance(parts, list) and parts:
-            return joiner.join(_text([p], f"{where}.{key}") for p in parts if _is(p, kind))
+            return joiner.join(reader.text([p], f"{where}.{key}") for p in parts if _is(p, kind))
     return ""
 
 
@@ -158,20 +158,17 @@ def _is(part: object, kind: str) -> bool:
 class _Builder:
     """Collects input items into messages, one assistant message per run of assistant items."""
 
-    def __init__(self, tools: ToolTable, calls: OpenCalls) -> None:
+    def __init__(self, tools: ToolTable, results: ToolResults, reader: ContentReader) -> None:
         self.tools = tools
-        self.calls = calls
+        self.results = results
+        self.reader = reader
         self.messages: list[Message] = []
         self._assistant: Message | None = None
         self._call_ids: list[str] = []
-        # Outputs of the open assistant message's calls, by call id, until they are placed.
-        self._outputs: dict[str, Message] = {}
-        # The call ids, in order, of the assistant message the pending outputs answer.
-        self._order: list[str] = []
 
     def _open_assistant(self) -> Message:
         if self._assistant is None:
-            self._flush_outputs()
+            self.messages.extend(self.results.flush())
             self._assistant = {"role": "assistant", "content": ""}
             self.messages.append(self._assistant)
             self._call_ids = []
@@ -179,21 +176,12 @@ class _Builder:
 
     def _close_assistant(self) -> None:
         if self._assistant is not None:
-            self.calls.open(self._call_ids)
+            self.results.open(self._call_ids)
             self._assistant = None
-
-    def _flush_outputs(self) -> None:
-        """Tool results in the order of the calls they answer, not the order they came in."""
-        if not self._outputs:
-            return
-        order = {cid: k for k, cid in enumerate(self._order)}
-        for cid in sorted(self._outputs, key=lambda c: order.get(c, len(order))):
-            self.messages.append(self._outputs[cid])
-        self._outputs = {}
 
     def system(self, text: str) -> None:
         self._close_assistant()
-        self._flush_outputs()
+        self.messages.extend(self.results.flush())
         if not self.messages:
             self.messages.append({"role": "system", "content": text})
         elif len(self.messages) == 1 and self.messages[0]["role"] == "system":
@@ -205,8 +193,8 @@ class _Builder:
 
     def user(self, text: str) -> None:
         self._close_assistant()
-        self._flush_outputs()
-        self.calls.close_all()
+        self.messages.extend(self.results.flush())
+        self.results.close_all()
         self.messages.append({"role": "user", "content": text})
 
     def reasoning(self, text: str) -> None:
@@ -232,11 +220,9 @@ class _Builder:
         self._call_ids.append(call_id)
 
     def output(self, call_id: object, text: str, where: str) -> None:
-        if self._assistant is not None:
-            self._order = list(self._call_ids)
-            self._close_assistant()
-        self.calls.answer(call_id, where, "tool output")
-        self._outputs[str(call_id)] = {"role": "tool", "content": text}
+        """A tool result; results are put in the order of the calls they answer."""
+        self._close_assistant()
+        self.results.answer(call_id, {"role": "tool", "content": text}, where, "tool output")
 
     def server_item(self, item: Mapping[str, Any]) -> None:
         note = json.dumps({k: v for k, v in item.items() if k != "id"}, ensure_ascii=False)
@@ -244,8 +230,25 @@ class _Builder:
 
     def finish(self) -> list[Message]:
         self._close_assistant()
-        self._flush_outputs()
+        self.messages.extend(self.results.flush())
         return self.messages
+
+
+def _tool_choice(body: Mapping[str, Any], tools: ToolTable) -> tuple[ToolChoice, str | None]:
+    choice = body.get("tool_choice")
+    declared = DeclaredTools(tools.schemas or None, tools.withheld)
+    if choice is None:
+        return ToolChoice.AUTO, None
+    if isinstance(choice, str) and choice in TOOL_CHOICES:
+        return tool_choice(TOOL_CHOICES[choice], None, declared)
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        name = choice.get("name")
+        if isinstance(name, str) and isinstance(choice.get("namespace"), str):
+            name = f"{choice['namespace']}.{name}"
+        return tool_choice(ToolChoice.REQUIRED, name, declared)
+    raise RequestError(
+        "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}"
+    )
 
 
 def translate_request(
@@ -257,12 +260,13 @@ def translate_request(
     `previous_response_id` continues (its last message the response), `prior_calls` that
     response's call ids."""
     tools = read_tools(body.get("tools"))
-    calls = OpenCalls()
-    builder = _Builder(tools, calls)
-    builder._order = list(prior_calls or [])
+    choice, forced = _tool_choice(body, tools)
+    reader = ContentReader(TEXT, MEDIA)
+    results = ToolResults()
+    builder = _Builder(tools, results, reader)
     if prior:
         builder.messages.extend(prior)
-        calls.open(prior_calls or [])
+        results.open(prior_calls or [])
     instructions = body.get("instructions")
     if instructions is not None and not prior:
         if not isinstance(instructions, str):
@@ -279,7 +283,15 @@ def translate_request(
     messages = builder.finish()
     if not messages:
         raise RequestError("input must not be empty")
-    return Conversation(messages, tools.schemas or None), tools
+    conversation = Conversation(
+        messages,
+        tools.schemas or None,
+        tool_choice=choice,
+        forced_tool=forced,
+        withheld_tools=tools.withheld,
+        dropped_media=dict(reader.media),
+    )
+    return conversation, tools
 
 
 def _read_item(builder: _Builder, item: object, where: str) -> None:
@@ -290,7 +302,7 @@ def _read_item(builder: _Builder, item: object, where: str) -> None:
         role = item.get("role")
         if role not in ROLES:
             raise RequestError(f"{where}.role must be one of {ROLES}, got {role!r}")
-        text = _text(item.get("content", ""), f"{where}.content")
+        text = builder.reader.text(item.get("content", ""), f"{where}.content")
         if role == "assistant":
             builder.assistant_text(text)
         elif role == "user":
@@ -298,7 +310,7 @@ def _read_item(builder: _Builder, item: object, where: str) -> None:
         else:
             builder.system(text)
     elif kind == "reasoning":
-        builder.reasoning(_reasoning_text(item, where))
+        builder.reasoning(_reasoning_text(item, where, builder.reader))
     elif kind == "function_call":
         name = item.get("name")
         if not isinstance(name, str):
@@ -312,7 +324,8 @@ def _read_item(builder: _Builder, item: object, where: str) -> None:
             raise RequestError(f"{where}: custom_tool_call needs a string name and input")
         builder.call(tool, {CUSTOM_INPUT: patch}, item.get("call_id"), where)
     elif kind in OUTPUT_ITEMS:
-        builder.output(item.get("call_id"), _text(item.get("output", ""), f"{where}.output"), where)
+        output = builder.reader.text(item.get("output", ""), f"{where}.output")
+        builder.output(item.get("call_id"), output, where)
     elif kind in SERVER_ITEMS:
         builder.server_item(item)
     else:

@@ -1,0 +1,143 @@
+"""Side conversations: what a harness asks beside the agent's own conversation, with the same
+API key (Qwen Code's memory-extraction agent, hermes-agent's context summarizer, title and
+compaction requests).
+
+Every sample is tagged with the conversation it came from: the branch of the session's tree it
+hangs from, a fingerprint of its system prompt, and whether it is a sub-agent (its first user
+message carries the prompt of an `Agent`/`Task` call made elsewhere in the session). A session
+or the server can exclude side conversations by a pattern on their first message (the system
+prompt, or the first user message when there is none) or by a request header: excluded turns
+are served and journaled like any other, and the ledger masks their tokens as `excluded`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokentrail.errors import PolicyError
+from tokentrail.messages import Message
+from tokentrail.trajectory.tree import Node, iter_nodes
+
+__all__ = [
+    "KNOWN_SIDE_PROMPTS",
+    "SUBAGENT_TOOLS",
+    "SideRules",
+    "conversation_tags",
+    "exclusion",
+    "system_fingerprint",
+]
+
+# The first words of side requests captured from the real harnesses (Qwen Code 0.24.4,
+# hermes-agent 0.19.0); `--exclude-side-requests` excludes them all.
+KNOWN_SIDE_PROMPTS = {
+    "qwen-code memory extraction": (
+        r"\AYou are now acting as the managed memory extraction subagent"
+    ),
+    "hermes-agent summarizer": r"\AYou are a summarization agent creating a context checkpoint",
+}
+# Tools that start a sub-agent, whose prompt the sub-agent's first user message carries.
+SUBAGENT_TOOLS = frozenset({"Agent", "Task", "agent", "delegate_task"})
+# Shorter argument strings are labels ("description"), not prompts.
+_MIN_PROMPT = 20
+
+
+def _first_text(messages: Sequence[Message]) -> str:
+    if not messages:
+        return ""
+    content = messages[0].get("content")
+    return content if isinstance(content, str) else ""
+
+
+@dataclass(frozen=True)
+class SideRules:
+    """Patterns (regular expressions, searched) on a conversation's first message."""
+
+    patterns: tuple[re.Pattern[str], ...] = ()
+
+    @classmethod
+    def compile(cls, patterns: Iterable[str] | None) -> SideRules:
+        compiled = []
+        for pattern in patterns or ():
+            try:
+                compiled.append(re.compile(pattern))
+            except re.error as exc:
+                raise PolicyError(f"bad side-conversation pattern {pattern!r}: {exc}") from None
+        return cls(tuple(compiled))
+
+    def match(self, messages: Sequence[Message]) -> str | None:
+        """The first pattern that the conversation's first message matches, if any."""
+        text = _first_text(messages)
+        return next((p.pattern for p in self.patterns if p.search(text)), None)
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+
+def exclusion(
+    messages: Sequence[Message], rules: Iterable[SideRules], header: str | None = None
+) -> str | None:
+    """Why a turn is excluded from training (`header`, or `pattern:<the pattern>`); None when
+    it is not."""
+    if header:
+        return "header"
+    for ruleset in rules:
+        found = ruleset.match(messages)
+        if found is not None:
+            return f"pattern:{found}"
+    return None
+
+
+def system_fingerprint(messages: Sequence[Message]) -> str | None:
+    """16 hex digits of the SHA-256 of the system prompt; None without one."""
+    if not messages or messages[0].get("role") != "system":
+        return None
+    return hashlib.sha256(_first_text(messages).encode()).hexdigest()[:16]
+
+
+def subagent_prompts(root: Node) -> list[tuple[str, Node]]:
+    """The prompts the session's generated turns handed to sub-agents, with the turn that
+    handed each one."""
+    prompts: list[tuple[str, Node]] = []
+    for node in iter_nodes(root):
+        message = node.message if node.turn is not None else None
+        for call in (message or {}).get("tool_calls") or ():
+            fn = call.get("function") or {}
+            if fn.get("name") in SUBAGENT_TOOLS and isinstance(fn.get("arguments"), dict):
+                prompts.extend(
+                    (v.strip(), node)
+                    for v in fn["arguments"].values()
+                    if isinstance(v, str) and len(v.strip()) >= _MIN_PROMPT
+                )
+    return prompts
+
+
+def conversation_tags(
+    root: Node, leaf: Node, prompts: Sequence[tuple[str, Node]]
+) -> dict[str, Any]:
+    """The conversation a sample ending at `leaf` came from: `root_branch` (which of the
+    tree's first messages it descends from, in order of arrival), `system_fingerprint`, and
+    `subagent` (its first user message carries a prompt from `prompts` that a turn outside
+    this conversation handed to a sub-agent)."""
+    path = leaf.path()
+    on_path = {id(n) for n in path}
+    branch = next((i for i, c in enumerate(root.children) if path and c is path[0]), None)
+    head: list[Message] = []
+    first_user = ""
+    for node in path:
+        message = node.message
+        if message is None:
+            continue
+        if not head:
+            head.append(message)
+        if message.get("role") == "user":
+            first_user = str(message.get("content") or "")
+            break
+    return {
+        "root_branch": branch,
+        "system_fingerprint": system_fingerprint(head),
+        "subagent": any(p in first_user for p, by in prompts if id(by) not in on_path),
+    }

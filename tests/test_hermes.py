@@ -1,0 +1,131 @@
+"""The real hermes-agent (0.19.0, from PyPI, in a venv of its own) driven headless against
+`tokentrail serve`, with a thinking model.
+
+hermes-agent replays every assistant message without its reasoning, with its content stripped
+at both ends and its tool-call arguments re-serialized (sorted keys, compact, ASCII-escaped).
+Its verify-on-stop loop nudges the model twice after an edit in a code workspace, and on
+`--resume` it drops the answers those nudges superseded, the complete answer among them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.hermes import HERMES_VERSION, Hermes, install_hermes
+from support.serve import Served, serving
+
+
+@pytest.fixture(scope="module")
+def hermes_exe() -> Path:
+    try:
+        return install_hermes()
+    except (OSError, RuntimeError) as exc:
+        reason = f"cannot install hermes-agent=={HERMES_VERSION}: {exc}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        print(f"\n*** SKIPPING the real hermes-agent test: {reason} ***", file=sys.stderr)
+        pytest.skip(reason)
+
+
+def _thinking(reasoning: str, text: str, *calls: tuple[str, dict]) -> list[dict]:
+    blocks = [{"type": "thinking", "thinking": reasoning}, {"type": "text", "text": text}]
+    blocks += [{"type": "tool_use", "name": name, "input": args} for name, args in calls]
+    return blocks
+
+
+# hermes replaces a one-letter key with "no-key-required": the session id must look like a key.
+SID = "sess-hermes-0001"
+COMPLETE_ANSWER = "Added add() to calc.py."
+# Reply N answers a prompt holding N assistant messages. On resume hermes keeps one assistant
+# message of the first turn's four, so the resumed prompt gets reply 2, which answers both
+# nudge 1 and the resumed question.
+VERIFY_SCRIPT = [
+    _thinking(
+        "  Let me write calc.py.  ",
+        " I'll add add() to calc.py.\n",
+        ("write_file", {"path": "calc.py", "content": "def add(a, b):\n    return a + b  # é\n"}),
+    ),
+    _thinking("The file is written.", COMPLETE_ANSWER),
+    _thinking("There is no test runner.", "Not verified: no test runner is configured here."),
+    _thinking("Still none.", "Still unverified: no test runner."),
+]
+PLAIN_SCRIPT = [
+    _thinking("I need to read it first.", "", ("read_file", {"path": "calc.py"})),
+    _thinking("It defines add.", "\ncalc.py defines add(a, b).\n"),
+    _thinking("Two plus three.", "add(2, 3) returns 5."),
+]
+
+
+def _session(
+    exe: Path, tmp_path: Path, script: list, workspace: Path, prompts: list[str], verify: bool
+) -> dict:
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps(script))
+    served: Served
+    with serving(path, "--model-name", "qwen3") as served:
+        hermes = Hermes.configured(
+            exe, tmp_path / "hermes-home", base_url=served.url, api_key=SID, verify_on_stop=verify
+        )
+        resume = None
+        for prompt in prompts:
+            run = hermes.chat(prompt, cwd=workspace, resume=resume)
+            assert run.returncode == 0, (run.stderr[-2000:], run.stdout[-2000:])
+            assert run.session_id is not None
+            resume = run.session_id
+        return served.finish(SID)
+
+
+def test_real_hermes_verify_on_stop_session_trains_the_complete_answer(
+    hermes_exe: Path, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    # A project marker makes it a code workspace: the edit then gets both nudges.
+    (workspace / "pyproject.toml").write_text('[project]\nname = "demo"\nversion = "0.1.0"\n')
+    finished = _session(
+        hermes_exe,
+        tmp_path,
+        VERIFY_SCRIPT,
+        workspace,
+        ["Add an add(a, b) function to calc.py", "Is add() verified?"],
+        verify=True,
+    )
+    assert (workspace / "calc.py").read_text() == "def add(a, b):\n    return a + b  # é\n"
+    ledger = finished["ledger"]
+    # write, the complete answer, two answers to nudges, the resumed answer.
+    assert len(ledger["turns"]) == 5
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    complete = ledger["turns"][1]
+    assert complete["trained"] == complete["generated"] > 0
+    # The resume forks where hermes collapsed the verification candidates into the last one
+    # (the complete answer and the first nudge's answer are gone from its history): the first
+    # turn's four replies are one sample, the resumed turn a second.
+    assert len(finished["samples"]) <= 2
+    decoded = [s["metadata"]["turns"] for s in finished["samples"]]
+    assert [1, 2, 3, 4] in decoded
+
+
+def test_real_hermes_plain_thinking_session_is_one_sample(hermes_exe: Path, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    finished = _session(
+        hermes_exe,
+        tmp_path,
+        PLAIN_SCRIPT,
+        workspace,
+        ["What is in calc.py?", "And what does add(2, 3) return?"],
+        verify=False,
+    )
+    ledger = finished["ledger"]
+    assert len(ledger["turns"]) == 3
+    assert len(finished["samples"]) == 1
+    assert finished["samples"][0]["metadata"]["turns"] == [1, 2, 3]
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    # Every replayed reply lost its reasoning (and the read its argument layout): restored.
+    assert ledger["restored_echoes"] == 2

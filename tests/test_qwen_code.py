@@ -1,0 +1,123 @@
+"""The real Qwen Code CLI (0.24.4, from npm) driven headless against `tokentrail serve`: the
+OpenAI Chat Completions side with a real harness.
+
+The scripted model reads two files in parallel, makes an edit that fails and then one that
+succeeds, writes a file, runs a shell command and answers. Qwen Code replays every reply with
+its reasoning trimmed and its arguments re-serialized; the session must be one sample with
+every generated token trained, the trimmed reasoning restored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.qwen_code import QWEN_CODE_VERSION, install_qwen_code, run_qwen
+from support.serve import serving
+
+CALC = "def add(a, b):\n    return a+b\n"
+
+
+def _script(repo: Path) -> list:
+    calc, readme, notes = (str(repo / n) for n in ("calc.py", "README.md", "NOTES.md"))
+    check = "python3 -c 'import calc; print(calc.add(2, 3))'"
+    return [
+        [
+            {"type": "thinking", "thinking": "I should read both files first."},
+            {"type": "tool_use", "name": "read_file", "input": {"file_path": calc}},
+            {"type": "tool_use", "name": "read_file", "input": {"file_path": readme}},
+        ],
+        [
+            # Qwen Code trims the reasoning it replays: this one comes back without the
+            # whitespace at its ends, and must be restored.
+            {"type": "thinking", "thinking": "\n  The return line needs spaces.  \n"},
+            {"type": "tool_use", "name": "edit",
+             "input": {"file_path": calc, "old_string": "    return a +b",
+                       "new_string": "    return a + b"}},
+        ],
+        [
+            {"type": "thinking", "thinking": "The old string was wrong; retry with the file's."},
+            {"type": "tool_use", "name": "edit",
+             "input": {"file_path": calc, "old_string": "    return a+b",
+                       "new_string": "    return a + b"}},
+        ],
+        [
+            {"type": "text", "text": "Writing the notes."},
+            {"type": "tool_use", "name": "write_file",
+             "input": {"file_path": notes, "content": "calc.py: add() is spaced.\n"}},
+        ],
+        [
+            {"type": "tool_use", "name": "run_shell_command",
+             "input": {"command": check, "description": "Check add()"}},
+        ],
+        [{"type": "text", "text": "Fixed calc.py and wrote NOTES.md; add(2, 3) is 5."}],
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def qwen_exe() -> Path:
+    if shutil.which("npm") is None:
+        reason = f"npm is missing: cannot install @qwen-code/qwen-code@{QWEN_CODE_VERSION}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        print(f"\n*** SKIPPING the real Qwen Code test: {reason} ***", file=sys.stderr)
+        pytest.skip(reason)
+    exe = install_qwen_code()
+    assert exe is not None
+    return exe
+
+
+def _tool_results(events: list[dict]) -> list[str]:
+    out = []
+    for event in events:
+        if event.get("type") != "user":
+            continue
+        for block in event.get("message", {}).get("content") or ():
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                content = block.get("content")
+                if isinstance(content, list):
+                    content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                out.append(str(content))
+    return out
+
+
+def test_real_qwen_code_session_is_one_sample_and_trains_everything(
+    qwen_exe: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    (repo / "README.md").write_text("# calc\n")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(_script(repo)))
+    with serving(script) as served:
+        run = run_qwen(
+            qwen_exe,
+            "Fix the spacing in calc.py, note it in NOTES.md and check add(2, 3).",
+            base_url=served.url,
+            session_id="qwen-session",
+            cwd=repo,
+            timeout=180,
+        )
+        assert run.returncode == 0, (run.stderr[-2000:], run.stdout[-2000:])
+        assert run.result is not None and run.result.get("subtype") == "success"
+        finished = served.finish("qwen-session")
+
+    assert (repo / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    assert (repo / "NOTES.md").read_text() == "calc.py: add() is spaced.\n"
+    results = _tool_results(run.events)
+    assert len(results) == 6
+    assert "0 occurrences found" in results[2]
+    assert "5" in results[5]
+
+    ledger = finished["ledger"]
+    assert len(ledger["turns"]) == 6
+    assert len(finished["samples"]) == 1
+    assert ledger["trained_tokens"] == ledger["generated_tokens"] > 0
+    assert ledger["restored_echoes"] == 1
+    assert ledger["restored_by_tool"] == {"edit": 1}

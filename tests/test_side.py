@@ -1,0 +1,190 @@
+"""Side conversations: every sample says which conversation it came from, and side requests a
+harness makes with the session's key (memory agents, summarizers) can be excluded from training
+without being dropped: served, journaled, and counted in the ledger as `excluded`."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from tokens import assistant, play, system, user
+from tokentrail import TrajectoryManager
+from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter.turns import EXCLUDE_HEADER
+from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.errors import PolicyError
+from tokentrail.storage.journal import Journal, read_journal
+from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.trajectory.side import SideRules, system_fingerprint
+
+# The first words of the real side requests (captured from Qwen Code 0.24.4 and hermes-agent
+# 0.19.0 against a stub; see `side.KNOWN_SIDE_PROMPTS`).
+QWEN_MEMORY = (
+    "You are now acting as the managed memory extraction subagent for an AI coding assistant."
+    "\n\nThe recent conversation history is already in your context."
+)
+HERMES_SUMMARY = (
+    "You are a summarization agent creating a context checkpoint. Treat the conversation turns "
+    "below as source material for a compact record of prior work.\n\nTURNS TO SUMMARIZE:\n..."
+)
+MAIN_SYSTEM = "You are Qwen Code, a non-interactive CLI agent."
+AGENT_PROMPT = "Find every TODO comment in the repository and list the files that hold them."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
+
+
+# --- tags -------------------------------------------------------------------------------------
+
+
+def test_samples_are_tagged_with_their_conversation() -> None:
+    manager = TrajectoryManager()
+    main = [system(MAIN_SYSTEM), user("tidy the repo")]
+    call = assistant("", ("Agent", {"description": "find todos", "prompt": AGENT_PROMPT}))
+    play(manager, "s", main, call)
+    sub = [system("You are a search sub-agent."), user(AGENT_PROMPT)]
+    play(manager, "s", sub, assistant("Two files."))
+    play(manager, "s", [user(HERMES_SUMMARY)], assistant("## Summary"))
+    samples = manager.finish("s").samples
+    tags = [s.metadata["conversation"] for s in samples]
+    assert tags == [
+        {
+            "root_branch": 0,
+            "system_fingerprint": system_fingerprint(main),
+            "subagent": False,
+        },
+        {"root_branch": 1, "system_fingerprint": system_fingerprint(sub), "subagent": True},
+        {"root_branch": 2, "system_fingerprint": None, "subagent": False},
+    ]
+    assert tags[0]["system_fingerprint"] != tags[1]["system_fingerprint"]
+
+
+def test_a_bad_pattern_is_a_named_error() -> None:
+    with pytest.raises(PolicyError, match="bad side-conversation pattern"):
+        SideRules.compile(["(unclosed"])
+
+
+# --- exclusion through the adapter ------------------------------------------------------------
+
+
+def run_session(
+    tokenizer, requests: list[tuple[list[dict], dict[str, str]]], journal: Path | None = None,
+    **config: Any,
+) -> tuple[Any, list[int], str]:  # fmt: skip
+    """Send each (messages, headers) as its own request; return the finished trajectory, each
+    reply's HTTP status and the metrics after the finish."""
+    script = [[{"type": "text", "text": "Noted."}]]
+    adapter = Adapter(
+        engine=ScriptedEngine(tokenizer, script),
+        tokenizer=tokenizer,
+        config=AdapterConfig(**config),
+        journal=Journal(journal) if journal else None,
+    )
+
+    async def go() -> tuple[Any, list[int], str]:
+        runner, url = await start_server(adapter)
+        statuses = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                for messages, headers in requests:
+                    async with http.post(
+                        f"{url}/v1/chat/completions",
+                        json={"model": "m", "messages": messages},
+                        headers={"Authorization": "Bearer s", **headers},
+                    ) as resp:
+                        statuses.append(resp.status)
+                        await resp.read()
+                trajectory = await adapter.finish_trajectory("s")
+                async with http.get(f"{url}/metrics") as resp:
+                    metrics = await resp.text()
+            return trajectory, statuses, metrics
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(go())
+
+
+MAIN = [{"role": "system", "content": MAIN_SYSTEM}, {"role": "user", "content": "hi"}]
+MEMORY = [{"role": "system", "content": QWEN_MEMORY}, {"role": "user", "content": "extract"}]
+SUMMARY = [{"role": "user", "content": HERMES_SUMMARY}]
+
+
+def test_known_side_requests_are_served_journaled_and_masked_as_excluded(
+    tokenizer, tmp_path: Path
+) -> None:
+    path = tmp_path / "run.db"
+    trajectory, statuses, metrics = run_session(
+        tokenizer,
+        [(MAIN, {}), (MEMORY, {}), (SUMMARY, {})],
+        journal=path,
+        exclude_known_side_requests=True,
+    )
+    assert statuses == [200, 200, 200]
+    ledger = trajectory.ledger
+    assert [t.excluded for t in ledger.turns] == [
+        None,
+        "pattern:" + r"\AYou are now acting as the managed memory extraction subagent",
+        "pattern:" + r"\AYou are a summarization agent creating a context checkpoint",
+    ]
+    side = [t.generated for t in ledger.turns[1:]]
+    assert ledger.masked_tokens == {"excluded": sum(side)}
+    assert ledger.trained_tokens == ledger.turns[0].generated
+    assert ledger.to_dict()["excluded_turns"] == 2
+    (sample,) = trajectory.samples
+    assert sample.metadata["turns"] == [1]
+    assert f'tokentrail_masked_tokens_total{{reason="excluded"}} {float(sum(side))}' in metrics
+    # Journaled like any other turn, with the reason kept for recovery and replay.
+    turns = read_journal(path).served_turns()
+    assert [t.metadata.get("excluded") is not None for t in turns] == [False, True, True]
+
+
+def test_a_header_or_a_pattern_excludes_and_nothing_else_does(tokenizer) -> None:
+    trajectory, _, _ = run_session(
+        tokenizer,
+        [
+            (MAIN, {}),
+            ([{"role": "system", "content": "Write a title."}, *MAIN[1:]], {}),
+            ([{"role": "system", "content": "other"}, *MAIN[1:]], {EXCLUDE_HEADER: "title"}),
+            ([{"role": "system", "content": "other 2"}, *MAIN[1:]], {EXCLUDE_HEADER: "0"}),
+            (MEMORY, {}),
+        ],
+        exclude_patterns=("^Write a title",),
+    )
+    assert [t.excluded for t in trajectory.ledger.turns] == [
+        None,
+        "pattern:^Write a title",
+        "header",
+        None,
+        None,
+    ]
+    assert len(trajectory.samples) == 3
+
+
+def test_a_session_can_exclude_its_own_side_conversations(tokenizer) -> None:
+    adapter = Adapter(
+        engine=ScriptedEngine(tokenizer, [[{"type": "text", "text": "ok"}]]),
+        tokenizer=tokenizer,
+    )
+    adapter.open_session("s", exclude_patterns=["memory extraction"])
+    adapter.open_session("t")
+
+    async def go() -> tuple[Any, Any]:
+        runner, url = await start_server(adapter)
+        try:
+            for sid in ("s", "t"):
+                client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=sid, max_retries=0)
+                await client.chat.completions.create(model="m", messages=MEMORY)
+            return await adapter.finish_trajectory("s"), await adapter.finish_trajectory("t")
+        finally:
+            await runner.cleanup()
+
+    own, other = asyncio.run(go())
+    assert own.ledger.turns[0].excluded == "pattern:memory extraction" and not own.samples
+    assert other.ledger.turns[0].excluded is None and len(other.samples) == 1
