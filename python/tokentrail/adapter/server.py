@@ -24,10 +24,17 @@ from tokentrail.adapter.middleware import errors_as_json
 from tokentrail.adapter.protocols import WireProtocol, protocols
 from tokentrail.adapter.protocols.common import Outcome
 from tokentrail.adapter.sessions import Session, Sessions
-from tokentrail.engines.base import Engine, GenerateRequest, Generation, SamplingParams
+from tokentrail.engines.base import (
+    Engine,
+    GenerateRequest,
+    Generation,
+    ReplayRequest,
+    SamplingParams,
+)
 from tokentrail.errors import (
     AuthenticationError,
     EngineError,
+    ReplayError,
     RequestError,
     RequestTooLarge,
     SessionError,
@@ -62,6 +69,10 @@ class AdapterConfig:
     default_max_tokens: int = 4096
     # Warn once per finished session whose tool-call turns lost more than this share.
     masked_warning_threshold: float = 0.05
+    # Ask the engine for every turn's MoE routed experts / sparse-attention indexer top-k
+    # (off by default); the manager's shapes check what comes back and size the store.
+    routed_experts: bool = False
+    indexer_topk: bool = False
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -84,6 +95,7 @@ class Adapter:
         self.tokenizer = tokenizer
         self.config = config = config or AdapterConfig()
         self.manager = manager or TrajectoryManager()
+        self.replay = _replay_request(config, self.manager)
         self.pipeline = TurnPipeline(
             self.manager,
             tokenizer,
@@ -130,6 +142,8 @@ class Adapter:
                 drift_policy=str(self.manager.drift_policy),
                 rewrite_policy=str(self.manager.rewrite_policy),
                 fork_threshold=str(self.manager.fork_threshold_tokens),
+                routing=str(self.manager.routing or ""),
+                indexer=str(self.manager.indexer or ""),
             )
             self.sessions.recover(journal)
 
@@ -325,6 +339,9 @@ class Adapter:
                 metadata=metadata,
                 history=prepared.history,
                 fallback=prepared.fallback,
+                routed_experts=generation.routed_experts,
+                indexer_topk=generation.indexer_topk,
+                weight_versions=generation.weight_versions,
             )
         try:
             response = await write_reply(request, proto, reply, stream, body)
@@ -352,6 +369,7 @@ class Adapter:
             request_id=rid,
             messages=prepared.record_messages,
             tools=prepared.tools,
+            replay=self.replay.from_position(prepared.replay_start),
         )
         try:
             generation = await self.engine.generate(request)
@@ -359,6 +377,25 @@ class Adapter:
             await self.engine.abort(rid)
             raise UpstreamError(f"engine error: {exc}") from None
         return generation
+
+
+def _replay_request(config: AdapterConfig, manager: TrajectoryManager) -> ReplayRequest:
+    """What every turn asks the engine for beyond ids; the start is each turn's own."""
+    for wanted, shape, flag in (
+        (config.routed_experts, manager.routing, "routing"),
+        (config.indexer_topk, manager.indexer, "indexer"),
+    ):
+        if wanted and shape is None:
+            raise ReplayError(
+                f"asking for {flag} replay needs the model's {flag} shape: give the manager "
+                f"one (TrajectoryManager({flag}=...), `tokentrail serve --{flag}-shape` or the "
+                "model's config.json)"
+            )
+    return ReplayRequest(
+        routed_start=0 if config.routed_experts else None,
+        routing=manager.routing,
+        indexer=manager.indexer if config.indexer_topk else None,
+    )
 
 
 async def write_reply(

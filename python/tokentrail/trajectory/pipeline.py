@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from tokentrail.core.replay import ReplayRows
 from tokentrail.errors import PolicyError, RequestError
 from tokentrail.kinds import Fallback, History, Restore, Stage
 from tokentrail.messages import Conversation, Message, ToolSchema
@@ -63,7 +64,9 @@ class TurnTiming:
 
 
 class Generated(Protocol):
-    """What an engine sampled for a turn (`engines.Generation` is one)."""
+    """What an engine sampled for a turn (`engines.Generation` is one). `record` also reads
+    `routed_experts` and `indexer_topk` (`ReplayRows` or None) and `weight_versions`
+    (`WeightSpan`s) when the object has them."""
 
     @property
     def output_ids(self) -> TokenIds: ...
@@ -109,6 +112,9 @@ class PreparedTurn:
     # Tools of the echoes this turn restored for the first time.
     restored_tools: list[str]
     timing: TurnTiming
+    # Where the engine should start reporting replay rows: the positions before it are rows
+    # the session's earlier turns hold (0 when the manager keeps no replay tape).
+    replay_start: int = 0
 
     @property
     def tools(self) -> list[ToolSchema] | None:
@@ -214,6 +220,9 @@ class TurnPipeline:
                 keys if render_messages is record_messages else None,
                 timing,
             )
+        replay_start = 0
+        if self.manager.replays:
+            replay_start = self.manager.replay_start(sid, record_messages, ids, keys)
         timing.lap(Stage.TOKENIZE)
         return PreparedTurn(
             sid,
@@ -226,6 +235,7 @@ class TurnPipeline:
             fallback,
             restored_tools,
             timing,
+            replay_start,
         )
 
     def restored(self, sid: str, conversation: Conversation) -> TurnMessages:
@@ -346,6 +356,9 @@ class TurnPipeline:
                 ill_formed=ill_formed,
                 history=prepared.history,
                 fallback=prepared.fallback,
+                routed_experts=_replayed(generated, "routed_experts"),
+                indexer_topk=_replayed(generated, "indexer_topk"),
+                weight_versions=tuple(getattr(generated, "weight_versions", ())),
             ),
             prompt_messages=prepared.record_messages,
             response_message=response,
@@ -361,3 +374,8 @@ class TurnPipeline:
         if self._encoder is not None:
             self._encoder.forget(sid)
         self._checks.pop(sid, None)
+
+
+def _replayed(generated: Generated, channel: str) -> ReplayRows | None:
+    rows: ReplayRows | None = getattr(generated, channel, None)
+    return rows
