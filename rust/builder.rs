@@ -238,6 +238,15 @@ impl SampleBuilder {
             response_start: strip,
             truncated: keep < total,
             turns: self.spans.iter().map(|span| span.turn).collect(),
+            spans: self
+                .spans
+                .iter()
+                .map(|span| Span {
+                    start: span.start.min(keep),
+                    end: span.end.min(keep),
+                    ..*span
+                })
+                .collect(),
             trained,
             realigned: self.realigned,
             truncated_tokens: truncated,
@@ -256,6 +265,9 @@ pub struct BuiltSample {
     pub response_start: usize,
     pub truncated: bool,
     pub turns: Vec<i64>,
+    /// Each turn's output in `tokens` coordinates, as built (a truncated sample keeps only
+    /// what lies before its end).
+    pub spans: Vec<Span>,
     pub trained: Counts,
     pub realigned: Counts,
     pub truncated_tokens: Counts,

@@ -4,8 +4,8 @@ use std::fmt;
 use crate::drift::Policy;
 
 /// Everything the core refuses. The binding maps each variant to a named Python exception
-/// (`TokenIdError`, `LogprobLengthError`, `PolicyError`, `PackError` or `TokenizerError`, all
-/// `ValueError`s).
+/// (`TokenIdError`, `LogprobLengthError`, `PolicyError`, `PackError`, `TokenizerError` or
+/// `ReplayError`, all `ValueError`s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
     /// A token id is negative, not an integer, or does not fit in 32 bits; the message says
@@ -56,12 +56,24 @@ pub enum Error {
     /// A tokenizer.json cannot be loaded, or the tokenizer fails on a text; the message says
     /// which.
     Tokenizer(String),
+    /// Replay data (routed experts, indexer top-k) that does not fit its tape or its turn; the
+    /// message names the channel and the problem.
+    Replay(String),
+    /// A packed sample's replay rows (`what`) are not one per token.
+    PackRows {
+        sample: usize,
+        what: &'static str,
+        rows: usize,
+        tokens: usize,
+    },
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::TokenId(message) | Error::Tokenizer(message) => f.write_str(message),
+            Error::TokenId(message) | Error::Tokenizer(message) | Error::Replay(message) => {
+                f.write_str(message)
+            }
             Error::LogprobLength { logprobs, outputs } => {
                 write!(f, "{logprobs} logprobs for {outputs} output tokens")
             }
@@ -105,6 +117,12 @@ impl fmt::Display for Error {
                 f,
                 "sample {sample}: {got} {what} entries for response_length {response_length}"
             ),
+            Error::PackRows {
+                sample,
+                what,
+                rows,
+                tokens,
+            } => write!(f, "sample {sample}: {rows} {what} rows for {tokens} tokens"),
             Error::PackTooLong { tokens, samples } => write!(
                 f,
                 "{samples} samples of {tokens} tokens in all do not fit int32 cu_seqlens"

@@ -1,5 +1,5 @@
 //! tokentrail's hot path: prefix diffing, drift classification, loss masks, linearization,
-//! packing.
+//! packing, and the replay tapes (routed experts, indexer top-k) kept per turn.
 //!
 //! The algorithm modules are plain Rust; only the binding modules under `python/` know about
 //! Python, and `python/mod.rs` declares the extension module `tokentrail._core`.
@@ -12,4 +12,5 @@ pub mod pack;
 pub mod prefix;
 mod python;
 pub mod store;
+pub mod tape;
 pub mod tokenize;

@@ -112,6 +112,37 @@ pub fn pack(
     Ok(packed)
 }
 
+/// Every sample's replay rows (`what`: routed experts or indexer top-k), one after another:
+/// sample `i` holds `row` values per token, `tokens[i]` tokens. Refused, before anything is
+/// copied: another number of samples than `tokens` has (`Error::PackCount`), then the first
+/// sample with another number of rows than tokens (`Error::PackRows`).
+pub fn pack_rows<T: Copy>(
+    what: &'static str,
+    rows: &[&[T]],
+    row: usize,
+    tokens: &[usize],
+) -> Result<Vec<T>, Error> {
+    if rows.len() != tokens.len() {
+        return Err(Error::PackCount {
+            what,
+            got: rows.len(),
+            samples: tokens.len(),
+        });
+    }
+    for (sample, (values, &tokens)) in rows.iter().zip(tokens).enumerate() {
+        let rows = values.len().checked_div(row).unwrap_or(0);
+        if rows != tokens || values.len() != rows * row {
+            return Err(Error::PackRows {
+                sample,
+                what,
+                rows,
+                tokens,
+            });
+        }
+    }
+    Ok(rows.concat())
+}
+
 /// `Error::PackLength` unless `got`, the length of the sample's `what`, is `response`.
 fn fits_response(
     sample: usize,
@@ -285,6 +316,24 @@ mod tests {
                 response_length: 1
             }
         );
+    }
+
+    #[test]
+    fn replay_rows_lie_one_after_another_one_row_per_token() {
+        let rows = pack_rows(
+            "routed_experts",
+            &[&[1u8, 2, 3, 4], &[], &[5, 6]],
+            2,
+            &[2, 0, 1],
+        );
+        assert_eq!(rows, Ok(vec![1, 2, 3, 4, 5, 6]));
+        let err = pack_rows("routed_experts", &[&[1u8, 2], &[]], 2, &[1, 1]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "sample 1: 0 routed_experts rows for 1 tokens"
+        );
+        let err = pack_rows::<i32>("indexer_topk", &[], 3, &[4]).unwrap_err();
+        assert_eq!(err.to_string(), "indexer_topk: 0 entries for 1 samples");
     }
 
     #[test]

@@ -1,28 +1,64 @@
 //! Compact turn storage for one session: a prompt is the prefix it shares with its parent turn's
 //! tokens plus its own tail, kept in flat arenas, so memory grows with the session's unique
-//! tokens, not with turns x context.
+//! tokens, not with turns x context. Replay tapes (routed experts, indexer top-k) keep each
+//! position's row once, in the turn that computed it.
 use std::mem;
 
 use crate::builder::checked_logprobs;
 use crate::error::Error;
 use crate::linearize::{linearize_from, Linearized, Settings, TurnRef, TurnSource};
 use crate::prefix::common_prefix_len;
+use crate::tape::{Channel, Column, Input, Shape, Status, Tape};
 
 /// Every turn of one session. Turn ids are 0, 1, 2, ... in push order, and a turn's parent
 /// always has a smaller id.
 ///
 /// Memory: one `Entry` per turn, and three arenas (tails, outputs, logprobs) that hold each
 /// turn's pieces back to back; plus one full token sequence, the last turn pushed, which the
-/// next push almost always continues.
+/// next push almost always continues; plus, per replay tape, the rows of the positions each
+/// turn is the origin of.
+///
+/// A position's origin is the turn that first fed it forward: positions before a turn's
+/// `origin` (the prefix it shares with its parent's tokens, short of the parent's last token,
+/// which the parent sampled but never fed forward) are its parent's, the rest its own.
 #[derive(Debug, Clone, Default)]
 pub struct TurnStore {
     arena: Arena,
     cursor: Cursor,
+    routed_experts: Option<Tape>,
+    indexer_topk: Option<Tape>,
 }
 
 impl TurnStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A store that also keeps the replay tapes whose shapes are given.
+    pub fn with_tapes(routed_experts: Option<Shape>, indexer_topk: Option<Shape>) -> Self {
+        TurnStore {
+            routed_experts: routed_experts.map(|s| Tape::new(Channel::RoutedExperts, s)),
+            indexer_topk: indexer_topk.map(|s| Tape::new(Channel::IndexerTopk, s)),
+            ..Self::default()
+        }
+    }
+
+    /// The tape of `channel`, when the store keeps one.
+    pub fn tape(&self, channel: Channel) -> Option<&Tape> {
+        match channel {
+            Channel::RoutedExperts => self.routed_experts.as_ref(),
+            Channel::IndexerTopk => self.indexer_topk.as_ref(),
+        }
+    }
+
+    fn tape_for(&self, channel: Channel, given: bool) -> Result<Option<&Tape>, Error> {
+        match self.tape(channel) {
+            None if given => Err(Error::Replay(format!(
+                "{0}: given, but the store was made without a {0} shape",
+                channel.as_str()
+            ))),
+            tape => Ok(tape),
+        }
     }
 
     /// How many turns are stored.
@@ -48,23 +84,109 @@ impl TurnStore {
         output: &[u32],
         logprobs: Option<&[f32]>,
     ) -> Result<usize, Error> {
+        self.push_replay(parent, prompt, output, logprobs, [Input::Absent; 2])
+    }
+
+    /// `push` with the turn's replay data: `[routed_experts, indexer_topk]`. After the
+    /// logprobs and the parent, each input is checked against its tape (an input for a tape
+    /// the store does not keep is an `Error::Replay`), so a refused push stores nothing.
+    pub fn push_replay(
+        &mut self,
+        parent: i64,
+        prompt: &[u32],
+        output: &[u32],
+        logprobs: Option<&[f32]>,
+        replay: [Input<'_>; 2],
+    ) -> Result<usize, Error> {
         let logprobs = checked_logprobs(logprobs, output.len())?;
         let parent = match parent {
             -1 => None,
             _ => Some(self.checked("parent turn", parent)?),
         };
-        let prefix = match parent {
+        let prefix = self.shared(parent, prompt);
+        for (channel, input) in [Channel::RoutedExperts, Channel::IndexerTopk]
+            .iter()
+            .zip(&replay)
+        {
+            let given = !matches!(input, Input::Absent);
+            if let Some(tape) = self.tape_for(*channel, given)? {
+                tape.check(input, prompt.len(), output.len())?;
+            }
+        }
+        self.arena
+            .push(parent, prefix, &prompt[prefix..], output, logprobs);
+        let turn = self.len() - 1;
+        let (origin, full) = (self.arena.origin(turn), self.arena.full_len(turn));
+        let [routed, indexer] = replay;
+        for (tape, input) in [
+            (&mut self.routed_experts, routed),
+            (&mut self.indexer_topk, indexer),
+        ] {
+            if let Some(tape) = tape {
+                tape.append(input, origin, full);
+            }
+        }
+        self.cursor.hold(&self.arena, turn);
+        Ok(turn)
+    }
+
+    /// How many of `prompt`'s first tokens `parent`'s tokens hold.
+    fn shared(&mut self, parent: Option<usize>, prompt: &[u32]) -> usize {
+        match parent {
             Some(parent) => {
                 self.cursor.hold(&self.arena, parent);
                 common_prefix_len(&self.cursor.tokens, prompt)
             }
             None => 0,
+        }
+    }
+
+    /// The first position whose replay rows a turn with this prompt, pushed under `parent`
+    /// (-1 for none), would take from its own request: the start to ask the engine for.
+    /// Positions before it are rows its parents already hold.
+    pub fn replay_start(&mut self, parent: i64, prompt: &[u32]) -> Result<usize, Error> {
+        let parent = match parent {
+            -1 => None,
+            _ => Some(self.checked("parent turn", parent)?),
         };
-        self.arena
-            .push(parent, prefix, &prompt[prefix..], output, logprobs);
-        let turn = self.len() - 1;
-        self.cursor.hold(&self.arena, turn);
-        Ok(turn)
+        let prefix = self.shared(parent, prompt);
+        Ok(parent.map_or(0, |p| prefix.min(self.arena.full_len(p).saturating_sub(1))))
+    }
+
+    /// `turn`'s first `length` positions on `channel`: rows `[length, layers, width]` (C
+    /// order) in the tape's element type and one `Status` code per position. Each row is the
+    /// one its origin turn stored; a position without one is zeros with the reason.
+    pub fn replay_rows(
+        &self,
+        channel: Channel,
+        turn: usize,
+        length: usize,
+    ) -> Result<(Column, Vec<u8>), Error> {
+        let tape = self.tape(channel).ok_or_else(|| {
+            Error::Replay(format!(
+                "{0}: the store was made without a {0} shape",
+                channel.as_str()
+            ))
+        })?;
+        let full = self.arena.full_len(turn);
+        if length > full {
+            return Err(Error::Replay(format!(
+                "{}: length {length} is past turn {turn}'s {full} tokens",
+                channel.as_str()
+            )));
+        }
+        let mut rows = Column::zeros(tape.dtype(), length * tape.shape().row());
+        let mut status = vec![Status::Present as u8; length];
+        if length == full && full > 0 {
+            status[full - 1] = Status::FinalToken as u8;
+        }
+        let (mut at, mut hi) = (Some(turn), length.min(full.saturating_sub(1)));
+        while let Some(t) = at.filter(|_| hi > 0) {
+            let lo = self.arena.origin(t).min(hi);
+            tape.fill(t, (lo, hi), &mut rows, &mut status);
+            (at, hi) = (self.arena.parent(t), lo);
+        }
+        Ok((rows, status))
     }
 
     /// `turn` as an id, or `Error::NoSuchTurn` when it names no stored turn.
@@ -90,6 +212,11 @@ impl TurnStore {
         prompt
     }
 
+    /// How many tokens the turn's prompt and output hold together.
+    pub fn token_count(&self, turn: usize) -> usize {
+        self.arena.full_len(turn)
+    }
+
     /// The turn's prompt then output.
     pub fn tokens(&self, turn: usize) -> Vec<u32> {
         self.cursor.snapshot(&self.arena, turn)
@@ -105,7 +232,7 @@ impl TurnStore {
     }
 
     /// The reference's count of bytes held: 4 per stored id (tails and outputs), 4 per
-    /// logprob, 8 per turn.
+    /// logprob, 8 per turn, and each tape's values at their element size.
     pub fn nbytes(&self) -> usize {
         let Arena {
             entries,
@@ -113,7 +240,12 @@ impl TurnStore {
             outputs,
             logprobs,
         } = &self.arena;
-        4 * (tails.len() + outputs.len()) + 4 * logprobs.len() + 8 * entries.len()
+        let tapes: usize = self.tapes().map(Tape::nbytes).sum();
+        4 * (tails.len() + outputs.len()) + 4 * logprobs.len() + 8 * entries.len() + tapes
+    }
+
+    fn tapes(&self) -> impl Iterator<Item = &Tape> {
+        self.routed_experts.iter().chain(&self.indexer_topk)
     }
 
     /// Bytes the store's buffers have allocated: the arenas, the turn entries and the held
@@ -137,6 +269,7 @@ impl TurnStore {
             + bytes(tokens)
             + bytes(path)
             + bytes(replay)
+            + self.tapes().map(Tape::heap_bytes).sum::<usize>()
     }
 
     /// `linearize` over the stored turns: chains name turn ids. Each prompt is rebuilt when a
@@ -238,6 +371,15 @@ impl Arena {
 
     fn full_len(&self, turn: usize) -> usize {
         self.prompt_len(turn) + self.output(turn).len()
+    }
+
+    /// Where `turn`'s own positions start: before it, its parent fed every shared token
+    /// forward (all but the parent's last, which it sampled).
+    fn origin(&self, turn: usize) -> usize {
+        self.parent(turn).map_or(0, |parent| {
+            self.prefix(turn)
+                .min(self.full_len(parent).saturating_sub(1))
+        })
     }
 }
 
@@ -368,6 +510,7 @@ mod tests {
     use super::*;
     use crate::drift::Policy;
     use crate::linearize::{linearize, Turn};
+    use crate::tape::Values;
 
     // Named tokens: system S, users U1..U3, assistant outputs A (turn 0), B (turn 1), C,
     // a re-rendering R of A2, and a stray X.
@@ -618,6 +761,206 @@ mod tests {
                     assert_eq!(
                         store.linearize(&chains, settings),
                         linearize(&turns, &chains, settings)
+                    );
+                }
+            }
+        }
+    }
+
+    /// A turn's replay input as pushed, owned.
+    #[derive(Debug, Clone)]
+    enum Given {
+        Absent,
+        Gap(Status),
+        Rows { start: usize, values: Vec<i32> },
+    }
+
+    impl Given {
+        fn input(&self) -> Input<'_> {
+            match self {
+                Given::Absent => Input::Absent,
+                Given::Gap(status) => Input::Gap(*status),
+                Given::Rows { start, values } => Input::Rows {
+                    start: *start,
+                    dims: [values.len() / 2, 1, 2],
+                    values: Values::I32(values),
+                },
+            }
+        }
+    }
+
+    /// Routed experts of one layer, top-2 of 6.
+    fn routing_store() -> TurnStore {
+        TurnStore::with_tapes(Some(Shape::routing(1, 2, 6).unwrap()), None)
+    }
+
+    /// Rows for positions `start..` of a turn of `full` tokens, each position's pair derived
+    /// from `seed` so rows from different turns differ.
+    fn rows_from(start: usize, full: usize, seed: usize) -> Given {
+        let values = (start..full.saturating_sub(1))
+            .flat_map(|i| [((i + seed) % 6) as i32, ((i * seed + 1) % 6) as i32])
+            .collect();
+        Given::Rows { start, values }
+    }
+
+    #[test]
+    fn a_continued_prefix_keeps_the_rows_of_the_turn_that_computed_it() {
+        let mut store = routing_store();
+        // Turn 0: [S U1] -> [A1 A2]: rows for S U1 A1 (A2 was sampled, never fed forward).
+        let t0 = rows_from(0, 4, 1);
+        store
+            .push_replay(-1, &[S, U1], &[A1, A2], None, [t0.input(), Input::Absent])
+            .unwrap();
+        // Turn 1 continues all four tokens; the engine is asked from position 3, where A2 is.
+        let prompt = [S, U1, A1, A2, U2];
+        assert_eq!(store.replay_start(0, &prompt), Ok(3));
+        let t1 = rows_from(3, 6, 2);
+        store
+            .push_replay(0, &prompt, &[B1], None, [t1.input(), Input::Absent])
+            .unwrap();
+        let (rows, status) = store.replay_rows(Channel::RoutedExperts, 1, 6).unwrap();
+        let Given::Rows { values: v0, .. } = &t0 else {
+            unreachable!()
+        };
+        let Given::Rows { values: v1, .. } = &t1 else {
+            unreachable!()
+        };
+        let want: Vec<u8> = [&v0[..], &v1[..], &[0, 0]]
+            .concat()
+            .iter()
+            .map(|&v| v as u8)
+            .collect();
+        assert_eq!(rows, Column::U8(want));
+        assert_eq!(status, [0, 0, 0, 0, 0, Status::FinalToken as u8]);
+        // One byte per value: 3 + 2 rows of two values, nothing stored twice.
+        assert_eq!(store.tape(Channel::RoutedExperts).unwrap().nbytes(), 10);
+        // A shorter read is a prefix, with no final token.
+        let (_, status) = store.replay_rows(Channel::RoutedExperts, 1, 4).unwrap();
+        assert_eq!(status, [0; 4]);
+    }
+
+    #[test]
+    fn replay_input_is_checked_after_the_parent_and_a_refusal_stores_nothing() {
+        let mut store = routing_store();
+        let bad = Given::Rows {
+            start: 0,
+            values: vec![0, 9],
+        };
+        let err = store
+            .push_replay(-1, &[S, U1], &[A1], None, [bad.input(), Input::Absent])
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "routed_experts: 1 rows from position 0; a turn of 2 + 1 tokens has 2 there"
+        );
+        let missing = store.push_replay(3, &[S], &[], None, [bad.input(), Input::Absent]);
+        assert!(matches!(missing, Err(Error::NoSuchTurn { .. })));
+        let unkept = store.push_replay(-1, &[S], &[], None, [Input::Absent, bad.input()]);
+        assert_eq!(
+            unkept.unwrap_err().to_string(),
+            "indexer_topk: given, but the store was made without a indexer_topk shape"
+        );
+        assert!(store.is_empty() && store.nbytes() == 0);
+        store.push(-1, &[S], &[A1], None).unwrap();
+        let (_, status) = store.replay_rows(Channel::RoutedExperts, 0, 2).unwrap();
+        assert_eq!(
+            status,
+            [Status::NotRequested as u8, Status::FinalToken as u8]
+        );
+        assert!(store.replay_rows(Channel::RoutedExperts, 0, 3).is_err());
+        assert!(store.replay_rows(Channel::IndexerTopk, 0, 1).is_err());
+    }
+
+    /// A turn as pushed with its replay input: parent, prompt, output, rows or gap.
+    type PushedReplay = (Option<usize>, Vec<u32>, Vec<u32>, Given);
+
+    /// What position `i` of `turn`'s sequence holds, position by position from the pushes.
+    fn naive(pushed: &[PushedReplay], turn: usize, i: usize) -> ([i32; 2], Status) {
+        let (parent, prompt, output, given) = &pushed[turn];
+        if i + 1 == prompt.len() + output.len() {
+            return ([0, 0], Status::FinalToken);
+        }
+        let origin = parent.map_or(0, |p| {
+            let (_, pp, po, _) = &pushed[p];
+            let full = [&pp[..], po].concat();
+            common_prefix_len(&full, prompt).min(full.len().saturating_sub(1))
+        });
+        if i < origin {
+            return naive(pushed, parent.unwrap(), i);
+        }
+        match given {
+            Given::Absent => ([0, 0], Status::NotRequested),
+            Given::Gap(status) => ([0, 0], *status),
+            Given::Rows { start, .. } if i < *start => ([0, 0], Status::RerenderedPrefix),
+            Given::Rows { start, values } => {
+                let at = 2 * (i - start);
+                ([values[at], values[at + 1]], Status::Present)
+            }
+        }
+    }
+
+    #[test]
+    fn random_trees_replay_each_position_from_its_origin() {
+        let mut rng = Lcg(23);
+        for _ in 0..300 {
+            let n = 1 + rng.below(10);
+            let mut store = routing_store();
+            let mut pushed = Vec::new();
+            let mut full: Vec<Vec<u32>> = Vec::new();
+            for t in 0..n {
+                let parent = match rng.below(5) {
+                    0 => None,
+                    1 if t > 0 => Some(rng.below(t)),
+                    _ => t.checked_sub(1),
+                };
+                let mut prompt = parent.map_or_else(Vec::new, |p| full[p].clone());
+                prompt.extend((0..rng.below(4)).map(|_| rng.below(5) as u32));
+                match rng.below(4) {
+                    0 if !prompt.is_empty() => {
+                        let at = rng.below(prompt.len());
+                        prompt[at] = rng.below(5) as u32;
+                    }
+                    1 => prompt.truncate(rng.below(prompt.len() + 1)),
+                    _ => {}
+                }
+                let output: Vec<u32> = (0..rng.below(4)).map(|_| rng.below(5) as u32).collect();
+                let parent_id = parent.map_or(-1, |p| p as i64);
+                let asked = store.replay_start(parent_id, &prompt).unwrap();
+                let total = prompt.len() + output.len();
+                let given = match rng.below(6) {
+                    0 => Given::Absent,
+                    1 => Given::Gap(Status::GAPS[rng.below(5)]),
+                    // A start before or after the one asked, as an engine or a replay gives it.
+                    2 => rows_from(rng.below(prompt.len() + 1), total, t + 7),
+                    _ => rows_from(asked.min(prompt.len()), total, t + 7),
+                };
+                store
+                    .push_replay(
+                        parent_id,
+                        &prompt,
+                        &output,
+                        None,
+                        [given.input(), Input::Absent],
+                    )
+                    .unwrap();
+                full.push([&prompt[..], &output].concat());
+                pushed.push((parent, prompt, output, given));
+            }
+            for (t, tokens) in full.iter().enumerate() {
+                let length = rng.below(tokens.len() + 1);
+                let (rows, status) = store
+                    .replay_rows(Channel::RoutedExperts, t, length)
+                    .unwrap();
+                let Column::U8(rows) = rows else {
+                    panic!("6 experts fit a byte")
+                };
+                for i in 0..length {
+                    let (want, why) = naive(&pushed, t, i);
+                    assert_eq!(status[i], why as u8, "turn {t} position {i}");
+                    assert_eq!(
+                        rows[2 * i..2 * i + 2],
+                        want.map(|v| v as u8),
+                        "turn {t} at {i}"
                     );
                 }
             }

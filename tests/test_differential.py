@@ -65,6 +65,7 @@ def as_plain(lin) -> dict:
                 s.response_start,
                 bool(s.truncated),
                 list(s.turns),
+                [(span.turn, span.start, span.end) for span in s.spans],
                 dict(s.trained),
                 dict(s.realigned),
                 dict(s.truncated_tokens),

@@ -489,6 +489,67 @@ def test_rust_refuses_as_the_reference_does(args: tuple, data: st.DataObject) ->
         assert rust == ref
 
 
+# --- Replay rows ---------------------------------------------------------------------------------
+
+
+def with_replay(samples: list[Sample]) -> list[Sample]:
+    """`samples` carrying routed experts (uint16: 300 experts) and indexer top-k rows."""
+    for k, s in enumerate(samples):
+        n = len(s.tokens)
+        s.routed_experts = (np.arange(n * 6).reshape(n, 3, 2) * 7 + k).astype(np.uint16) % 300
+        s.indexer_topk = np.full((n, 1, 2), -1, dtype=np.int32)
+        s.indexer_topk[:, 0, 0] = np.arange(n)
+    return samples
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_replay_rows_round_trip_exactly(tmp_path, fmt: str) -> None:
+    needs(fmt)
+    path = tmp_path / f"replay.{fmt}"
+    write_samples(path, with_replay(fixtures()))
+    got = read_samples(path)
+    for g, w in zip(got, with_replay(fixtures()), strict=True):
+        for name in ("routed_experts", "indexer_topk"):
+            a, b = getattr(g, name), getattr(w, name)
+            assert (a.dtype, a.shape) == (b.dtype, b.shape), name
+            assert a.tobytes() == b.tobytes(), name
+    assert_same_samples(got, fixtures())
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: setattr(s[1], "routed_experts", None), "some samples have it and some do not"),
+        (lambda s: setattr(s[0], "routed_experts", s[0].routed_experts[:2]), "not one row"),
+        (lambda s: setattr(s[0], "indexer_topk", s[0].indexer_topk.astype(np.int64)),
+         "not one row"),
+        (lambda s: setattr(s[2], "routed_experts", s[2].routed_experts.astype(np.uint8)),
+         "more than one type or shape"),
+    ],
+)  # fmt: skip
+def test_replay_rows_that_do_not_fit_are_refused_on_write(tmp_path, edit, message) -> None:
+    samples = with_replay(fixtures())
+    edit(samples)
+    for fmt in ("npz", "parquet"):
+        with pytest.raises(ExportError, match=message):
+            write_samples(tmp_path / f"bad.{fmt}", samples)
+
+
+def test_packing_carries_the_replay_rows_token_for_token(backend: str) -> None:
+    samples = with_replay(fixtures())
+    batch = pack_samples(samples, backend=backend)
+    assert batch.routed_experts.dtype == np.uint16
+    assert batch.routed_experts.shape == (batch.num_tokens, 3, 2)
+    for i, s in enumerate(samples):
+        start, end = batch.cu_seqlens[i], batch.cu_seqlens[i + 1]
+        assert batch.routed_experts[start:end].tobytes() == s.routed_experts.tobytes()
+        assert batch.indexer_topk[start:end].tobytes() == s.indexer_topk.tobytes()
+    assert pack_samples(fixtures(), backend=backend).routed_experts is None
+    samples[3].routed_experts = None
+    with pytest.raises(PackError, match="routed_experts: sample 3 has none, others have"):
+        pack_samples(samples, backend=backend)
+
+
 # --- Memory --------------------------------------------------------------------------------------
 
 

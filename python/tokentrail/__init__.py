@@ -32,7 +32,8 @@ from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.parsing import ParsedOutput, format_output, parse_output
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.ledger import Ledger, TurnLedger
-from tokentrail.trajectory.manager import DriftRecord, Trajectory, TrajectoryManager
+from tokentrail.trajectory.linearize import DriftRecord, Trajectory
+from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import PreparedTurn, TurnPipeline
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.turn import TurnRecord

@@ -14,6 +14,7 @@ __all__ = [
     "FORK",
     "POLICIES",
     "REALIGN",
+    "REPLAY_STATUS",
     "BuiltSample",
     "Drift",
     "DriftEvent",
@@ -33,11 +34,15 @@ _Logprobs: TypeAlias = Sequence[float] | npt.NDArray[np.floating] | None
 _TurnInput: TypeAlias = tuple[_TokenIds, _TokenIds, _Logprobs]
 _Ints: TypeAlias = Sequence[int | np.integer] | npt.NDArray[np.integer]
 _Floats: TypeAlias = Sequence[float] | npt.NDArray[np.floating]
+# A replay argument of `TurnStore.push`: None, a reason it has no rows, or `(start, rows)`.
+_Replay: TypeAlias = str | tuple[int, npt.ArrayLike] | None
+_Rows: TypeAlias = npt.NDArray[np.unsignedinteger | np.signedinteger]
 
 CLEAN: Final = "clean"
 REALIGN: Final = "realign"
 FORK: Final = "fork"
 POLICIES: Final[tuple[str, ...]]
+REPLAY_STATUS: Final[tuple[str, ...]]
 
 def common_prefix_len(a: _TokenIds, b: _TokenIds) -> int:
     """Length of the longest common prefix of two token sequences."""
@@ -125,6 +130,8 @@ class BuiltSample:
     @property
     def turns(self) -> list[int]: ...
     @property
+    def spans(self) -> list[Span]: ...
+    @property
     def trained(self) -> dict[int, int]: ...
     @property
     def realigned(self) -> dict[int, int]: ...
@@ -200,6 +207,10 @@ class Packed:
     def advantages(self) -> npt.NDArray[np.float32]: ...
     @property
     def max_seqlen(self) -> int: ...
+    @property
+    def routed_experts(self) -> _Rows | None: ...
+    @property
+    def indexer_topk(self) -> _Rows | None: ...
 
 def pack(
     tokens: Sequence[_TokenIds],
@@ -207,6 +218,8 @@ def pack(
     logprobs: Sequence[_Floats],
     response_lengths: _Ints,
     rewards: _Floats,
+    routed_experts: Sequence[_Rows] | None = None,
+    indexer_topk: Sequence[_Rows] | None = None,
 ) -> Packed:
     """Pack samples into one batch for variable-length attention."""
 
@@ -215,16 +228,41 @@ class TurnStore:
     """Every turn of one session, stored compactly: a prompt is the prefix it shares with its
     parent turn's tokens (prompt + output) plus its own tail."""
 
-    def __new__(cls) -> TurnStore: ...
+    def __new__(
+        cls,
+        *,
+        routed_experts: tuple[int, int, int] | None = None,
+        indexer_topk: tuple[int, int] | None = None,
+    ) -> TurnStore: ...
     def __len__(self) -> int: ...
+    @property
+    def routed_experts_shape(self) -> tuple[int, int, int] | None:
+        """`(layers, top_k, num_experts)` of the routed-experts tape, or None."""
+    @property
+    def indexer_topk_shape(self) -> tuple[int, int] | None:
+        """`(layers, top_k)` of the indexer top-k tape, or None."""
     def push(
         self,
         parent: int,
         prompt_ids: _TokenIds,
         output_ids: _TokenIds,
         logprobs: _Logprobs = None,
+        *,
+        routed_experts: _Replay = None,
+        indexer_topk: _Replay = None,
     ) -> int:
         """Store a turn; `parent` is the turn whose tokens its prompt continues, or -1."""
+    def replay_start(self, parent: int, prompt_ids: _TokenIds) -> int:
+        """The first position a turn with this prompt under `parent` takes rows from its own
+        request for."""
+    def routed_experts(
+        self, turn: int, length: int | None = None
+    ) -> tuple[_Rows, npt.NDArray[np.uint8]]:
+        """Rows `[length, layers, top_k]` and one `REPLAY_STATUS` code per position."""
+    def indexer_topk(
+        self, turn: int, length: int | None = None
+    ) -> tuple[_Rows, npt.NDArray[np.uint8]]:
+        """`routed_experts` for the indexer top-k tape."""
     def prompt_ids(self, turn: int) -> npt.NDArray[np.uint32]: ...
     def tokens(self, turn: int) -> npt.NDArray[np.uint32]:
         """The turn's prompt then output ids."""
@@ -232,7 +270,8 @@ class TurnStore:
     def logprobs(self, turn: int) -> npt.NDArray[np.float32] | None: ...
     def output_len(self, turn: int) -> int: ...
     def nbytes(self) -> int:
-        """Bytes the stored ids and logprobs take: 4 per id, 4 per logprob, 8 per turn."""
+        """Bytes the stored ids and logprobs take: 4 per id, 4 per logprob, 8 per turn, and each
+        replay tape's values at their element size."""
     def heap_bytes(self) -> int:
         """Bytes held: what the store's buffers have allocated."""
     def linearize(

@@ -37,6 +37,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     tokenizer = load_tokenizer(args.tokenizer)
     template = Path(args.chat_template).read_text() if args.chat_template else None
+    routing, indexer = _replay_shapes(args)
     config = AdapterConfig(
         model_name=args.model_name,
         tool_parser=None if args.tool_parser == "none" else args.tool_parser,
@@ -49,12 +50,16 @@ def _serve(args: argparse.Namespace) -> int:
         splice_verify_every=args.splice_verify_every,
         exclude_patterns=tuple(args.exclude_system),
         exclude_known_side_requests=args.exclude_side_requests,
+        routed_experts=args.routed_experts,
+        indexer_topk=args.indexer_topk,
     )
     manager = TrajectoryManager(
         fork_threshold_tokens=args.fork_threshold,
         drift_policy=args.drift_policy,
         rewrite_policy=args.rewrite_policy,
         backend=args.backend,
+        routing=routing,
+        indexer=indexer,
     )
     journal = Journal(args.journal, sync=args.journal_sync) if args.journal else None
     adapter = Adapter(
@@ -73,6 +78,38 @@ def _serve(args: argparse.Namespace) -> int:
         print=lambda msg: print(f"tokentrail serving on http://{args.host}:{args.port}"),
     )
     return 0
+
+
+def _replay_shapes(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The routing and indexer shapes `--routed-experts` / `--indexer-topk` need: the flags'
+    own, else the model's config.json (`--model-config`, else the tokenizer's directory)."""
+    from tokentrail.core.replay import (
+        IndexerShape,
+        RoutingShape,
+        model_shapes,
+        read_model_config,
+    )
+
+    routing = RoutingShape.parse(args.routing_shape) if args.routing_shape else None
+    indexer = IndexerShape.parse(args.indexer_shape) if args.indexer_shape else None
+    wanted = (args.routed_experts and routing is None) or (args.indexer_topk and indexer is None)
+    if wanted:
+        source = args.model_config or (args.tokenizer if Path(args.tokenizer).is_dir() else None)
+        if source is None:
+            raise SystemExit(
+                "tokentrail serve: --routed-experts and --indexer-topk need the model's shape: "
+                "--model-config DIR, a model directory as --tokenizer, or --routing-shape "
+                "LAYERS,TOP_K,NUM_EXPERTS / --indexer-shape LAYERS,TOP_K"
+            )
+        from_config = model_shapes(read_model_config(source))
+        routing, indexer = routing or from_config[0], indexer or from_config[1]
+        for flag, shape, name in (
+            (args.routed_experts, routing, "routed experts"),
+            (args.indexer_topk, indexer, "indexer top-k"),
+        ):
+            if flag and shape is None:
+                raise SystemExit(f"tokentrail serve: the model config at {source} has no {name}")
+    return (routing if args.routed_experts else None), (indexer if args.indexer_topk else None)
 
 
 DEMO_CONFIGS = (
@@ -244,6 +281,8 @@ def _replay(args: argparse.Namespace) -> int:
         drift_policy=DriftPolicy(args.drift_policy or recorded.drift_policy),
         rewrite_policy=RewritePolicy(args.rewrite_policy or recorded.rewrite_policy),
         fork_threshold=recorded.fork_threshold,
+        routing=recorded.routing,
+        indexer=recorded.indexer,
     )
     tokenizer = load_tokenizer(args.tokenizer or contents.meta.get("tokenizer", "builtin:qwen3"))
     before = as_recorded(contents)
@@ -283,11 +322,20 @@ def _audit(args: argparse.Namespace) -> int:
         ledgers = [t.ledger for t in as_recorded(read_journal(path)).values()]
     table, fraction = audit_table(ledgers)
     print(table)
-    if fraction > args.max_masked:
+    failed = fraction > args.max_masked
+    if failed:
         print(f"FAIL: masked fraction {fraction:.4f} is above {args.max_masked}")
-        return 1
-    print(f"ok: masked fraction {fraction:.4f} is within {args.max_masked}")
-    return 0
+    else:
+        print(f"ok: masked fraction {fraction:.4f} is within {args.max_masked}")
+    if args.require_routing:
+        from tokentrail.storage.replay import replay_table
+
+        replay_lines, complete = replay_table(ledgers)
+        print(replay_lines)
+        if not complete:
+            print("FAIL: replay rows are incomplete (--require-routing)")
+            failed = True
+    return 1 if failed else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -324,6 +372,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--journal-sync", default="normal", choices=["normal", "full"])
     serve.add_argument("--model-name", default="tokentrail")
     serve.add_argument("--backend", default=None, choices=_names(Backend))
+    serve.add_argument(
+        "--routed-experts",
+        action="store_true",
+        help="ask the engine for every turn's MoE routed experts and carry them in the samples",
+    )
+    serve.add_argument(
+        "--indexer-topk",
+        action="store_true",
+        help="ask the engine for every turn's sparse-attention indexer top-k (SGLang)",
+    )
+    serve.add_argument(
+        "--model-config",
+        default=None,
+        help="the model's config.json (or its dir), for the routing and indexer shapes",
+    )
+    serve.add_argument("--routing-shape", default=None, help="LAYERS,TOP_K,NUM_EXPERTS")
+    serve.add_argument("--indexer-shape", default=None, help="LAYERS,TOP_K")
     serve.add_argument(
         "--restore",
         default="on",
@@ -370,6 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.05,
         help="exit 1 when the masked fraction of generated tokens is above this",
+    )
+    aud.add_argument(
+        "--require-routing",
+        action="store_true",
+        help="exit 1 unless every sample token carries its replay rows (routed experts, "
+        "indexer top-k where kept)",
     )
     aud.set_defaults(func=_audit)
 

@@ -37,6 +37,11 @@ class PackError(TokentrailError):
     longer than its sample, or the inputs differ in number."""
 
 
+class ReplayError(TokentrailError):
+    """Replay data (MoE routed experts, indexer top-k) that does not fit: rows of another
+    shape than the model's, a value out of range, rows for a store kept without that tape."""
+
+
 # -- messages, text, templates ------------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """Every closed set of names tokentrail uses, as enums in one place.
 
-Drift kinds and policies, rewrite policies, the reasons a generated token is masked, how a turn's
-prompt ids were built, pipeline stages, finish reasons. Each is a `StrEnum`, so its members are
+Drift kinds and policies, rewrite policies, the reasons a generated token is masked, the replay
+channels and why a token has no replay row, how a turn's prompt ids were built, pipeline stages,
+finish reasons. Each is a `StrEnum`, so its members are
 the very strings the ledger, the journal, the metrics and the Rust core (`_core.POLICIES`,
 `_core.CLEAN`, ...) use.
 """
@@ -69,6 +70,33 @@ class ToolChoice(StrEnum):
     NONE = "none"
     # At least one call (Anthropic `any`, OpenAI `required`), or a call to one named tool.
     REQUIRED = "required"
+
+
+class Replay(StrEnum):
+    """The per-token data an engine reports beyond ids and logprobs, which a trainer replays so
+    training computes the function sampling did."""
+
+    # The experts a MoE router sent each token to: `[layers, top_k]` ids per token.
+    ROUTED_EXPERTS = "routed_experts"
+    # The top-k positions a sparse-attention indexer (DeepSeek V3.2-style) kept per token.
+    INDEXER_TOPK = "indexer_topk"
+
+
+class ReplayGap(StrEnum):
+    """Why a token has no replay row. The core's `REPLAY_STATUS` codes use the same names."""
+
+    # The turn was recorded without it (replay off for the turn, an older journal).
+    NOT_REQUESTED = "not_requested"
+    # Asked for, but the answer had none: the server lacks `--enable-return-routed-experts`
+    # (or `--enable-return-indexer-topk`), or the request was aborted.
+    ENGINE_RETURNED_NONE = "engine_returned_none"
+    # The rows do not decode to the model's `[tokens, layers, top_k]` or hold ids out of range.
+    SHAPE_MISMATCH = "shape_mismatch"
+    # The token is the turn's own, but the engine was asked from a later start: the prompt
+    # re-rendered tokens an earlier turn held (or a replay re-rendered the recorded prompt).
+    RERENDERED_PREFIX = "rerendered_prefix"
+    # The engine has no way to report it (the scripted engine; vLLM for the indexer).
+    NOT_SUPPORTED = "not_supported"
 
 
 class Restore(StrEnum):

@@ -9,11 +9,13 @@ use pyo3::types::PyTuple;
 
 use crate::drift::{DriftKind, Policy};
 use crate::error::Error;
+use crate::tape::Status;
 
 mod builder;
 mod convert;
 mod pack;
 mod records;
+mod rows;
 mod store;
 mod tokenize;
 
@@ -22,6 +24,7 @@ pyo3::import_exception!(tokentrail.errors, LogprobLengthError);
 pyo3::import_exception!(tokentrail.errors, PolicyError);
 pyo3::import_exception!(tokentrail.errors, PackError);
 pyo3::import_exception!(tokentrail.errors, TokenizerError);
+pyo3::import_exception!(tokentrail.errors, ReplayError);
 
 /// tokentrail's Rust hot path: the same names and semantics as `tokentrail.reference`.
 #[pymodule]
@@ -30,6 +33,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("REALIGN", DriftKind::Realign.as_str())?;
     m.add("FORK", DriftKind::Fork.as_str())?;
     m.add("POLICIES", PyTuple::new(m.py(), Policy::NAMES)?)?;
+    m.add("REPLAY_STATUS", PyTuple::new(m.py(), Status::NAMES)?)?;
     m.add_class::<records::PyDrift>()?;
     m.add_class::<records::PySpan>()?;
     m.add_class::<builder::PySampleBuilder>()?;
@@ -61,8 +65,10 @@ impl From<Error> for PyErr {
             Error::PackCount { .. }
             | Error::ResponseLength { .. }
             | Error::PackLength { .. }
+            | Error::PackRows { .. }
             | Error::PackTooLong { .. } => PackError::new_err(message),
             Error::Tokenizer(_) => TokenizerError::new_err(message),
+            Error::Replay(_) => ReplayError::new_err(message),
         }
     }
 }

@@ -144,6 +144,7 @@ pub(super) struct PyBuiltSample {
     response_start: usize,
     truncated: bool,
     turns: Py<PyList>,
+    spans: Py<PyList>,
     trained: Py<PyDict>,
     realigned: Py<PyDict>,
     truncated_tokens: Py<PyDict>,
@@ -180,6 +181,7 @@ pub(super) fn built_sample(py: Python<'_>, sample: BuiltSample) -> PyResult<PyBu
         response_start: sample.response_start,
         truncated: sample.truncated,
         turns: PyList::new(py, sample.turns)?.unbind(),
+        spans: PyList::new(py, sample.spans.iter().map(PySpan::from))?.unbind(),
         trained: counts_dict(py, &sample.trained)?.unbind(),
         realigned: counts_dict(py, &sample.realigned)?.unbind(),
         truncated_tokens: counts_dict(py, &sample.truncated_tokens)?.unbind(),
@@ -237,6 +239,8 @@ pub(super) struct PyPacked {
     rewards: Py<PyArray1<f32>>,
     advantages: Py<PyArray1<f32>>,
     max_seqlen: usize,
+    routed_experts: Option<Py<PyAny>>,
+    indexer_topk: Option<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -251,9 +255,15 @@ impl PyPacked {
     }
 }
 
-/// The packed vectors handed to numpy as they are, without a copy.
-pub(super) fn packed(py: Python<'_>, out: Packed) -> PyPacked {
+/// The packed vectors handed to numpy as they are, without a copy, with the packed replay rows.
+pub(super) fn packed(
+    py: Python<'_>,
+    out: Packed,
+    [routed_experts, indexer_topk]: [Option<Bound<'_, PyAny>>; 2],
+) -> PyPacked {
     PyPacked {
+        routed_experts: routed_experts.map(Bound::unbind),
+        indexer_topk: indexer_topk.map(Bound::unbind),
         tokens: out.tokens.into_pyarray(py).unbind(),
         cu_seqlens: out.cu_seqlens.into_pyarray(py).unbind(),
         position_ids: out.position_ids.into_pyarray(py).unbind(),

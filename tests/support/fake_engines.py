@@ -2,18 +2,27 @@
 
 `async with FakeSGLang(reply) as srv:` serves on a free 127.0.0.1 port at `srv.url`, records each
 request (path, JSON body, headers), and can be switched to `fail` (HTTP 500) or `hang` mode.
+Given a `KVRouting`, a server answers for routed experts as one launched with
+`--enable-return-routed-experts` does: rows of every position it fed forward, a cached prefix's
+rows as stored when first computed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+import numpy as np
 from aiohttp import web
+
+from tokentrail.core.replay import IndexerShape
+from tokentrail.sim.moe import KVRouting
 
 # input_ids -> (output_ids, logprobs, finish reason "stop" | "length")
 ReplyFn = Callable[[list[int]], tuple[list[int], list[float], str]]
@@ -90,12 +99,34 @@ class _FakeServer:
         return ids, logprobs, finish
 
 
+def indexer_rows(fed: int, shape: IndexerShape) -> np.ndarray:
+    """A DSA indexer's top-k for `fed` positions: earlier positions, -1 where there are none."""
+    positions = np.arange(fed)[:, None, None]
+    picks = positions - np.arange(shape.layers)[None, :, None] - np.arange(shape.top_k)
+    return np.where(picks >= 0, picks, -1).astype(np.int32)
+
+
+def b64_int32(rows: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(rows, dtype="<i4").tobytes()).decode("ascii")
+
+
 @dataclass
 class FakeSGLang(_FakeServer):
     """POST /generate, POST /abort_request, GET /health, as `sglang.launch_server` answers."""
 
     aborted: list[str] = field(default_factory=list)
     _abort_events: dict[str, asyncio.Event] = field(default_factory=dict)
+    # `--enable-return-routed-experts`: what the server holds per position it fed forward.
+    routing: KVRouting | None = None
+    # SGLang 0.5.9 to 0.5.11 accept `routed_experts_start_len` and return every position.
+    ignores_routing_start: bool = False
+    # `--enable-return-indexer-topk` for a model of this indexer shape.
+    indexer: IndexerShape | None = None
+    weight_version: str = "default"
+    # 0.5.20+ also sends spans `[(version, start, end)]` over the output.
+    weight_spans: list[tuple[str, int, int]] | None = None
+    # Every `meta_info` answered, in order.
+    answers: list[dict[str, Any]] = field(default_factory=list)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -143,6 +174,14 @@ class FakeSGLang(_FakeServer):
                 pass
             meta = self._meta(rid, input_ids, [], [], {"type": "abort", "message": "Abort"})
             return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
+        start = body.get("routed_experts_start_len", 0)
+        if body.get("return_routed_experts") and not 0 <= start <= len(input_ids):
+            # scheduler.py aborts it before it runs, with status 400.
+            message = (
+                f"routed_experts_start_len={start} is higher than the number of input tokens "
+                f"{len(input_ids)}"
+            )
+            return web.json_response({"error": {"message": message}}, status=400)
         limit = body.get("sampling_params", {}).get("max_new_tokens")
         ids, logprobs, finish = self._truncate(input_ids, limit)
         reason: dict[str, Any] = (
@@ -151,6 +190,21 @@ class FakeSGLang(_FakeServer):
             else {"type": "length", "length": len(ids)}
         )
         meta = self._meta(rid, input_ids, ids, logprobs, reason)
+        if body.get("return_routed_experts") and self.routing is not None:
+            start = 0 if self.ignores_routing_start else start
+            rows, cached = self.routing.serve(input_ids, ids, start, len(self.requests))
+            meta["routed_experts"] = b64_int32(rows)
+            meta["cached_tokens"] = cached
+            meta["cached_tokens_details"] = {"device": cached, "host": 0}
+        if body.get("return_indexer_topk") and self.indexer is not None:
+            fed = max(0, len(input_ids) + len(ids) - 1)
+            meta["indexer_topk"] = b64_int32(indexer_rows(fed, self.indexer))
+        if self.weight_spans is not None:
+            meta["weight_versions"] = [
+                {"version": v, "start": a, "end": b} for v, a, b in self.weight_spans
+            ]
+            meta["weight_version"] = self.weight_spans[-1][0]
+        self.answers.append(meta)
         return web.json_response({"text": "", "output_ids": ids, "meta_info": meta})
 
     def _meta(
@@ -165,7 +219,7 @@ class FakeSGLang(_FakeServer):
             "id": rid,
             "finish_reason": reason,
             "prompt_tokens": len(input_ids),
-            "weight_version": "default",
+            "weight_version": self.weight_version,
             "input_token_logprobs": [],
             # return_text_in_logprobs is off, so the text slot is null.
             "output_token_logprobs": [[lp, t, None] for t, lp in zip(ids, logprobs, strict=True)],
@@ -180,6 +234,9 @@ class FakeVLLM(_FakeServer):
     """POST /v1/completions and GET /v1/models, as `vllm serve` answers."""
 
     model: str = "Qwen/Qwen3-8B"
+    # `--enable-return-routed-experts`: every non-stream choice carries them, as a .npy.
+    routing: KVRouting | None = None
+    weight_version: str = "default"
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -250,6 +307,18 @@ class FakeVLLM(_FakeServer):
             "prompt_token_ids": prompt,
             "token_ids": ids,
         }
+        if self.routing is not None:
+            start = min(body.get("routed_experts_prompt_start", 0), len(prompt))
+            rows, _ = self.routing.serve(prompt, ids, start, len(self.requests))
+            # uint8 up to 256 experts, else uint16 (routed_experts_capturer.py).
+            small = self.routing.shape.num_experts <= 256
+            buffer = io.BytesIO()
+            np.save(buffer, rows.astype(np.uint8 if small else np.uint16), allow_pickle=False)
+            choice["routed_experts"] = base64.b64encode(buffer.getvalue()).decode("ascii")
+        if body.get("return_weight_versions"):
+            choice["weight_versions"] = [
+                {"version": self.weight_version, "start": 0, "end": len(ids)}
+            ]
         usage = {
             "prompt_tokens": len(prompt),
             "completion_tokens": len(ids),

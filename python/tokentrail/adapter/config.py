@@ -31,6 +31,10 @@ class AdapterConfig:
     # `side.KNOWN_SIDE_PROMPTS` (the side requests of Qwen Code and hermes-agent).
     exclude_patterns: tuple[str, ...] = ()
     exclude_known_side_requests: bool = False
+    # Ask the engine for every turn's MoE routed experts / sparse-attention indexer top-k
+    # (off by default); the manager's shapes check what comes back and size the store.
+    routed_experts: bool = False
+    indexer_topk: bool = False
 
     def side_patterns(self) -> list[str]:
         known = list(KNOWN_SIDE_PROMPTS.values()) if self.exclude_known_side_requests else []

@@ -24,7 +24,7 @@ from tokentrail.kinds import DriftKind, Fallback, MaskReason, Stage
 
 if TYPE_CHECKING:
     from tokentrail.trajectory.ledger import Ledger
-    from tokentrail.trajectory.manager import Trajectory
+    from tokentrail.trajectory.linearize import Trajectory
 
 __all__ = [
     "DRIFT_KINDS",
@@ -33,6 +33,7 @@ __all__ = [
     "STAGES",
     "Metrics",
     "masked_tool_turn_warning",
+    "replay_warning",
     "warn_if_masked",
 ]
 
@@ -116,6 +117,13 @@ class Metrics:
             "tokentrail_dropped_media_total",
             "Images, documents and other media rendered as a placeholder, by kind, per request.",
             ["kind"],
+            registry=r,
+        )
+        self.replay_tokens = Counter(
+            "tokentrail_replay_tokens_total",
+            "Sample tokens with their replay row (status present) or without it, by the reason, "
+            "per replay channel (routed_experts, indexer_topk).",
+            ["channel", "status"],
             registry=r,
         )
         self.splice_fallbacks = Counter(
@@ -222,6 +230,10 @@ class Metrics:
         self.forks.inc(drifts.get(DriftKind.FORK.value, 0))
         merged = MaskReason.MERGED_REWRITE.value
         self.rewrite_merges.inc(sum(1 for t in ledger.turns if t.masked.get(merged, 0) > 0))
+        for channel, coverage in ledger.replay.items():
+            self.replay_tokens.labels(channel=channel, status="present").inc(coverage.present)
+            for reason, n in coverage.missing.items():
+                self.replay_tokens.labels(channel=channel, status=reason).inc(n)
         self.sessions_finished.inc()
 
     def session_dropped(self) -> None:
@@ -259,6 +271,18 @@ def masked_tool_turn_warning(sid: str, ledger: Ledger, threshold: float = 0.05) 
         f"session {sid}: {len(lost)}/{len(tool_turns)} tool-call turns ({fraction:.1%}) "
         f"lost training signal: {', '.join(parts)}"
     )
+
+
+def replay_warning(sid: str, ledger: Ledger) -> str | None:
+    """One line when a session's samples lack replay rows: a MoE trainer replaying them would
+    not compute the function sampling did. None when every kept channel is complete."""
+    parts = [
+        f"{channel} {c.present}/{c.tokens} tokens "
+        f"({', '.join(f'{r}={n}' for r, n in sorted(c.missing.items()))})"
+        for channel, c in ledger.replay.items()
+        if not c.complete
+    ]
+    return f"session {sid}: replay rows missing: {'; '.join(parts)}" if parts else None
 
 
 def warn_if_masked(

@@ -19,7 +19,7 @@ from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
 from tokentrail.adapter.protocols import WireProtocol, protocols
 from tokentrail.adapter.sessions import Sessions
-from tokentrail.adapter.turns import TurnRoute, parse_json, read_body
+from tokentrail.adapter.turns import TurnRoute, parse_json, read_body, replay_request
 from tokentrail.engines.base import Engine
 from tokentrail.errors import (
     AuthenticationError,
@@ -29,7 +29,8 @@ from tokentrail.errors import (
 from tokentrail.kinds import History
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
-from tokentrail.trajectory.manager import Trajectory, TrajectoryManager
+from tokentrail.trajectory.linearize import Trajectory
+from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.side import SideRules
@@ -56,6 +57,7 @@ class Adapter:
         self.tokenizer = tokenizer
         self.config = config = config or AdapterConfig()
         self.manager = manager or TrajectoryManager()
+        self.replay = replay_request(config, self.manager)
         self.pipeline = TurnPipeline(
             self.manager,
             tokenizer,
@@ -98,6 +100,7 @@ class Adapter:
                 settings=config,
                 journal=journal,
                 timings=self.timings,
+                replay=self.replay,
             )
             routes.append(web.post(proto.turn_path, turn.handle))
             if proto.count_tokens_path is not None:
@@ -113,6 +116,8 @@ class Adapter:
                 drift_policy=str(self.manager.drift_policy),
                 rewrite_policy=str(self.manager.rewrite_policy),
                 fork_threshold=str(self.manager.fork_threshold_tokens),
+                routing=str(self.manager.routing or ""),
+                indexer=str(self.manager.indexer or ""),
             )
             self.sessions.recover(journal)
 

@@ -13,12 +13,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokentrail.adapter.metrics import Metrics, warn_if_masked
+from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.errors import RateLimited, SessionClosed, SessionError
 from tokentrail.kinds import History
 from tokentrail.messages import Conversation
 from tokentrail.storage.journal import OPEN, TURN, Journal, decode_turn
-from tokentrail.trajectory.manager import Trajectory
+from tokentrail.storage.replay import fit_replay
+from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
 from tokentrail.trajectory.side import SideRules
 
@@ -138,6 +139,9 @@ class Sessions:
             self.journal.session_finished(sid, reward, metadata or {})
         self.metrics.session_finished(trajectory)
         warn_if_masked(logger, sid, trajectory.ledger, self.masked_warning_threshold)
+        replay = replay_warning(sid, trajectory.ledger)
+        if replay is not None:
+            logger.warning("%s", replay)
         return trajectory
 
     def drop(self, sid: str) -> bool:
@@ -173,7 +177,7 @@ class Sessions:
                         journaled=False,
                     )
                 elif event.kind == TURN and event.seq not in retracted:
-                    turn = decode_turn(journal, event)
+                    turn = fit_replay(decode_turn(journal, event), self.manager)
                     prepared = self.pipeline.prepare(
                         turn.sid,
                         Conversation(turn.translated, turn.tools),

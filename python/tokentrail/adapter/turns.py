@@ -22,11 +22,18 @@ from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import Outcome
 from tokentrail.adapter.sessions import Session, Sessions
-from tokentrail.engines.base import Engine, GenerateRequest, Generation, SamplingParams
+from tokentrail.engines.base import (
+    Engine,
+    GenerateRequest,
+    Generation,
+    ReplayRequest,
+    SamplingParams,
+)
 from tokentrail.errors import (
     ContextTooLong,
     EngineError,
     EngineLimit,
+    ReplayError,
     RequestError,
     RequestTooLarge,
     UpstreamError,
@@ -65,6 +72,7 @@ class TurnRoute:
         settings: AdapterConfig,
         journal: Journal | None,
         timings: deque[TurnTiming],
+        replay: ReplayRequest | None = None,
     ) -> None:
         self.proto = proto
         self.engine = engine
@@ -75,6 +83,7 @@ class TurnRoute:
         self.settings = settings
         self.journal = journal
         self.timings = timings
+        self.replay = replay or ReplayRequest()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """The route's aiohttp handler."""
@@ -207,6 +216,7 @@ class TurnRoute:
             messages=prepared.record_messages,
             tools=prepared.tools,
             constraint=prepared.constraint,
+            replay=self.replay.from_position(prepared.replay_start),
         )
         try:
             generation = await self.engine.generate(request)
@@ -238,6 +248,28 @@ def journal_turn(
         metadata=metadata,
         history=prepared.history,
         fallback=prepared.fallback,
+        routed_experts=generation.routed_experts,
+        indexer_topk=generation.indexer_topk,
+        weight_versions=generation.weight_versions,
+    )
+
+
+def replay_request(config: AdapterConfig, manager: TrajectoryManager) -> ReplayRequest:
+    """What every turn asks the engine for beyond ids; the start is each turn's own."""
+    for wanted, shape, flag in (
+        (config.routed_experts, manager.routing, "routing"),
+        (config.indexer_topk, manager.indexer, "indexer"),
+    ):
+        if wanted and shape is None:
+            raise ReplayError(
+                f"asking for {flag} replay needs the model's {flag} shape: give the manager "
+                f"one (TrajectoryManager({flag}=...), `tokentrail serve --{flag}-shape` or the "
+                "model's config.json)"
+            )
+    return ReplayRequest(
+        routed_start=0 if config.routed_experts else None,
+        routing=manager.routing,
+        indexer=manager.indexer if config.indexer_topk else None,
     )
 
 

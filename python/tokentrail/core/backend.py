@@ -32,7 +32,18 @@ class BuiltSampleLike(Protocol):
     @property
     def turns(self) -> list[int]: ...
     @property
+    def spans(self) -> Sequence[SpanLike]: ...
+    @property
     def chain(self) -> int: ...
+
+
+class SpanLike(Protocol):
+    @property
+    def turn(self) -> int: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
 
 
 class DriftEventLike(Protocol):
@@ -61,9 +72,32 @@ class LinearizedLike(Protocol):
     def truncated(self) -> dict[int, int]: ...
 
 
+Rows = npt.NDArray[Any]
+
+
 class TurnStoreLike(Protocol):
     def __len__(self) -> int: ...
-    def push(self, parent: int, prompt_ids: Any, output_ids: Any, logprobs: Any = None) -> int: ...
+    @property
+    def routed_experts_shape(self) -> tuple[int, int, int] | None: ...
+    @property
+    def indexer_topk_shape(self) -> tuple[int, int] | None: ...
+    def push(
+        self,
+        parent: int,
+        prompt_ids: Any,
+        output_ids: Any,
+        logprobs: Any = None,
+        *,
+        routed_experts: Any = None,
+        indexer_topk: Any = None,
+    ) -> int: ...
+    def replay_start(self, parent: int, prompt_ids: Any) -> int: ...
+    def routed_experts(
+        self, turn: int, length: int | None = None
+    ) -> tuple[Rows, npt.NDArray[np.uint8]]: ...
+    def indexer_topk(
+        self, turn: int, length: int | None = None
+    ) -> tuple[Rows, npt.NDArray[np.uint8]]: ...
     def prompt_ids(self, turn: int) -> npt.NDArray[np.uint32]: ...
     def tokens(self, turn: int) -> npt.NDArray[np.uint32]: ...
     def output_ids(self, turn: int) -> npt.NDArray[np.uint32]: ...
@@ -100,14 +134,24 @@ class PackedLike(Protocol):
     def advantages(self) -> npt.NDArray[np.float32]: ...
     @property
     def max_seqlen(self) -> int: ...
+    @property
+    def routed_experts(self) -> Rows | None: ...
+    @property
+    def indexer_topk(self) -> Rows | None: ...
 
 
 class CoreBackend(Protocol):
     """What the manager and the exporters use of a hot-path implementation."""
 
     POLICIES: tuple[str, ...]
+    REPLAY_STATUS: tuple[str, ...]
 
-    def TurnStore(self) -> TurnStoreLike: ...  # noqa: N802 - the class, called as a factory
+    def TurnStore(  # noqa: N802 - the class, called as a factory
+        self,
+        *,
+        routed_experts: tuple[int, int, int] | None = None,
+        indexer_topk: tuple[int, int] | None = None,
+    ) -> TurnStoreLike: ...
     def common_prefix_len(self, a: Any, b: Any) -> int: ...
     def pack(
         self,
@@ -116,6 +160,8 @@ class CoreBackend(Protocol):
         logprobs: Sequence[Any],
         response_lengths: Any,
         rewards: Any,
+        routed_experts: Sequence[Any] | None = None,
+        indexer_topk: Sequence[Any] | None = None,
     ) -> PackedLike: ...
 
 

@@ -7,7 +7,13 @@ importing the engine modules here registers them.
 
 from __future__ import annotations
 
-from tokentrail.engines.base import Engine, GenerateRequest, Generation, SamplingParams
+from tokentrail.engines.base import (
+    Engine,
+    GenerateRequest,
+    Generation,
+    ReplayRequest,
+    SamplingParams,
+)
 from tokentrail.engines.registry import create_engine, engine_names, register_engine
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
@@ -20,6 +26,7 @@ __all__ = [
     "EngineSpecError",
     "GenerateRequest",
     "Generation",
+    "ReplayRequest",
     "SGLangEngine",
     "SamplingParams",
     "SamplingParamsError",

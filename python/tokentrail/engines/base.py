@@ -1,8 +1,8 @@
 """The contract between the adapter and an inference engine: token ids in, token ids out.
 
-An `Engine` turns a `GenerateRequest` (prompt ids, sampling, session and request ids) into a
-`Generation` (sampled ids with one logprob each). `registry.create_engine` builds one from a
-spec string.
+An `Engine` turns a `GenerateRequest` (prompt ids, sampling, session and request ids, and which
+replay data to report) into a `Generation` (sampled ids with one logprob each, the replay rows
+asked for, the weight versions). `registry.create_engine` builds one from a spec string.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape, WeightSpan
 from tokentrail.errors import EngineError, SamplingParamsError
-from tokentrail.kinds import FinishReason
+from tokentrail.kinds import FinishReason, ReplayGap
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.text.constraints import OutputConstraint
 
@@ -72,16 +73,46 @@ class SamplingParams:
         return dataclasses.replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class ReplayRequest:
+    """The replay data to ask an engine for, with the model shapes to check it by."""
+
+    # Ask for the routed experts of positions from this one on (None: do not ask).
+    routed_start: int | None = None
+    routing: RoutingShape | None = None
+    # Ask for the indexer top-k (of every position) when set.
+    indexer: IndexerShape | None = None
+
+    def from_position(self, start: int) -> ReplayRequest:
+        """This request with routed experts asked from `start`, if they are asked at all."""
+        if self.routed_start is None:
+            return self
+        return dataclasses.replace(self, routed_start=start)
+
+    def unsupported(self) -> tuple[ReplayRows | None, ReplayRows | None]:
+        """What an engine that reports neither answers, `(routed_experts, indexer_topk)`:
+        `NOT_SUPPORTED` for what was asked, None for the rest."""
+        missing = ReplayRows.missing(ReplayGap.NOT_SUPPORTED)
+        return (
+            None if self.routed_start is None else missing,
+            None if self.indexer is None else missing,
+        )
+
+
 @dataclass
 class Generation:
     """One sampled turn: the output ids exactly as sampled (end-of-turn token included when the
-    model emitted it) and the logprob of each under the sampling distribution."""
+    model emitted it) and the logprob of each under the sampling distribution; the replay rows
+    asked for (None: not asked) and which weights sampled which tokens."""
 
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # one of FINISH_REASONS
     prompt_tokens: int
     engine_time_s: float
+    routed_experts: ReplayRows | None = None
+    indexer_topk: ReplayRows | None = None
+    weight_versions: tuple[WeightSpan, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.logprobs):
@@ -114,6 +145,7 @@ class GenerateRequest:
     # What the output must match (a forced tool call); only engines whose
     # `supports_constraints` is true are sent one.
     constraint: OutputConstraint | None = None
+    replay: ReplayRequest = field(default_factory=ReplayRequest)
 
 
 @runtime_checkable

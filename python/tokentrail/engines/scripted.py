@@ -167,7 +167,9 @@ class ScriptedEngine:
             finish = "length"
         logprobs = [scripted_logprob(t, i) for i, t in enumerate(ids)]
         logger.debug("%s: %d tokens for session %s", self.name, len(ids), req.session_id)
-        return Generation(ids, logprobs, finish, len(req.input_ids), time.perf_counter() - start)
+        routed, indexer = req.replay.unsupported()
+        elapsed = time.perf_counter() - start
+        return Generation(ids, logprobs, finish, len(req.input_ids), elapsed, routed, indexer)
 
     def _stop_cut(self, ids: list[int], text: str, stops: Sequence[str]) -> int | None:
         if not any(s and s in text for s in stops):

@@ -1,20 +1,29 @@
 """SGLang through its native `/generate` endpoint: token ids in, ids and logprobs out.
 
 Output ids and logprobs both come from `meta_info.output_token_logprobs`; the stop token stays in
-them. A cancelled `generate` sends `/abort_request` so the engine frees the slot at once.
+them. Routed experts (`return_routed_experts`, from `routed_experts_start_len` on) and indexer
+top-k (`return_indexer_topk`) come back as base64 of little-endian int32 rows; the weight
+version is `meta_info.weight_version` (with `weight_versions` spans from 0.5.20). A cancelled
+`generate` sends `/abort_request` so the engine frees the slot at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import time
 from typing import Any
 
+import numpy as np
+
+from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
 from tokentrail.errors import EngineError
+from tokentrail.kinds import Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -33,6 +42,12 @@ class SGLangEngine(HTTPEngine):
     errors `{"error": {"message"}}` with HTTP 400. The session id goes in `X-SMG-Routing-Key`.
     A forced tool call goes as `sampling_params.regex` (a string; SGLang takes at most one of
     `json_schema`, `regex`, `ebnf`, `structural_tag`).
+
+    Replay (top-level request keys, never in `sampling_params`, which 0.5.22+ checks):
+    `return_routed_experts` with `routed_experts_start_len` S (absolute, 0 <= S <= prompt; the
+    server needs `--enable-return-routed-experts`) gives `meta_info.routed_experts`, rows for
+    positions S..prompt+completion-1; `return_indexer_topk` gives `meta_info.indexer_topk`
+    from position 0 (`--enable-return-indexer-topk`).
     """
 
     name = "sglang"
@@ -63,7 +78,7 @@ class SGLangEngine(HTTPEngine):
             params["sampling_seed"] = s.seed
         if req.constraint is not None:
             params["regex"] = req.constraint.regex
-        return {
+        body: dict[str, Any] = {
             "input_ids": token_list(req.input_ids),
             "sampling_params": params,
             "return_logprob": True,
@@ -73,6 +88,14 @@ class SGLangEngine(HTTPEngine):
             "rid": req.request_id,
             "stream": False,
         }
+        replay = req.replay
+        if replay.routed_start is not None:
+            body["return_routed_experts"] = True
+            # Absolute, at most the prompt's length (a larger one is a 400).
+            body["routed_experts_start_len"] = min(replay.routed_start, len(body["input_ids"]))
+        if replay.indexer is not None:
+            body["return_indexer_topk"] = True
+        return body
 
     async def generate(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
@@ -149,7 +172,104 @@ def parse_generate_response(data: Any, req: GenerateRequest, elapsed: float) -> 
             req.request_id,
             len(req.input_ids),
         )
-    return Generation(ids, logprobs, kind, prompt_tokens, elapsed)
+    return Generation(
+        ids,
+        logprobs,
+        kind,
+        prompt_tokens,
+        elapsed,
+        routed_experts=_routed_experts(meta, req, prompt_tokens, len(ids)),
+        indexer_topk=_indexer_topk(meta, req, prompt_tokens, len(ids)),
+        weight_versions=weight_spans(
+            meta.get("weight_version"), meta.get("weight_versions"), len(ids), req.request_id
+        ),
+    )
+
+
+def _int32_rows(meta: dict[str, Any], key: str, req: GenerateRequest) -> np.ndarray | ReplayRows:
+    """`meta_info[key]` decoded: standard base64 of raw little-endian int32, no header."""
+    raw = meta.get(key)
+    if not isinstance(raw, str):
+        flag = "--enable-return-" + key.replace("_", "-")
+        logger.warning(
+            "sglang returned no %s for request %s (a server without %s, or an abort)",
+            key,
+            req.request_id,
+            flag,
+        )
+        return ReplayRows.missing(ReplayGap.ENGINE_RETURNED_NONE)
+    try:
+        data: bytes | None = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        data = None
+    if data is None or len(data) % 4:
+        logger.warning("sglang %s of request %s is not int32 base64", key, req.request_id)
+        return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
+    return np.frombuffer(data, dtype="<i4")
+
+
+def _routed_experts(
+    meta: dict[str, Any], req: GenerateRequest, prompt: int, output: int
+) -> ReplayRows | None:
+    replay = req.replay
+    if replay.routed_start is None or replay.routing is None:
+        return None
+    values = _int32_rows(meta, "routed_experts", req)
+    if isinstance(values, ReplayRows):
+        return values
+    start = min(replay.routed_start, prompt)
+    row = replay.routing.layers * replay.routing.top_k
+    if start and values.size == (prompt + output - 1) * row:
+        # SGLang 0.5.9 to 0.5.11 accept `routed_experts_start_len` but return every position.
+        logger.debug("sglang ignored routed_experts_start_len=%d; slicing", start)
+        values = values[start * row :]
+    details = meta.get("cached_tokens_details")
+    if isinstance(details, dict) and (details.get("host") or details.get("storage")):
+        # HiCache restores KV without the routing rows written with it (sgl-project/sglang
+        # #26975, #39027): the cached prefix's rows may be stale.
+        logger.warning(
+            "sglang served request %s's prefix from HiCache (%s): its routed experts may be stale",
+            req.request_id,
+            details,
+        )
+    return checked_rows(
+        Replay.ROUTED_EXPERTS,
+        values,
+        start=start,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        shape=replay.routing,
+        request_id=req.request_id,
+    )
+
+
+def _indexer_topk(
+    meta: dict[str, Any], req: GenerateRequest, prompt: int, output: int
+) -> ReplayRows | None:
+    shape = req.replay.indexer
+    if shape is None:
+        return None
+    values = _int32_rows(meta, "indexer_topk", req)
+    if isinstance(values, ReplayRows):
+        return values
+    layers = meta.get("indexer_topk_num_layers", shape.layers)  # sglang-miles reports it
+    if layers != shape.layers:
+        logger.warning(
+            "sglang reports %s indexer layers for request %s, the model has %d",
+            layers,
+            req.request_id,
+            shape.layers,
+        )
+        return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
+    return checked_rows(
+        Replay.INDEXER_TOPK,
+        values,
+        start=0,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        shape=shape,
+        request_id=req.request_id,
+    )
 
 
 @register_engine("sglang", "sglang://HOST:PORT")

@@ -1,20 +1,30 @@
 """vLLM through its OpenAI `/v1/completions` endpoint with a token-id prompt.
 
 `return_token_ids` gives the sampled ids (stop token included) and `logprobs: 0` the sampled
-token's logprob. vLLM aborts a request when its connection closes, so aborting is cancelling.
+token's logprob; `return_weight_versions` the weight versions over the output. A server launched
+with `--enable-return-routed-experts` adds each choice's routed experts (base64 of a `.npy`),
+from `routed_experts_prompt_start` on; vLLM has no indexer top-k. vLLM aborts a request when
+its connection closes, so aborting is cancelling.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import io
 import logging
 import time
 from typing import Any
 
+import numpy as np
+
+from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
 from tokentrail.errors import EngineError
+from tokentrail.kinds import Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -81,12 +91,17 @@ class VLLMEngine(HTTPEngine):
             "return_token_ids": True,
             "skip_special_tokens": False,
             "include_stop_str_in_output": True,
+            "return_weight_versions": True,
             "stream": False,
         }
         if s.seed is not None:
             body["seed"] = s.seed
         if req.constraint is not None:
             body["structured_outputs"] = {"regex": req.constraint.regex}
+        if req.replay.routed_start is not None:
+            # Routing itself is server-wide (`--enable-return-routed-experts`); this only says
+            # from where (clamped to the prompt by vLLM).
+            body["routed_experts_prompt_start"] = req.replay.routed_start
         return body
 
     async def generate(self, req: GenerateRequest) -> Generation:
@@ -163,7 +178,52 @@ def parse_completion_response(data: Any, req: GenerateRequest, elapsed: float) -
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     if not isinstance(prompt_tokens, int):
         prompt_tokens = len(req.input_ids)
-    return Generation(list(ids), [float(x) for x in logprobs], finish, prompt_tokens, elapsed)
+    spans = choice.get("weight_versions")
+    last = spans[-1].get("version") if isinstance(spans, list) and spans else None
+    return Generation(
+        list(ids),
+        [float(x) for x in logprobs],
+        finish,
+        prompt_tokens,
+        elapsed,
+        routed_experts=_routed_experts(choice, req, prompt_tokens, len(ids)),
+        indexer_topk=req.replay.unsupported()[1],
+        weight_versions=weight_spans(last, spans, len(ids), req.request_id),
+    )
+
+
+def _routed_experts(
+    choice: dict[str, Any], req: GenerateRequest, prompt: int, output: int
+) -> ReplayRows | None:
+    """A choice's `routed_experts`: base64 of a `.npy` file (uint8 up to 256 experts, else
+    uint16), shaped `[rows, layers, top_k]` from the prompt start on."""
+    replay = req.replay
+    if replay.routed_start is None or replay.routing is None:
+        return None
+    raw = choice.get("routed_experts")
+    if not isinstance(raw, str):
+        logger.warning(
+            "vllm returned no routed_experts for request %s (a server without "
+            "--enable-return-routed-experts?)",
+            req.request_id,
+        )
+        return ReplayRows.missing(ReplayGap.ENGINE_RETURNED_NONE)
+    try:
+        rows = np.load(io.BytesIO(base64.b64decode(raw, validate=True)), allow_pickle=False)
+    except (binascii.Error, ValueError, OSError, EOFError):
+        logger.warning("vllm routed_experts of request %s is not a .npy", req.request_id)
+        return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
+    if not isinstance(rows, np.ndarray) or rows.dtype.kind not in "iu":
+        return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
+    return checked_rows(
+        Replay.ROUTED_EXPERTS,
+        rows,
+        start=min(replay.routed_start, prompt),
+        prompt_tokens=prompt,
+        output_tokens=output,
+        shape=replay.routing,
+        request_id=req.request_id,
+    )
 
 
 @register_engine("vllm", "vllm://HOST:PORT")

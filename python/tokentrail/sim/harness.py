@@ -20,7 +20,7 @@ import aiohttp
 
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
 from tokentrail.sim.wire import from_openai, from_responses, to_openai, to_responses, wire_tools
-from tokentrail.trajectory.manager import Trajectory
+from tokentrail.trajectory.linearize import Trajectory
 
 # Claude Code's file tools, with the schema default it fills in on echo (`replace_all`).
 CLAUDE_CODE_TOOLS: list[dict[str, Any]] = [

@@ -1,7 +1,8 @@
 """Getting samples to a trainer: sample files (.npz, .jsonl, .parquet) and packed batches.
 
 `write_samples`/`read_samples` round-trip `Sample`s exactly (dtypes, values, metadata through
-JSON); `pack_samples` flattens samples into one `PackedBatch` for variable-length attention.
+JSON, replay rows with their shape); `pack_samples` flattens samples into one `PackedBatch` for
+variable-length attention.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from tokentrail.core.backend import load_backend
 from tokentrail.errors import ExportError, PackError
-from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.sample import REPLAY_FIELDS, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ _ARRAYS: dict[str, type[np.generic]] = {
     "loss_mask": np.uint8,
     "rollout_log_probs": np.float32,
 }
+# Replay rows (`[tokens, layers, k]` per sample) keep the store's compact type.
+_ROW_TYPES = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.int32))
 
 
 # --- Files ---------------------------------------------------------------------------------------
@@ -113,6 +116,17 @@ def _canonical(sample: Sample, i: int) -> Sample:
     arrays = {
         name: _as_dtype(getattr(sample, name), dtype, i, name) for name, dtype in _ARRAYS.items()
     }
+    for name in REPLAY_FIELDS:
+        rows = getattr(sample, name)
+        if rows is None:
+            continue
+        rows = np.asarray(rows)
+        if rows.dtype not in _ROW_TYPES or rows.ndim != 3 or len(rows) != len(arrays["tokens"]):
+            raise ExportError(
+                f"sample {i}: {name} ({rows.dtype}{rows.shape}) is not one row of uint8, uint16, "
+                f"uint32 or int32 per token ({len(arrays['tokens'])})"
+            )
+        arrays[name] = rows
     return Sample(
         **arrays,
         response_length=int(sample.response_length),
@@ -157,12 +171,30 @@ def _columns(samples: list[Sample]) -> dict[str, np.ndarray]:
         np.cumsum([len(part) for part in parts], out=offsets[1:])
         columns[name] = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
         columns[f"{name}_offsets"] = offsets
+    columns |= _replay_columns(canonical)
     columns["response_length"] = np.array([s.response_length for s in canonical], dtype=np.int64)
     columns["reward"] = np.array([s.reward for s in canonical], dtype=np.float64)
     # A unicode array, not an object array, so the .npz loads with allow_pickle=False.
     columns["metadata"] = np.array(
         [_dumps(s.metadata, i) for i, s in enumerate(canonical)], dtype=np.str_
     )
+    return columns
+
+
+def _replay_columns(samples: list[Sample]) -> dict[str, np.ndarray]:
+    """Each replay field every sample has, concatenated `[tokens, layers, k]`; its offsets are
+    the tokens'. A field some samples have and others not, or of two row shapes, is refused."""
+    columns: dict[str, np.ndarray] = {}
+    for name in REPLAY_FIELDS:
+        parts = [getattr(s, name) for s in samples]
+        held = [p for p in parts if p is not None]
+        if not held:
+            continue
+        if len(held) != len(parts):
+            raise ExportError(f"{name}: some samples have it and some do not")
+        if len({(p.dtype, p.shape[1:]) for p in held}) != 1:
+            raise ExportError(f"{name}: samples hold rows of more than one type or shape")
+        columns[name] = np.concatenate(held)
     return columns
 
 
@@ -179,9 +211,10 @@ def _samples(columns: dict[str, np.ndarray], path: Path) -> list[Sample]:
             raise ExportError(f"{path}: sample {i}: metadata is not a JSON object")
         metadata.append(value)
     bounds = {name: columns[f"{name}_offsets"].tolist() for name in _ARRAYS}
+    bounds |= {name: bounds["tokens"] for name in REPLAY_FIELDS if name in columns}
     return [
         Sample(
-            **{name: columns[name][bounds[name][i] : bounds[name][i + 1]] for name in _ARRAYS},
+            **{name: columns[name][bounds[name][i] : bounds[name][i + 1]] for name in bounds},
             response_length=int(columns["response_length"][i]),
             reward=float(columns["reward"][i]),
             metadata=metadata[i],
@@ -211,6 +244,15 @@ def _check_columns(columns: dict[str, np.ndarray], path: Path) -> dict[str, np.n
             or np.any(np.diff(offsets) < 0)
         ):
             raise ExportError(f"{path}: {name}_offsets do not split {name} into {n} samples")
+    for name in REPLAY_FIELDS:
+        rows = columns.get(name)
+        tokens = len(columns["tokens"])
+        if rows is not None and (
+            rows.dtype not in _ROW_TYPES or rows.ndim != 3 or len(rows) != tokens
+        ):
+            raise ExportError(
+                f"{path}: column {name} is {rows.dtype}{rows.shape}, not a row per token ({tokens})"
+            )
     return columns
 
 
@@ -277,10 +319,19 @@ def _table(pa: Any, columns: dict[str, np.ndarray]) -> Any:
         name: pa.LargeListArray.from_arrays(columns[f"{name}_offsets"], columns[name])
         for name in _ARRAYS
     }
+    schema = {"tokentrail": f"samples/{_SCHEMA}"}
+    for name in REPLAY_FIELDS:
+        if name in columns:
+            rows = columns[name]
+            per_row = pa.FixedSizeListArray.from_arrays(
+                rows.reshape(-1), rows.shape[1] * rows.shape[2]
+            )
+            data[name] = pa.LargeListArray.from_arrays(columns["tokens_offsets"], per_row)
+            schema[f"tokentrail.{name}"] = f"{rows.shape[1]},{rows.shape[2]}"
     data["response_length"] = pa.array(columns["response_length"])
     data["reward"] = pa.array(columns["reward"])
     data["metadata"] = pa.array(columns["metadata"].tolist(), type=pa.large_string())
-    return pa.table(data).replace_schema_metadata({"tokentrail": f"samples/{_SCHEMA}"})
+    return pa.table(data).replace_schema_metadata(schema)
 
 
 def _read_parquet(path: Path) -> dict[str, np.ndarray]:
@@ -316,7 +367,24 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
     if not (pa.types.is_string(metadata.type) or pa.types.is_large_string(metadata.type)):
         raise ExportError(f"{path}: column metadata is {metadata.type}, expected JSON strings")
     columns["metadata"] = np.array(metadata.to_pylist(), dtype=np.str_)
+    for name in REPLAY_FIELDS:
+        if name in table.column_names:
+            columns[name] = _parquet_rows(table, name, path)
     return _check_columns(columns, path)
+
+
+def _parquet_rows(table: Any, name: str, path: Path) -> np.ndarray:
+    """A replay column: lists of fixed-size rows, their `layers,k` in the schema metadata."""
+    shape = (table.schema.metadata or {}).get(f"tokentrail.{name}".encode(), b"").decode()
+    column = table.column(name).combine_chunks()
+    try:
+        layers, width = (int(d) for d in shape.split(","))
+        offsets = column.offsets.to_numpy()
+        rows = column.values.values.to_numpy(zero_copy_only=False)
+        start, end = int(offsets[0]) * layers * width, int(offsets[-1]) * layers * width
+        return np.array(rows[start:end]).reshape(-1, layers, width)
+    except (AttributeError, ValueError) as err:
+        raise ExportError(f"{path}: column {name} is not replay rows: {err}") from None
 
 
 # --- Packing -------------------------------------------------------------------------------------
@@ -343,6 +411,9 @@ class PackedBatch:
     rewards: np.ndarray
     advantages: np.ndarray
     max_seqlen: int
+    # `[tokens, layers, k]` in the samples' own type, when every sample carries them.
+    routed_experts: np.ndarray | None = None
+    indexer_topk: np.ndarray | None = None
 
     @property
     def num_samples(self) -> int:
@@ -356,15 +427,17 @@ class PackedBatch:
         """Tensors for a trainer, sharing memory with these arrays except `tokens`.
 
         `tokens` becomes int64 (a copy: torch indexes embeddings with int64, and its uint32
-        support is thin). The int32, uint8 and float32 arrays are wrapped by `torch.from_numpy`
-        without a copy, so writing `advantages` through the tensor writes this batch too.
+        support is thin). The int32, uint8 and float32 arrays, and the replay rows in their own
+        type, are wrapped by `torch.from_numpy` without a copy, so writing `advantages` through
+        the tensor writes this batch too. Replay rows are absent when not carried.
         """
         import torch
 
         tensors: dict[str, Any] = {"tokens": torch.from_numpy(self.tokens.astype(np.int64))}
         for f in fields(self):
-            if f.name not in ("tokens", "max_seqlen"):
-                tensors[f.name] = torch.from_numpy(getattr(self, f.name))
+            value = getattr(self, f.name)
+            if f.name not in ("tokens", "max_seqlen") and value is not None:
+                tensors[f.name] = torch.from_numpy(value)
         tensors["max_seqlen"] = self.max_seqlen
         return tensors
 
@@ -374,15 +447,24 @@ def pack_samples(samples: Sequence[Sample], backend: str | None = None) -> Packe
 
     `backend` is "rust" or "python" (default: `TOKENTRAIL_BACKEND`, else "rust"). Raises
     `PackError` when a sample's `loss_mask` or `rollout_log_probs` is not `response_length` long
-    or its `response_length` exceeds its tokens.
+    or its `response_length` exceeds its tokens, or when replay rows are carried by some samples
+    only, or are not one per token.
     """
     core = load_backend(backend)
+    replay: dict[str, list[np.ndarray] | None] = {}
+    for name in REPLAY_FIELDS:
+        rows = [getattr(s, name) for s in samples]
+        missing = [i for i, r in enumerate(rows) if r is None]
+        if missing and len(missing) != len(rows):
+            raise PackError(f"{name}: sample {missing[0]} has none, others have")
+        replay[name] = None if missing or not rows else rows
     packed = core.pack(
         [s.tokens for s in samples],
         [s.loss_mask for s in samples],
         [s.rollout_log_probs for s in samples],
         [s.response_length for s in samples],
         [s.reward for s in samples],
+        **replay,
     )
     batch = PackedBatch(**{f.name: getattr(packed, f.name) for f in fields(PackedBatch)})
     logger.debug("packed %d samples into %d tokens", batch.num_samples, batch.num_tokens)

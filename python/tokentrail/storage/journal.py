@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from tokentrail.core.replay import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
-from tokentrail.kinds import Fallback, History
+from tokentrail.kinds import Fallback, History, ReplayGap
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.trajectory.ledger import parse_history_label
 
@@ -101,6 +102,31 @@ def _lps_from_b64(text: str | None) -> np.ndarray | None:
     if text is None:
         return None
     return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float32)
+
+
+def _replay_json(rows: ReplayRows | None) -> dict[str, Any] | None:
+    """A turn's replay rows for the journal: the gap, or the start and the rows in the
+    smallest integer type that holds them, base64 of little-endian bytes."""
+    if rows is None:
+        return None
+    if rows.rows is None:
+        return {"gap": str(rows.gap or ReplayGap.ENGINE_RETURNED_NONE)}
+    values = rows.rows
+    dtype: np.dtype = np.dtype("<i4")
+    if values.size == 0 or values.min() >= 0:
+        top = int(values.max()) if values.size else 0
+        dtype = np.dtype("<u1" if top < 2**8 else "<u2" if top < 2**16 else "<u4")
+    data = base64.b64encode(values.astype(dtype).tobytes()).decode("ascii")
+    return {"start": rows.start, "dtype": dtype.str, "shape": list(values.shape), "data": data}
+
+
+def _replay_from_json(d: dict[str, Any] | None) -> ReplayRows | None:
+    if d is None:
+        return None
+    if "gap" in d:
+        return ReplayRows.missing(ReplayGap(d["gap"]))
+    values = np.frombuffer(base64.b64decode(d["data"]), dtype=np.dtype(d["dtype"]))
+    return ReplayRows(values.reshape(tuple(d["shape"])), int(d["start"]))
 
 
 def _prefix_len(a: np.ndarray, b: np.ndarray) -> int:
@@ -237,6 +263,9 @@ class Journal:
         metadata: dict[str, Any],
         history: History | None = None,
         fallback: Fallback | None = None,
+        routed_experts: ReplayRows | None = None,
+        indexer_topk: ReplayRows | None = None,
+        weight_versions: tuple[WeightSpan, ...] = (),
     ) -> int:
         prompt = np.asarray(prompt_ids, dtype=np.uint32)
         base_seq, prefix = 0, 0
@@ -258,6 +287,9 @@ class Journal:
             "metadata": metadata,
             "history": None if history is None else history.value,
             "fallback": None if fallback is None else fallback.value,
+            "routed_experts": _replay_json(routed_experts),
+            "indexer_topk": _replay_json(indexer_topk),
+            "weight_versions": [span.to_dict() for span in weight_versions],
         }
         seq = self._append(sid, TURN, data)
         self._remember(seq, sid, data)
@@ -438,6 +470,9 @@ class JournaledTurn:
     metadata: dict[str, Any]
     history: History | None = None
     fallback: Fallback | None = None
+    routed_experts: ReplayRows | None = None
+    indexer_topk: ReplayRows | None = None
+    weight_versions: tuple[WeightSpan, ...] = ()
 
 
 def decode_turn(journal: Journal, event: Event) -> JournaledTurn:
@@ -466,4 +501,10 @@ def _turn_of(event: Event, prompt_ids: np.ndarray) -> JournaledTurn:
         metadata=d["metadata"],
         history=history,
         fallback=fallback,
+        routed_experts=_replay_from_json(d.get("routed_experts")),
+        indexer_topk=_replay_from_json(d.get("indexer_topk")),
+        weight_versions=tuple(
+            WeightSpan(str(w["version"]), int(w["start"]), int(w["end"]))
+            for w in d.get("weight_versions") or ()
+        ),
     )

@@ -8,16 +8,21 @@ render history or the upstream merge and compared side by side with what was rec
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from tokentrail.kinds import DriftPolicy, History, Restore, RewritePolicy
+import numpy as np
+
+from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
+from tokentrail.kinds import DriftPolicy, History, ReplayGap, Restore, RewritePolicy
 from tokentrail.messages import Conversation
-from tokentrail.storage.journal import FINISH, Contents
+from tokentrail.storage.journal import FINISH, Contents, JournaledTurn
 from tokentrail.text.tokenizer import LoadedTokenizer
-from tokentrail.trajectory.ledger import Ledger
-from tokentrail.trajectory.manager import Trajectory, TrajectoryManager
+from tokentrail.trajectory.ledger import Ledger, ReplayCoverage
+from tokentrail.trajectory.linearize import Trajectory
+from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
 
 
@@ -30,21 +35,28 @@ class Settings:
     drift_policy: DriftPolicy = DriftPolicy.MINIMAL
     rewrite_policy: RewritePolicy = RewritePolicy.FORK
     fork_threshold: int = 1024
+    # The replay shapes the run kept (None: not kept); not a knob, what the journal holds.
+    routing: RoutingShape | None = None
+    indexer: IndexerShape | None = None
 
     @classmethod
     def recorded(cls, meta: dict[str, str]) -> Settings:
         """The settings a journal was recorded with (defaults where it does not say)."""
         d = cls()
+        routing, indexer = meta.get("routing"), meta.get("indexer")
         return cls(
             restore=Restore(meta.get("restore", d.restore)),
             history=History(meta.get("history", d.history)),
             drift_policy=DriftPolicy(meta.get("drift_policy", d.drift_policy)),
             rewrite_policy=RewritePolicy(meta.get("rewrite_policy", d.rewrite_policy)),
             fork_threshold=int(meta.get("fork_threshold", d.fork_threshold)),
+            routing=RoutingShape.parse(routing) if routing else None,
+            indexer=IndexerShape.parse(indexer) if indexer else None,
         )
 
     def describe(self) -> str:
-        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+        shown = [f for f in fields(self) if f.name not in ("routing", "indexer")]
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in shown)
 
     def pipeline(
         self, tokenizer: LoadedTokenizer | None, template: str | None = None
@@ -53,10 +65,32 @@ class Settings:
             fork_threshold_tokens=self.fork_threshold,
             drift_policy=self.drift_policy,
             rewrite_policy=self.rewrite_policy,
+            routing=self.routing,
+            indexer=self.indexer,
         )
         return TurnPipeline(
             manager, tokenizer, template, restore=self.restore, history=self.history
         )
+
+
+def fit_replay(turn: JournaledTurn, manager: TrajectoryManager) -> JournaledTurn:
+    """`turn` with the replay rows the manager keeps: rows of another shape than its own (a run
+    recorded for another model config) become `SHAPE_MISMATCH`, rows of a channel it does not
+    keep are dropped."""
+
+    def fitted(rows: ReplayRows | None, dims: tuple[int, ...] | None) -> ReplayRows | None:
+        if dims is None:
+            return None
+        if rows is not None and rows.rows is not None and rows.rows.shape[1:] != dims[:2]:
+            return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
+        return rows
+
+    routing, indexer = manager.routing, manager.indexer
+    return dataclasses.replace(
+        turn,
+        routed_experts=fitted(turn.routed_experts, routing.dims if routing else None),
+        indexer_topk=fitted(turn.indexer_topk, indexer.dims if indexer else None),
+    )
 
 
 def _rewards(contents: Contents) -> dict[str, float]:
@@ -83,12 +117,22 @@ def _run(
             turn.sid, Conversation(turn.translated, turn.tools), recorded=recorded
         )
         metadata = dict(turn.metadata)
+        generated = fit_replay(turn, pipeline.manager)
         if not as_recorded:
             fallback = prepared.fallback
             metadata["history"] = fallback.label if fallback else str(prepared.history)
+            if not np.array_equal(prepared.prompt_ids, turn.prompt_ids):
+                # The replay re-rendered the prompt the engine saw: its rows are another
+                # sequence's.
+                rerendered = ReplayRows.missing(ReplayGap.RERENDERED_PREFIX)
+                generated = dataclasses.replace(
+                    generated,
+                    routed_experts=None if generated.routed_experts is None else rerendered,
+                    indexer_topk=None if generated.indexer_topk is None else rerendered,
+                )
         pipeline.record(
             prepared,
-            turn,
+            generated,
             turn.response_message,
             ill_formed=turn.ill_formed,
             metadata=metadata,
@@ -227,3 +271,20 @@ def audit_table(ledgers: list[Ledger]) -> tuple[str, float]:
         f"masked fraction {fraction:.4f}"
     )
     return "\n".join(lines), fraction
+
+
+def replay_table(ledgers: list[Ledger]) -> tuple[str, bool]:
+    """Per replay channel, sample tokens with and without their rows by reason; and whether
+    every ledger kept routing and every token has its rows."""
+    totals: dict[str, ReplayCoverage] = {}
+    for ledger in ledgers:
+        for channel, coverage in ledger.replay.items():
+            totals.setdefault(channel, ReplayCoverage()).add(coverage)
+    lines = [f"{'replay':<16}{'tokens':>10}{'with rows':>11}{'coverage':>10}  missing"]
+    for channel, c in sorted(totals.items()):
+        missing = ", ".join(f"{r}={n}" for r, n in sorted(c.missing.items())) or "-"
+        lines.append(f"{channel:<16}{c.tokens:>10}{c.present:>11}{c.fraction:>10.2%}  {missing}")
+    kept = all(ledger.replay for ledger in ledgers) and bool(ledgers)
+    if not kept:
+        lines.append("some sessions kept no replay rows at all (served without --routed-experts)")
+    return "\n".join(lines), kept and all(c.complete for c in totals.values())

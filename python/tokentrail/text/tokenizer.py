@@ -131,6 +131,15 @@ class LoadedTokenizer:
         """Text of `ids`, special tokens kept as their text."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
+    def decode_turn(self, output_ids: Iterable[int]) -> str:
+        """Text of a sampled turn without the end-of-turn tokens that close it (the engine's
+        stop, not part of the message)."""
+        ids = [int(x) for x in output_ids]
+        end = len(ids)
+        while end and ids[end - 1] in self.end_token_ids:
+            end -= 1
+        return self.decode(ids[:end])
+
     def token_id(self, token: str) -> int:
         """Id of one token given by its text (an added token, or a vocabulary entry)."""
         tid = self.tokenizer.token_to_id(token)

@@ -3,16 +3,20 @@
 For each generated turn: how many of its tokens some sample trains, and how many are masked,
 by the named reason (`MaskReason`) that removed them. Trained plus masked equals generated, per
 turn and in total, so a lost training signal is a number a trainer can see and gate on.
-`build_ledger` assigns each token its fate from the tree and the linearization. The ledger also
-counts what the model never saw: images and documents its prompts held as placeholders.
+`build_ledger` assigns each token its fate from the tree and the linearization. Beside it: what
+the model never saw (images and documents its prompts held as placeholders), how many sample
+tokens carry their replay rows (routed experts, indexer top-k) and why the others do not
+(`ReplayGap`), and tokens per weight version.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from tokentrail.core.backend import LinearizedLike
 from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason
@@ -72,10 +76,59 @@ def parse_history_label(label: object) -> tuple[History | None, Fallback | None]
 
 
 @dataclass
+class ReplayCoverage:
+    """Of the sample tokens a trainer feeds forward, how many carry their replay row, and why
+    the others carry none. Each sample's last token is left out: nothing is computed from it,
+    so no engine reports it (its row is zeros, as slime's trainer pads it)."""
+
+    tokens: int = 0
+    present: int = 0
+    missing: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.present == self.tokens
+
+    @property
+    def fraction(self) -> float:
+        return self.present / self.tokens if self.tokens else 1.0
+
+    @classmethod
+    def of(cls, status: np.ndarray, names: Sequence[str]) -> ReplayCoverage:
+        """The coverage of one sample, from its per-token status codes (`REPLAY_STATUS`)."""
+        counted = np.bincount(status[: max(0, len(status) - 1)], minlength=len(names))
+        missing = {names[code]: int(n) for code, n in enumerate(counted) if code > 1 and n}
+        return cls(int(counted.sum()), int(counted[0]), missing)
+
+    def add(self, other: ReplayCoverage) -> None:
+        self.tokens += other.tokens
+        self.present += other.present
+        for reason, n in other.missing.items():
+            self.missing[reason] = self.missing.get(reason, 0) + n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "present": self.present,
+            "missing": dict(sorted(self.missing.items())),
+            "coverage": round(self.fraction, 6),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ReplayCoverage:
+        missing = {str(k): int(v) for k, v in (d.get("missing") or {}).items()}
+        return cls(int(d.get("tokens", 0)), int(d.get("present", 0)), missing)
+
+
+@dataclass
 class Ledger:
     turns: list[TurnLedger] = field(default_factory=list)
     restored_echoes: int = 0
     restored_by_tool: dict[str, int] = field(default_factory=dict)
+    # Per replay channel kept ("routed_experts", "indexer_topk"): the samples' coverage.
+    replay: dict[str, ReplayCoverage] = field(default_factory=dict)
+    # Per weight version: output tokens it sampled ("generated") and of those, trained.
+    weight_versions: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def generated_tokens(self) -> int:
@@ -152,6 +205,13 @@ class Ledger:
             turns=turns,
             restored_echoes=int(d.get("restored_echoes", 0)),
             restored_by_tool=dict(d.get("restored_by_tool") or {}),
+            replay={
+                str(k): ReplayCoverage.from_dict(v) for k, v in (d.get("replay") or {}).items()
+            },
+            weight_versions={
+                str(k): {"generated": int(v["generated"]), "trained": int(v["trained"])}
+                for k, v in (d.get("weight_versions") or {}).items()
+            },
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,6 +226,8 @@ class Ledger:
             "turns": [t.to_dict() for t in self.turns],
             "by_tool": self.by_tool,
             "splice_fallbacks": self.splice_fallbacks,
+            "replay": {k: v.to_dict() for k, v in self.replay.items()},
+            "weight_versions": dict(sorted(self.weight_versions.items())),
         }
 
 
@@ -178,14 +240,30 @@ def build_ledger(
     *,
     restored_echoes: int,
     restored_by_tool: Mapping[str, int],
+    samples: Sequence[Mapping[str, Any]] = (),
+    replays: Sequence[str] = (),
 ) -> Ledger:
     """Every generated turn of a session's tree, with its tokens trained or masked.
 
     A turn still in the tree is trained where a sample trains it and masked where linearization
     realigned or truncated it; an excluded turn (in no sample) is masked whole as `excluded`; a
-    turn a rewrite demoted is masked whole as `merged_rewrite`.
+    turn a rewrite demoted is masked whole as `merged_rewrite`. From the samples' metadata: the
+    coverage of each replay channel kept (`replays`) and the trained tokens per weight version;
+    the tokens each version generated come from every turn.
     """
     rows: list[TurnLedger] = []
+    coverage = {str(channel): ReplayCoverage() for channel in replays}
+    trained: dict[str, int] = {}
+    for metadata in samples:
+        for channel, cov in coverage.items():
+            cov.add(ReplayCoverage.from_dict(metadata["replay"][channel]))
+        for span in metadata.get("weight_versions", ()):
+            trained[span["version"]] = trained.get(span["version"], 0) + span["trained"]
+    generated = generated_by_version(root)
+    versions = {
+        v: {"generated": generated.get(v, 0), "trained": trained.get(v, 0)}
+        for v in sorted({*generated, *trained})
+    }
     for node in iter_nodes(root):
         turn = node.turn
         if turn is not None:
@@ -222,8 +300,25 @@ def build_ledger(
             rows.append(row)
     rows.sort(key=lambda r: r.turn_index)
     return Ledger(
-        turns=rows, restored_echoes=restored_echoes, restored_by_tool=dict(restored_by_tool)
+        turns=rows,
+        restored_echoes=restored_echoes,
+        restored_by_tool=dict(restored_by_tool),
+        replay=coverage,
+        weight_versions=versions,
     )
+
+
+def generated_by_version(root: Node) -> dict[str, int]:
+    """Output tokens per weight version over every generated turn, demoted ones included."""
+    counts: dict[str, int] = {}
+    for node in iter_nodes(root):
+        turns = [d.turn for d in node.demoted]
+        if node.turn is not None:
+            turns.append(node.turn)
+        for turn in turns:
+            for span in turn.weight_versions:
+                counts[span.version] = counts.get(span.version, 0) + span.end - span.start
+    return counts
 
 
 def turn_fate(

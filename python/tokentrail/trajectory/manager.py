@@ -12,29 +12,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike, load_backend
+from tokentrail.core.backend import TurnStoreLike, load_backend
+from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
-from tokentrail.kinds import Backend, DriftKind, DriftPolicy, RewritePolicy
+from tokentrail.kinds import Backend, DriftPolicy, Replay, RewritePolicy
 from tokentrail.messages import Message, ToolSchema, tool_names
-from tokentrail.trajectory.ledger import Ledger, build_ledger
+from tokentrail.trajectory.ledger import Ledger
+from tokentrail.trajectory.linearize import Trajectory, linearize_session
 from tokentrail.trajectory.restore import restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
-from tokentrail.trajectory.side import conversation_tags, subagent_prompts
-from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, leaves, message_key, walk
+from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key, walk
 from tokentrail.trajectory.turn import StoredTurn, TurnRecord, validate_turn
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DriftRecord:
-    """One drift decision taken while linearizing: at which turn, of what kind, how big."""
-
-    turn_index: int
-    kind: DriftKind
-    at: int
-    drifted: int
 
 
 @dataclass(frozen=True)
@@ -46,17 +37,6 @@ class SpliceAnchor:
     finish_reason: str | None
     message: Message
     index: int
-
-
-@dataclass
-class Trajectory:
-    samples: list[Sample]
-    ledger: Ledger
-    drifts: list[DriftRecord] = field(default_factory=list)
-
-    @property
-    def drift_counts(self) -> dict[str, int]:
-        return dict(Counter(str(d.kind) for d in self.drifts))
 
 
 @dataclass
@@ -79,6 +59,9 @@ def _policy(enum: type[DriftPolicy] | type[RewritePolicy], value: object, what: 
 class TrajectoryManager:
     """Per-session message trees of recorded turns, linearized into training samples.
 
+    With `routing` (a MoE's `RoutingShape`) or `indexer` (an `IndexerShape`), each session's
+    store keeps those replay rows and every sample carries them, aligned with its tokens.
+
     Every public method takes the manager's lock, so concurrent rollout threads may share one.
     """
 
@@ -89,6 +72,8 @@ class TrajectoryManager:
         drift_policy: DriftPolicy | str = DriftPolicy.MINIMAL,
         rewrite_policy: RewritePolicy | str = RewritePolicy.FORK,
         backend: Backend | str | None = None,
+        routing: RoutingShape | None = None,
+        indexer: IndexerShape | None = None,
     ) -> None:
         self.drift_policy: DriftPolicy = _policy(DriftPolicy, drift_policy, "drift_policy")
         self.rewrite_policy: RewritePolicy = _policy(
@@ -99,6 +84,8 @@ class TrajectoryManager:
         if fork_threshold_tokens < 0:
             raise PolicyError(f"fork_threshold_tokens must be >= 0, got {fork_threshold_tokens}")
         self.fork_threshold_tokens = fork_threshold_tokens
+        self.routing, self.indexer = routing, indexer
+        self.replays = _channels(routing, indexer)  # the replay channels every session keeps
         self.core = load_backend(backend)
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
@@ -118,6 +105,11 @@ class TrajectoryManager:
 
     def sessions(self) -> list[str]:
         return list(self._sessions)
+
+    def session_bytes(self, sid: str) -> int:
+        """Bytes the session's turn store holds (ids, logprobs, replay rows), 0 if unknown."""
+        session = self._sessions.get(sid)
+        return session.store.heap_bytes() if session else 0
 
     def root(self, sid: str) -> Node:
         """The session's tree (read it, do not change it)."""
@@ -160,19 +152,20 @@ class TrajectoryManager:
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
-                session = self._sessions[sid] = _Session(self.core.TurnStore())
+                session = self._sessions[sid] = _Session(_new_store(self))
             node, i = walk(session.root, keys)
             node, i = merge_rewrite(
                 self.rewrite_policy, self.fork_threshold_tokens, node, prompt_messages, keys, i
             )
             # The prompt continues the nearest generated turn above it: its tokens are stored
             # as the prefix shared with that turn plus a tail.
-            anchor = node.generated_ancestor()
             stored = session.store.push(
-                anchor.turn.id if anchor is not None and anchor.turn is not None else -1,
+                _store_id(node.generated_ancestor()),
                 checked.prompt_ids,
                 checked.output_ids,
                 checked.logprobs,
+                routed_experts=_replay_arg(checked.routed_experts),
+                indexer_topk=_replay_arg(checked.indexer_topk),
             )
             for message, key in zip(prompt_messages[i:], keys[i:], strict=True):
                 node = node.add_child(Node(message, key=key, keep_message=False))
@@ -186,6 +179,7 @@ class TrajectoryManager:
                 checked.ill_formed,
                 checked.history,
                 checked.fallback,
+                checked.weight_versions,
             )
             leaf.turn_index, leaf.tools = session.turns, tools
             if metadata:
@@ -284,6 +278,21 @@ class TrajectoryManager:
                     return [m for m in path if m is not None], dict(node.metadata)
         return None
 
+    def replay_start(
+        self, sid: str, messages: Sequence[Message], prompt_ids: Any, keys: list[MessageKey] | None
+    ) -> int:
+        """Where the engine should start reporting replay rows for a turn of these messages and
+        prompt ids: positions before it are rows the session's earlier turns hold."""
+        keys = _checked_keys(messages, keys, "messages")
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                return 0
+            # `record_turn` files the turn under this generated ancestor: a rewrite merge
+            # demotes the leaf it continues through, so it finds the same one.
+            parent = _store_id(walk(session.root, keys)[0].generated_ancestor())
+            return session.store.replay_start(parent, prompt_ids)
+
     def restored_by_tool(self, sid: str) -> dict[str, int]:
         session = self._sessions.get(sid)
         return dict(session.restored_by_tool) if session else {}
@@ -311,7 +320,20 @@ class TrajectoryManager:
             session = self._sessions.pop(sid, None)
         if session is None:
             return Trajectory([], Ledger())
-        return self._linearize(sid, session, float(reward), extra_metadata, max_sample_tokens)
+        return linearize_session(
+            sid,
+            session.root,
+            session.store,
+            policy=self.drift_policy,
+            fork_threshold=self.fork_threshold_tokens,
+            max_sample_tokens=max_sample_tokens,
+            reward=float(reward),
+            extra_metadata=extra_metadata,
+            restored=session.restored,
+            restored_by_tool=session.restored_by_tool,
+            replays=self.replays,
+            status=self.core.REPLAY_STATUS,
+        )
 
     def get_trajectory(
         self,
@@ -325,94 +347,28 @@ class TrajectoryManager:
             sid, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=max_sample_tokens
         ).samples
 
-    def _linearize(
-        self,
-        sid: str,
-        session: _Session,
-        reward: float,
-        extra_metadata: dict[str, Any] | None,
-        max_sample_tokens: int,
-    ) -> Trajectory:
-        # Store ids are turn indices - 1: a turn is pushed when it is recorded.
-        generated: dict[int, Node] = {
-            n.turn.id: n for n in iter_nodes(session.root) if n.turn is not None
-        }
-        # Excluded turns (side conversations) stay in the tree and the ledger but in no chain:
-        # a later turn that builds on one holds its tokens as prompt.
-        chains = []
-        for leaf in leaves(session.root):
-            chain = [
-                n.turn.id
-                for n in leaf.path()
-                if n.turn is not None and not n.metadata.get("excluded")
-            ]
-            if chain:
-                chains.append(chain)
-        lin = session.store.linearize(
-            chains,
-            policy=self.drift_policy.value,
-            fork_threshold=self.fork_threshold_tokens,
-            max_sample_tokens=max_sample_tokens,
-        )
-        prompts = subagent_prompts(session.root)
-        samples = [
-            _sample(sid, built, generated, reward, extra_metadata, session.root, prompts)
-            for built in lin.samples
-        ]
-        ledger = build_ledger(
-            session.root,
-            lin,
-            restored_echoes=session.restored,
-            restored_by_tool=session.restored_by_tool,
-        )
-        drifts = [
-            DriftRecord(generated[d.turn].turn_index or 0, DriftKind(d.kind), d.at, d.drifted)
-            for d in lin.drifts
-        ]
-        return Trajectory(samples, ledger, drifts)
+
+def _channels(routing: RoutingShape | None, indexer: IndexerShape | None) -> tuple[Replay, ...]:
+    kept = ((Replay.ROUTED_EXPERTS, routing), (Replay.INDEXER_TOPK, indexer))
+    return tuple(channel for channel, shape in kept if shape is not None)
 
 
-def _sample(
-    sid: str,
-    built: BuiltSampleLike,
-    generated: dict[int, Node],
-    reward: float,
-    extra_metadata: dict[str, Any] | None,
-    root: Node,
-    prompts: list[tuple[str, Node]],
-) -> Sample:
-    nodes = [generated[t] for t in built.turns]
-    turns: list[StoredTurn] = [n.turn for n in nodes if n.turn is not None]
-    last = nodes[-1]
-    withheld = sorted({t for n in nodes for t in n.metadata.get("withheld_tools") or ()})
-    media: Counter[str] = Counter()
-    for n in nodes:
-        media.update(n.metadata.get("dropped_media") or {})
-    metadata: dict[str, Any] = {
-        "session_id": sid,
-        "chain": built.chain,
-        "turns": [n.turn_index for n in nodes],
-        "truncated": bool(built.truncated),
-        "use_tool": any(tool_names(n.message) for n in nodes),
-        "ill_formed": any(t.ill_formed for t in turns),
-        "finish_reason": last.turn.finish_reason if last.turn else None,
-        "tools": last.tools,
-        # The conversation the sample came from (see `trajectory.side`).
-        "conversation": conversation_tags(root, last, prompts),
-        # Typed tools the harness sent but nobody runs (server tools), withheld from prompts.
-        "withheld_tools": withheld,
-        # Images/documents its turns' prompts held as placeholders, summed over the turns.
-        "dropped_media": dict(sorted(media.items())),
-    }
-    metadata.update(extra_metadata or {})
-    return Sample(
-        tokens=built.tokens,
-        loss_mask=built.loss_mask,
-        rollout_log_probs=built.logprobs,
-        response_length=len(built.loss_mask),
-        reward=reward,
-        metadata=metadata,
+def _new_store(manager: TrajectoryManager) -> TurnStoreLike:
+    """A session's store, keeping the manager's replay tapes."""
+    routing, indexer = manager.routing, manager.indexer
+    return manager.core.TurnStore(
+        routed_experts=None if routing is None else routing.dims,
+        indexer_topk=None if indexer is None else indexer.dims,
     )
+
+
+def _store_id(node: Node | None) -> int:
+    """The store id of a generated turn's node, -1 for none."""
+    return node.turn.id if node is not None and node.turn is not None else -1
+
+
+def _replay_arg(rows: ReplayRows | None) -> object:
+    return None if rows is None else rows.store_arg()
 
 
 def _check_sid(sid: object) -> None:

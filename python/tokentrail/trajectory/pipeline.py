@@ -23,12 +23,13 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from tokentrail.core.replay import ReplayRows
 from tokentrail.errors import PolicyError, RequestError
 from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice
 from tokentrail.messages import Conversation, Message, ToolSchema
 from tokentrail.text.constraints import OutputConstraint, forced_tool_call
 from tokentrail.text.incremental import IncrementalEncoder
-from tokentrail.text.parsing import parse_output
+from tokentrail.text.parsing import ParsedOutput, parse_output
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, split_prefill
@@ -72,7 +73,9 @@ class TurnTiming:
 
 
 class Generated(Protocol):
-    """What an engine sampled for a turn (`engines.Generation` is one)."""
+    """What an engine sampled for a turn (`engines.Generation` is one). `record` also reads
+    `routed_experts` and `indexer_topk` (`ReplayRows` or None) and `weight_versions`
+    (`WeightSpan`s) when the object has them."""
 
     @property
     def output_ids(self) -> TokenIds: ...
@@ -126,6 +129,9 @@ class PreparedTurn:
     constraint: OutputConstraint | None = None
     # Why the turn is excluded from training (`side.exclusion`); None when it trains.
     excluded: str | None = None
+    # Where the engine should start reporting replay rows: the positions before it are rows
+    # the session's earlier turns hold (0 when the manager keeps no replay tape).
+    replay_start: int = 0
 
     @property
     def tools(self) -> list[ToolSchema] | None:
@@ -310,6 +316,9 @@ class TurnPipeline:
                 keys if render_messages is record_messages else None,
                 timing,
             )
+        replay_start = 0
+        if self.manager.replays:
+            replay_start = self.manager.replay_start(sid, record_messages, ids, keys)
         timing.lap(Stage.TOKENIZE)
         rules = [self.side_rules] + ([side_rules] if side_rules else [])
         return PreparedTurn(
@@ -327,6 +336,7 @@ class TurnPipeline:
             prefill=continued,
             constraint=constraint,
             excluded=exclusion(record_messages, rules, exclude),
+            replay_start=replay_start,
         )
 
     def restored(self, sid: str, conversation: Conversation) -> TurnMessages:
@@ -424,33 +434,21 @@ class TurnPipeline:
         stop, not part of the message. A prefill's text is parsed with the continuation (a
         tool call or reasoning block may span both); the reply is the continuation alone.
         Under `tool_choice: none` calls are not parsed: their markup stays text."""
-        ids = [int(x) for x in output_ids]
-        end = len(ids)
-        while end and ids[end - 1] in self.tokenizer.end_token_ids:
-            end -= 1
-        text = self.tokenizer.decode(ids[:end])
+        text = self.tokenizer.decode_turn(output_ids)
         tool_parser = (
             None if prepared.conversation.tool_choice is ToolChoice.NONE else self.tool_parser
         )
 
-        def parsed_text(sampled: str) -> tuple[Message, bool, str | None]:
-            out = parse_output(
-                sampled,
-                tool_parser=tool_parser,
-                reasoning_parser=self.reasoning_parser,
-                tools=prepared.tools,
-            )
-            return out.message, out.ill_formed, out.reason
+        def parsed(sampled: str) -> ParsedOutput:
+            return parse_output(sampled, tool_parser, self.reasoning_parser, tools=prepared.tools)
 
         prefill = prepared.prefill
-        if prefill is None:
-            message, ill_formed, reason = parsed_text(text)
-            reply = message
-        else:
-            message, ill_formed, reason = parsed_text(prefill.text + text)
-            reply = continuation(message, prefill.message) or parsed_text(text)[0]
+        out = parsed(text if prefill is None else prefill.text + text)
+        reply = out.message
+        if prefill is not None:
+            reply = continuation(out.message, prefill.message) or parsed(text).message
         prepared.timing.lap(Stage.PARSE)
-        return ParsedTurn(message, reply, ill_formed, reason)
+        return ParsedTurn(out.message, reply, out.ill_formed, out.reason)
 
     def record(
         self,
@@ -472,6 +470,9 @@ class TurnPipeline:
                 ill_formed=ill_formed,
                 history=prepared.history,
                 fallback=prepared.fallback,
+                routed_experts=_replayed(generated, "routed_experts"),
+                indexer_topk=_replayed(generated, "indexer_topk"),
+                weight_versions=tuple(getattr(generated, "weight_versions", ())),
             ),
             prompt_messages=prepared.record_messages,
             response_message=response,
@@ -500,3 +501,8 @@ def reasoning_tokens(tokenizer: LoadedTokenizer, output_ids: TokenIds, message: 
     if close is not None and close in ids:
         return ids.index(close) + 1
     return len(tokenizer.encode(reasoning))
+
+
+def _replayed(generated: Generated, channel: str) -> ReplayRows | None:
+    rows: ReplayRows | None = getattr(generated, channel, None)
+    return rows

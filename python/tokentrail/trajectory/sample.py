@@ -1,15 +1,27 @@
 """The training sample a trainer consumes, with slime's field names.
 
 `tokens` is the whole sequence (prompt included); `loss_mask` and `rollout_log_probs` cover the
-last `response_length` tokens, so a slime/TRL-style trainer can use it as is.
+last `response_length` tokens, so a slime/TRL-style trainer can use it as is. `routed_experts`
+and `indexer_topk`, when kept, hold one row `[layers, k]` per token; `metadata["replay"]` says
+how many rows are present and why the others are not, `metadata["weight_versions"]` which
+weights sampled the trained tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
+from tokentrail.kinds import Replay
+from tokentrail.trajectory.ledger import ReplayCoverage
+from tokentrail.trajectory.tree import Node
+
+# `to_dict` writes a replay array as its dtype, shape and nested values.
+REPLAY_FIELDS = ("routed_experts", "indexer_topk")
 
 
 @dataclass
@@ -20,6 +32,9 @@ class Sample:
     response_length: int
     reward: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
+    # `[len(tokens), layers, top_k]` expert ids; `[len(tokens), layers, index_topk]` indices.
+    routed_experts: np.ndarray | None = None
+    indexer_topk: np.ndarray | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -30,8 +45,8 @@ class Sample:
         return int(np.count_nonzero(self.loss_mask))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: arrays become lists."""
-        return {
+        """JSON-ready: arrays become lists; a replay array `{"dtype", "shape", "values"}`."""
+        d: dict[str, Any] = {
             "tokens": self.tokens.tolist(),
             "loss_mask": self.loss_mask.tolist(),
             "rollout_log_probs": self.rollout_log_probs.tolist(),
@@ -39,9 +54,24 @@ class Sample:
             "reward": self.reward,
             "metadata": self.metadata,
         }
+        for name in REPLAY_FIELDS:
+            rows = getattr(self, name)
+            if rows is not None:
+                d[name] = {
+                    "dtype": str(rows.dtype),
+                    "shape": list(rows.shape),
+                    "values": rows.tolist(),
+                }
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Sample:
+        replay = {}
+        for name in REPLAY_FIELDS:
+            if d.get(name) is not None:
+                r = d[name]
+                values = np.asarray(r["values"], dtype=np.dtype(r["dtype"]))
+                replay[name] = values.reshape(tuple(int(n) for n in r["shape"]))
         return cls(
             tokens=np.asarray(d["tokens"], dtype=np.uint32),
             loss_mask=np.asarray(d["loss_mask"], dtype=np.uint8),
@@ -49,16 +79,71 @@ class Sample:
             response_length=int(d["response_length"]),
             reward=float(d["reward"]),
             metadata=dict(d.get("metadata") or {}),
+            **replay,
         )
 
     def to_torch(self) -> dict[str, Any]:
-        """Tensors for a trainer: int64 tokens, int32 mask, float32 logprobs."""
+        """Tensors for a trainer: int64 tokens, int32 mask, float32 logprobs; replay rows as
+        they are held (uint8 or int32 shares memory, uint16 and uint32 too on torch >= 2.3)."""
         import torch
 
-        return {
+        tensors = {
             "tokens": torch.from_numpy(self.tokens.astype(np.int64)),
             "loss_mask": torch.from_numpy(self.loss_mask.astype(np.int32)),
             "rollout_log_probs": torch.from_numpy(self.rollout_log_probs),
             "response_length": self.response_length,
             "reward": self.reward,
         }
+        for name in REPLAY_FIELDS:
+            rows = getattr(self, name)
+            if rows is not None:
+                tensors[name] = torch.from_numpy(rows)
+        return tensors
+
+
+def replay_rows(
+    sample: Sample,
+    built: BuiltSampleLike,
+    store: TurnStoreLike,
+    channels: Sequence[Replay],
+    names: Sequence[str],
+) -> None:
+    """Give `sample` its replay rows and their coverage (`metadata["replay"]`).
+
+    A sample's tokens are its last turn's prompt and output (cut short when truncated), so its
+    rows are that turn's, each taken from the turn that computed the token; `names` are the
+    core's `REPLAY_STATUS`.
+    """
+    if not channels:
+        return
+    last, n = built.turns[-1], len(sample.tokens)
+    coverage = {}
+    for channel in channels:
+        read = store.routed_experts if channel is Replay.ROUTED_EXPERTS else store.indexer_topk
+        rows, status = read(last, n)
+        setattr(sample, str(channel), rows)
+        coverage[str(channel)] = ReplayCoverage.of(status, names).to_dict()
+    sample.metadata["replay"] = coverage
+
+
+def trained_versions(built: BuiltSampleLike, nodes: Sequence[Node]) -> list[dict[str, Any]]:
+    """The weight version of every trained stretch of `built`, in `tokens` positions:
+    `{"version", "start", "end", "trained"}`, the last the trained tokens it holds."""
+    response_start = len(built.tokens) - len(built.loss_mask)
+    by_turn = {n.turn.id: n.turn for n in nodes if n.turn is not None}
+    out = []
+    for span in built.spans:
+        turn = by_turn.get(span.turn)
+        if turn is None:
+            continue
+        for version in turn.weight_versions:
+            start = span.start + version.start
+            end = min(span.start + version.end, span.end)
+            if start >= end:
+                continue
+            trained = int(built.loss_mask[start - response_start : end - response_start].sum())
+            if trained:
+                out.append(
+                    {"version": version.version, "start": start, "end": end, "trained": trained}
+                )
+    return out

@@ -1,7 +1,8 @@
 """What the engine produced for one turn, and the checks that keep bad turns out of a session.
 
 A `TurnRecord` holds the exact prompt ids the engine saw and the ids it sampled, with their
-logprobs. `validate_turn` normalizes one into compact numpy arrays or raises a named error.
+logprobs, and what the engine reported beside them (routed experts, indexer top-k, weight
+versions). `validate_turn` normalizes one into compact numpy arrays or raises a named error.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tokentrail.core.ids import as_token_array
-from tokentrail.errors import LogprobLengthError, TokenIdError
+from tokentrail.core.replay import ReplayRows, WeightSpan
+from tokentrail.errors import LogprobLengthError, ReplayError, TokenIdError
 from tokentrail.kinds import Fallback, History
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
@@ -30,6 +32,11 @@ class TurnRecord:
     # How the prompt ids were built; the ledger reports it per turn.
     history: History | None = None
     fallback: Fallback | None = None
+    # What the engine reported per token beside the ids (None: not recorded), and which
+    # weights sampled which output tokens.
+    routed_experts: ReplayRows | None = None
+    indexer_topk: ReplayRows | None = None
+    weight_versions: Sequence[WeightSpan] = ()
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,9 @@ class CheckedTurn:
     ill_formed: bool
     history: History | None = None
     fallback: Fallback | None = None
+    routed_experts: ReplayRows | None = None
+    indexer_topk: ReplayRows | None = None
+    weight_versions: tuple[WeightSpan, ...] = ()
 
 
 def validate_turn(turn: TurnRecord) -> CheckedTurn:
@@ -61,6 +71,13 @@ def validate_turn(turn: TurnRecord) -> CheckedTurn:
             raise LogprobLengthError(
                 f"output_log_probs has {len(lps)} entries for {len(output)} output tokens"
             )
+    for name in ("routed_experts", "indexer_topk"):
+        value = getattr(turn, name)
+        if value is not None and not isinstance(value, ReplayRows):
+            raise ReplayError(f"{name}: expected ReplayRows or None, got {type(value).__name__}")
+    versions = tuple(turn.weight_versions)
+    if not all(isinstance(v, WeightSpan) for v in versions):
+        raise ReplayError("weight_versions: expected WeightSpans")
     return CheckedTurn(
         prompt,
         output,
@@ -69,6 +86,9 @@ def validate_turn(turn: TurnRecord) -> CheckedTurn:
         bool(turn.ill_formed),
         None if turn.history is None else History(turn.history),
         None if turn.fallback is None else Fallback(turn.fallback),
+        turn.routed_experts,
+        turn.indexer_topk,
+        versions,
     )
 
 
@@ -83,3 +103,5 @@ class StoredTurn:
     # How its prompt ids were built (None: recorded by a caller that did not say).
     history: History | None = None
     fallback: Fallback | None = None
+    # Which weights sampled which of its output tokens (none: the engine did not say).
+    weight_versions: tuple[WeightSpan, ...] = ()

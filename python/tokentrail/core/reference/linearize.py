@@ -1,8 +1,5 @@
-"""Pure-Python reference of tokentrail's hot path.
-
-Same functions, same names and same semantics as the Rust core (`tokentrail._core`); the
-differential tests hold the two together and the benchmarks measure one against the other.
-"""
+"""The reference of loss masks and linearization (`rust/builder.rs`, `rust/linearize.rs`):
+`SampleBuilder` accumulates a run of turns, `linearize` turns chains of turns into samples."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tokentrail.core.ids import as_token_array
-from tokentrail.errors import LogprobLengthError, PackError, PolicyError
+from tokentrail.errors import LogprobLengthError, PolicyError
 from tokentrail.kinds import DriftKind, DriftPolicy
 
 CLEAN = DriftKind.CLEAN.value
@@ -85,7 +82,7 @@ class SampleBuilder:
     def classify(self, prompt_ids: Sequence[int], output_len: int = 0) -> Drift:
         prompt = token_list(prompt_ids, "prompt_ids")
         held = len(self._tokens)
-        at = _lcp(self._tokens, prompt)
+        at = lcp(self._tokens, prompt)
         if at == held:
             return Drift(CLEAN, at, 0)
         drifted = held - at
@@ -107,7 +104,7 @@ class SampleBuilder:
         """Append a turn, healing a REALIGN. A FORK is refused: start a new builder."""
         prompt = token_list(prompt_ids, "prompt_ids")
         output = token_list(output_ids, "output_ids")
-        lps = _logprob_list(logprobs, len(output))
+        lps = logprob_list(logprobs, len(output))
         drift = self.classify(prompt, len(output))
         if drift.kind == FORK:
             raise PolicyError(
@@ -179,6 +176,7 @@ class SampleBuilder:
             response_start=strip,
             truncated=keep < total,
             turns=[s.turn for s in self.spans],
+            spans=[Span(s.turn, min(s.start, keep), min(s.end, keep)) for s in self.spans],
             trained=trained,
             realigned=dict(self.realigned),
             truncated_tokens=truncated,
@@ -195,6 +193,8 @@ class BuiltSample:
     response_start: int
     truncated: bool
     turns: list[int]
+    # Each turn's output in `tokens` coordinates, cut at the sample's end.
+    spans: list[Span] = field(default_factory=list)
     trained: dict[int, int] = field(default_factory=dict)
     realigned: dict[int, int] = field(default_factory=dict)
     truncated_tokens: dict[int, int] = field(default_factory=dict)
@@ -289,117 +289,6 @@ def linearize(
     return Linearized(samples, drifts, trained, realigned, truncated)
 
 
-@dataclass
-class Packed:
-    """Samples flattened into one varlen-attention batch: see `storage.export.PackedBatch`."""
-
-    tokens: np.ndarray
-    cu_seqlens: np.ndarray
-    position_ids: np.ndarray
-    sample_index: np.ndarray
-    loss_mask: np.ndarray
-    logprobs: np.ndarray
-    rewards: np.ndarray
-    advantages: np.ndarray
-    max_seqlen: int
-
-
-_INT32_MAX = 2**31 - 1
-
-
-def pack(
-    tokens: Sequence[Sequence[int] | np.ndarray],
-    loss_masks: Sequence[Sequence[int] | np.ndarray],
-    logprobs: Sequence[Sequence[float] | np.ndarray],
-    response_lengths: Sequence[int] | np.ndarray,
-    rewards: Sequence[float] | np.ndarray,
-) -> Packed:
-    """Pack samples into one batch for variable-length attention.
-
-    Sample `i` is `tokens[i]` (prompt and response); its last `response_lengths[i]` tokens carry
-    `loss_masks[i]` and `logprobs[i]`. Per token: the tokens (uint32), `position_ids` restarting
-    at 0 in each sample and `sample_index` (int32), the loss mask (uint8) and logprobs (float32),
-    both 0 on prompt positions. Per sample: `rewards` and zero `advantages` (float32).
-    `cu_seqlens` (int32) is 0 then the running lengths.
-
-    Masks, logprobs, lengths and rewards are read as `np.asarray` reads them, then the tokens
-    (as `token_list` checks them). Then, in order: every per-sample input has one entry per
-    token array; sample by sample, `0 <= response_length <= len(tokens)` and the mask, then the
-    logprobs, have `response_length` entries; the packed length and the sample count fit int32.
-    """
-    masks = [_array1(mask, np.uint8) for mask in loss_masks]
-    lps = [_array1(lp, np.float32) for lp in logprobs]
-    lengths = _array1(response_lengths, np.int64)
-    reward_array = _array1(rewards, np.float32)
-    ids = [_packed_ids(t, f"tokens[{i}]") for i, t in enumerate(tokens)]
-
-    n = len(ids)
-    counts = (
-        ("loss_masks", len(masks)),
-        ("logprobs", len(lps)),
-        ("response_lengths", len(lengths)),
-        ("rewards", len(reward_array)),
-    )
-    for what, got in counts:
-        if got != n:
-            raise PackError(f"{what}: {got} entries for {n} samples")
-    for i, (t, mask, lp, length) in enumerate(zip(ids, masks, lps, lengths.tolist(), strict=True)):
-        if not 0 <= length <= len(t):
-            raise PackError(
-                f"sample {i}: response_length {length} is outside [0, {len(t)}], its token count"
-            )
-        for what, got in (("loss_mask", len(mask)), ("logprobs", len(lp))):
-            if got != length:
-                raise PackError(f"sample {i}: {got} {what} entries for response_length {length}")
-    seqlens = [len(t) for t in ids]
-    total = sum(seqlens)
-    if total > _INT32_MAX or n > _INT32_MAX:
-        raise PackError(f"{n} samples of {total} tokens in all do not fit int32 cu_seqlens")
-
-    mask_parts: list[np.ndarray] = []
-    lp_parts: list[np.ndarray] = []
-    for t, mask, lp, length in zip(ids, masks, lps, lengths.tolist(), strict=True):
-        prompt = len(t) - length
-        mask_parts += [np.zeros(prompt, dtype=np.uint8), mask]
-        lp_parts += [np.zeros(prompt, dtype=np.float32), lp]
-    cu_seqlens = np.zeros(n + 1, dtype=np.int32)
-    cu_seqlens[1:] = np.cumsum(seqlens, dtype=np.int64)
-    return Packed(
-        tokens=_concat(ids, np.uint32),
-        cu_seqlens=cu_seqlens,
-        position_ids=_concat([np.arange(k, dtype=np.int32) for k in seqlens], np.int32),
-        sample_index=_concat(
-            [np.full(k, i, dtype=np.int32) for i, k in enumerate(seqlens)], np.int32
-        ),
-        loss_mask=_concat(mask_parts, np.uint8),
-        logprobs=_concat(lp_parts, np.float32),
-        rewards=reward_array.copy(),
-        advantages=np.zeros(n, dtype=np.float32),
-        max_seqlen=max(seqlens, default=0),
-    )
-
-
-def _array1(values: object, dtype: type[np.generic]) -> np.ndarray:
-    """`values` as numpy's `asarray` reads them, which must be 1-D."""
-    array = np.asarray(values, dtype=dtype)
-    if array.ndim != 1:
-        raise TypeError(f"expected a 1-D array of {np.dtype(dtype)}, got {array.ndim} dimensions")
-    return array
-
-
-def _packed_ids(ids: object, what: str) -> np.ndarray:
-    """A 1-D uint32 array as it is; anything else checked by `token_list`."""
-    if isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype == np.uint32:
-        return ids
-    return np.asarray(token_list(ids, what), dtype=np.uint32)
-
-
-def _concat(parts: list[np.ndarray], dtype: type[np.generic]) -> np.ndarray:
-    if not parts:
-        return np.zeros(0, dtype=dtype)
-    return np.concatenate(parts).astype(dtype, copy=False)
-
-
 def _check_settings(policy: str, fork_threshold: int) -> None:
     if policy not in POLICIES:
         raise PolicyError(f"unknown drift policy {policy!r}; expected one of {POLICIES}")
@@ -419,10 +308,10 @@ def _checked_turn(
     prompt_ids, output_ids, logprobs = turn
     prompt = token_list(prompt_ids, "prompt_ids")
     output = token_list(output_ids, "output_ids")
-    return prompt, output, _logprob_list(logprobs, len(output))
+    return prompt, output, logprob_list(logprobs, len(output))
 
 
-def _lcp(a: list[int], b: list[int]) -> int:
+def lcp(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -430,7 +319,7 @@ def _lcp(a: list[int], b: list[int]) -> int:
     return i
 
 
-def _logprob_list(logprobs: Sequence[float] | None, n: int) -> list[float] | None:
+def logprob_list(logprobs: Sequence[float] | None, n: int) -> list[float] | None:
     if logprobs is None:
         return None
     lps = [float(x) for x in logprobs]
@@ -444,128 +333,3 @@ def _logprob_list(logprobs: Sequence[float] | None, n: int) -> list[float] | Non
 def _add(into: dict[int, int], counts: dict[int, int]) -> None:
     for k, v in counts.items():
         into[k] = into.get(k, 0) + v
-
-
-class TurnStore:
-    """Every turn of one session, stored compactly: a prompt is the prefix it shares with its
-    parent turn's tokens (prompt + output) plus its own tail, so memory grows with the unique
-    tokens of the session, not with turns x context.
-
-    Turn ids are 0, 1, 2, ... in push order.
-    """
-
-    def __init__(self) -> None:
-        self._parent: list[int] = []
-        self._prefix: list[int] = []
-        self._tail: list[list[int]] = []
-        self._output: list[list[int]] = []
-        self._logprobs: list[list[float] | None] = []
-        # The last turn materialized: the next push almost always continues it.
-        self._cached: tuple[int, list[int]] = (-1, [])
-
-    def __len__(self) -> int:
-        return len(self._parent)
-
-    def push(
-        self,
-        parent: int,
-        prompt_ids: Sequence[int],
-        output_ids: Sequence[int],
-        logprobs: Sequence[float] | None = None,
-    ) -> int:
-        """Store a turn; `parent` is the turn whose tokens its prompt continues, or -1."""
-        prompt = token_list(prompt_ids, "prompt_ids")
-        output = token_list(output_ids, "output_ids")
-        lps = _logprob_list(logprobs, len(output))
-        if not -1 <= parent < len(self):
-            raise PolicyError(f"parent turn {parent} does not exist ({len(self)} turns stored)")
-        prefix = _lcp(self._tokens(parent), prompt) if parent >= 0 else 0
-        self._parent.append(parent)
-        self._prefix.append(prefix)
-        self._tail.append(prompt[prefix:])
-        self._output.append(output)
-        self._logprobs.append(lps)
-        return len(self) - 1
-
-    def _check(self, turn: int) -> None:
-        if not 0 <= turn < len(self):
-            raise PolicyError(f"turn {turn} does not exist ({len(self)} turns stored)")
-
-    def prompt_ids(self, turn: int) -> np.ndarray:
-        return np.asarray(self._prompt(turn), dtype=np.uint32)
-
-    def _prompt(self, turn: int) -> list[int]:
-        self._check(turn)
-        return self._tokens(turn)[: len(self._tokens(turn)) - len(self._output[turn])]
-
-    def _build(self, turn: int) -> list[int]:
-        """A turn's full tokens, built down its chain of parents without recursion."""
-        chain = [turn]
-        while self._parent[chain[-1]] >= 0 and self._cached[0] != self._parent[chain[-1]]:
-            chain.append(self._parent[chain[-1]])
-        top = self._parent[chain[-1]]
-        full = list(self._cached[1]) if top >= 0 else []
-        for t in reversed(chain):
-            full = full[: self._prefix[t]] + self._tail[t] + self._output[t]
-        return full
-
-    def tokens(self, turn: int) -> np.ndarray:
-        """The turn's prompt then output ids."""
-        self._check(turn)
-        return np.asarray(self._tokens(turn), dtype=np.uint32)
-
-    def _tokens(self, turn: int) -> list[int]:
-        if self._cached[0] == turn:
-            return self._cached[1]
-        full = self._build(turn)
-        self._cached = (turn, full)
-        return full
-
-    def output_ids(self, turn: int) -> np.ndarray:
-        self._check(turn)
-        return np.asarray(self._output[turn], dtype=np.uint32)
-
-    def logprobs(self, turn: int) -> np.ndarray | None:
-        self._check(turn)
-        lps = self._logprobs[turn]
-        return None if lps is None else np.asarray(lps, dtype=np.float32)
-
-    def output_len(self, turn: int) -> int:
-        self._check(turn)
-        return len(self._output[turn])
-
-    def nbytes(self) -> int:
-        """Bytes the stored ids and logprobs take: 4 per id, 4 per logprob."""
-        ids = sum(len(t) for t in self._tail) + sum(len(o) for o in self._output)
-        lps = sum(len(lp) for lp in self._logprobs if lp is not None)
-        return 4 * ids + 4 * lps + 8 * len(self)
-
-    def heap_bytes(self) -> int:
-        """Bytes held. The Rust store reports what its buffers have allocated; Python objects
-        have no such figure, so this is `nbytes()`."""
-        return self.nbytes()
-
-    def linearize(
-        self,
-        chains: Sequence[Sequence[int]],
-        *,
-        policy: str = "minimal",
-        fork_threshold: int = 1024,
-        max_sample_tokens: int = 0,
-    ) -> Linearized:
-        """`linearize` over the stored turns: chains name turn ids."""
-        # Parents come before children, so each full sequence is built from its parent's once.
-        full: list[list[int]] = []
-        turns = []
-        for t in range(len(self)):
-            parent, prefix = self._parent[t], self._prefix[t]
-            prompt = (full[parent][:prefix] if parent >= 0 else []) + self._tail[t]
-            full.append(prompt + self._output[t])
-            turns.append((prompt, self._output[t], self._logprobs[t]))
-        return linearize(
-            turns,
-            chains,
-            policy=policy,
-            fork_threshold=fork_threshold,
-            max_sample_tokens=max_sample_tokens,
-        )

@@ -1,0 +1,47 @@
+"""Pure-Python reference of tokentrail's hot path.
+
+Same functions, same names and same semantics as the Rust core (`tokentrail._core`), one module
+per core file; the differential tests hold the two together and the benchmarks measure one
+against the other.
+"""
+
+from __future__ import annotations
+
+from tokentrail.core.reference.linearize import (
+    CLEAN,
+    FORK,
+    POLICIES,
+    REALIGN,
+    BuiltSample,
+    Drift,
+    DriftEvent,
+    Linearized,
+    SampleBuilder,
+    Span,
+    common_prefix_len,
+    linearize,
+    token_list,
+)
+from tokentrail.core.reference.pack import Packed, pack
+from tokentrail.core.reference.store import TurnStore
+from tokentrail.core.reference.tape import REPLAY_STATUS
+
+__all__ = [
+    "CLEAN",
+    "FORK",
+    "POLICIES",
+    "REALIGN",
+    "REPLAY_STATUS",
+    "BuiltSample",
+    "Drift",
+    "DriftEvent",
+    "Linearized",
+    "Packed",
+    "SampleBuilder",
+    "Span",
+    "TurnStore",
+    "common_prefix_len",
+    "linearize",
+    "pack",
+    "token_list",
+]

@@ -1,0 +1,148 @@
+"""Linearization: a finished session's tree into training samples, its ledger and the drift
+decisions taken on the way (the chains of generated turns go through the core backend's store).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
+from tokentrail.kinds import DriftKind, DriftPolicy, Replay
+from tokentrail.messages import tool_names
+from tokentrail.trajectory.ledger import Ledger, build_ledger
+from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
+from tokentrail.trajectory.side import conversation_tags, subagent_prompts
+from tokentrail.trajectory.tree import Node, iter_nodes, leaves
+from tokentrail.trajectory.turn import StoredTurn
+
+
+@dataclass(frozen=True)
+class DriftRecord:
+    """One drift decision taken while linearizing: at which turn, of what kind, how big."""
+
+    turn_index: int
+    kind: DriftKind
+    at: int
+    drifted: int
+
+
+@dataclass
+class Trajectory:
+    samples: list[Sample]
+    ledger: Ledger
+    drifts: list[DriftRecord] = field(default_factory=list)
+
+    @property
+    def drift_counts(self) -> dict[str, int]:
+        return dict(Counter(str(d.kind) for d in self.drifts))
+
+
+def linearize_session(
+    sid: str,
+    root: Node,
+    store: TurnStoreLike,
+    *,
+    policy: DriftPolicy,
+    fork_threshold: int,
+    max_sample_tokens: int,
+    reward: float,
+    extra_metadata: dict[str, Any] | None,
+    restored: int,
+    restored_by_tool: Mapping[str, int],
+    replays: tuple[Replay, ...],
+    status: Any,
+) -> Trajectory:
+    """Every sample of the session's chains, the ledger of every generated token, the drifts."""
+    # Store ids are turn indices - 1: a turn is pushed when it is recorded.
+    generated: dict[int, Node] = {n.turn.id: n for n in iter_nodes(root) if n.turn is not None}
+    lin = store.linearize(
+        _chains(root),
+        policy=policy.value,
+        fork_threshold=fork_threshold,
+        max_sample_tokens=max_sample_tokens,
+    )
+    prompts = subagent_prompts(root)
+    samples = [
+        _sample(sid, built, generated, reward, extra_metadata, root, prompts)
+        for built in lin.samples
+    ]
+    for sample, built in zip(samples, lin.samples, strict=True):
+        replay_rows(sample, built, store, replays, status)
+    ledger = build_ledger(
+        root,
+        lin,
+        restored_echoes=restored,
+        restored_by_tool=restored_by_tool,
+        samples=[s.metadata for s in samples],
+        replays=replays,
+    )
+    drifts = [
+        DriftRecord(generated[d.turn].turn_index or 0, DriftKind(d.kind), d.at, d.drifted)
+        for d in lin.drifts
+    ]
+    return Trajectory(samples, ledger, drifts)
+
+
+def _chains(root: Node) -> list[list[int]]:
+    """Every root-to-leaf path's generated turns, as store ids.
+
+    Excluded turns (side conversations) stay in the tree and the ledger but in no chain: a
+    later turn that builds on one holds its tokens as prompt.
+    """
+    chains = []
+    for leaf in leaves(root):
+        chain = [
+            n.turn.id for n in leaf.path() if n.turn is not None and not n.metadata.get("excluded")
+        ]
+        if chain:
+            chains.append(chain)
+    return chains
+
+
+def _sample(
+    sid: str,
+    built: BuiltSampleLike,
+    generated: dict[int, Node],
+    reward: float,
+    extra_metadata: dict[str, Any] | None,
+    root: Node,
+    prompts: list[tuple[str, Node]],
+) -> Sample:
+    nodes = [generated[t] for t in built.turns]
+    turns: list[StoredTurn] = [n.turn for n in nodes if n.turn is not None]
+    last = nodes[-1]
+    withheld = sorted({t for n in nodes for t in n.metadata.get("withheld_tools") or ()})
+    media: Counter[str] = Counter()
+    for n in nodes:
+        media.update(n.metadata.get("dropped_media") or {})
+    metadata: dict[str, Any] = {
+        "session_id": sid,
+        "chain": built.chain,
+        "turns": [n.turn_index for n in nodes],
+        "truncated": bool(built.truncated),
+        "use_tool": any(tool_names(n.message) for n in nodes),
+        "ill_formed": any(t.ill_formed for t in turns),
+        "finish_reason": last.turn.finish_reason if last.turn else None,
+        "tools": last.tools,
+        # The conversation the sample came from (see `trajectory.side`).
+        "conversation": conversation_tags(root, last, prompts),
+        # Typed tools the harness sent but nobody runs (server tools), withheld from prompts.
+        "withheld_tools": withheld,
+        # Images/documents its turns' prompts held as placeholders, summed over the turns.
+        "dropped_media": dict(sorted(media.items())),
+    }
+    versions = trained_versions(built, nodes)
+    if versions:
+        metadata["weight_versions"] = versions
+    metadata.update(extra_metadata or {})
+    return Sample(
+        tokens=built.tokens,
+        loss_mask=built.loss_mask,
+        rollout_log_probs=built.logprobs,
+        response_length=len(built.loss_mask),
+        reward=reward,
+        metadata=metadata,
+    )
