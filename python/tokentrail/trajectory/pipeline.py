@@ -22,6 +22,7 @@ import numpy.typing as npt
 from tokentrail.errors import PolicyError, RequestError
 from tokentrail.kinds import Fallback, History, Restore, Stage
 from tokentrail.messages import Conversation, Message, ToolSchema
+from tokentrail.text.families import Family, count_calls, resolve_family
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.parsing import ParsedOutput, parse_output
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -40,6 +41,9 @@ __all__ = [
     "TurnMessages",
     "TurnTiming",
 ]
+
+# A parser argument that means "the family's": the tokenizer's, or the one the template matches.
+AUTO = "auto"
 
 
 @dataclass
@@ -132,6 +136,10 @@ class TurnPipeline:
     `splice_verify_every`: a spliced tail is checked against the full render for the first
     splice of each shape of new messages in a session, then every this many splices (1: every
     turn); a failed check falls back to the full render with a named reason.
+
+    `tool_parser` and `reasoning_parser` name output formats (`text.formats`); `"auto"` takes
+    the model family's (`family`, else the one the template or tokenizer belongs to), None
+    turns parsing off.
     """
 
     def __init__(
@@ -143,8 +151,9 @@ class TurnPipeline:
         restore: Restore | str = Restore.ON,
         history: History | str = History.SPLICE,
         splice_verify_every: int = 8,
-        tool_parser: str | None = "hermes",
-        reasoning_parser: str | None = "qwen3",
+        tool_parser: str | None = AUTO,
+        reasoning_parser: str | None = AUTO,
+        family: str | None = None,
     ) -> None:
         self.manager = manager
         self._tokenizer = tokenizer
@@ -152,13 +161,28 @@ class TurnPipeline:
         self.restore = Restore(restore)
         self.history = History(history)
         self.splice_verify_every = max(1, int(splice_verify_every))
-        self.tool_parser = tool_parser
-        self.reasoning_parser = reasoning_parser
-        self._splicer = Splicer(tokenizer, self.chat_template) if tokenizer else None
+        self.family: Family | None = (
+            resolve_family(tokenizer, chat_template, family) if tokenizer else None
+        )
+        self.tool_parser = self._parser(tool_parser, "tool_parser", "hermes")
+        self.reasoning_parser = self._parser(reasoning_parser, "reasoning_parser", "qwen3")
+        if self.family is not None:
+            logger.info(
+                "model family %s: tool parser %s, reasoning parser %s",
+                self.family.name,
+                self.tool_parser,
+                self.reasoning_parser,
+            )
+        self._splicer = Splicer(tokenizer, self.chat_template, self.family) if tokenizer else None
         # Full renders (first turns, render history, fallbacks) reuse the ids of the prefix a
         # session's previous prompt shares with them.
         self._encoder = IncrementalEncoder(tokenizer) if tokenizer else None
         self._checks: dict[str, _SpliceChecks] = {}
+
+    def _parser(self, value: str | None, attribute: str, default: str) -> str | None:
+        if value != AUTO:
+            return value
+        return default if self.family is None else getattr(self.family, attribute)
 
     @property
     def tokenizer(self) -> LoadedTokenizer:
@@ -274,6 +298,7 @@ class TurnPipeline:
             new_messages=new,
             tools=tools,
             full_text=text,
+            calls_before=count_calls(messages[: anchor.index]),
         )
         if spliced.prompt_ids is None:
             assert spliced.fallback is not None
@@ -323,6 +348,8 @@ class TurnPipeline:
             reasoning_parser=self.reasoning_parser,
             tools=prepared.tools,
         )
+        if self.family is not None and not parsed.ill_formed:
+            parsed = ParsedOutput(self.family.canonical(parsed.message))
         prepared.timing.lap(Stage.PARSE)
         return parsed
 
