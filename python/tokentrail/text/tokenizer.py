@@ -252,7 +252,9 @@ def _load_stand_in(name: str, cache_root: Path) -> LoadedTokenizer:
     fam = family(name)
     if not fam.tokens:
         raise TokenizerError(f"{fam.name} has no stand-in: use builtin:{fam.name}")
-    tok = stand_in(_load_builtin_qwen3(cache_root).tokenizer, fam.tokens)
+    tok, path = stand_in(
+        cache_root, fam.name, lambda: _load_builtin_qwen3(cache_root).tokenizer, fam.tokens
+    )
     added = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
     return LoadedTokenizer(
         tokenizer=tok,
@@ -265,6 +267,7 @@ def _load_stand_in(name: str, cache_root: Path) -> LoadedTokenizer:
         pad_token=fam.pad_token,
         pad_token_id=None if fam.pad_token is None else _id_of(tok, fam.pad_token),
         added_tokens=added,
+        path=path,
         end_token_ids=frozenset(added[t] for t in fam.stop_tokens if t in added),
         family=fam.name,
     )

@@ -430,8 +430,20 @@ def _llama3(cache_root: Path) -> Built:
     return Built(tok, path, "llama3", "<|eot_id|>", bos_token="<|begin_of_text|>")
 
 
-def stand_in(qwen3: Tokenizer, tokens: Sequence[tuple[str, bool]]) -> Tokenizer:
-    """Qwen3's ranks with `tokens` as the added tokens (numbered from 151643) instead of Qwen3's."""
+def stand_in(
+    cache_root: Path, name: str, qwen3: Callable[[], Tokenizer], tokens: Sequence[tuple[str, bool]]
+) -> tuple[Tokenizer, Path | None]:
+    """Qwen3's ranks with `tokens` as the added tokens (numbered from 151643) instead of Qwen3's,
+    cached like a builtin."""
+
+    def check(tok: Tokenizer) -> None:
+        check_ids(tok, 151643, tokens)
+
+    key = f"stand-in:{BUILD_VERSION}:{json.dumps(list(tokens))}".encode()
+    return cached_build(cache_root, f"stand-in-{name}", key, lambda: _swap(qwen3(), tokens), check)
+
+
+def _swap(qwen3: Tokenizer, tokens: Sequence[tuple[str, bool]]) -> Tokenizer:
     config: dict[str, Any] = json.loads(qwen3.to_str())
     first = len(config["model"]["vocab"])
     config["added_tokens"] = [

@@ -271,8 +271,13 @@ def check_template(
     system: list[Message] = [{"role": "system", "content": "You are terse."}]
     reports = []
     for name, (history, new) in BOUNDARIES.items():
-        history = system + history
-        end = splicer.family.end_token(history[-1])
+        # The boundary as the family's model writes it (gpt-oss and Llama: one call a turn),
+        # followed by one result per call.
+        last = splicer.family.representable(history[-1])
+        history = [*system, *history[:-1], last]
+        if all(m["role"] == "tool" for m in new):
+            new = new[: len(last.get("tool_calls") or ())]
+        end = splicer.family.end_token(last)
         try:
             before = splicer.render(history, None, add_generation_prompt=False)
             full = splicer.render(history + new, None, add_generation_prompt=True)
