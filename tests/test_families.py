@@ -106,7 +106,7 @@ CALL_TURN = {
 PLAIN_TURN = {"role": "assistant", "content": "All green.", "reasoning_content": "Done."}
 # Templates that drop a final answer's reasoning as soon as it is in history (the current turn
 # included); and those that render a turn without reasoning unlike the prompt that opened it.
-DROPS_FINAL_REASONING = {"kimi-k2", "gpt-oss"}
+DROPS_FINAL_REASONING = {"kimi-k2", "kimi-k2.5", "gpt-oss"}
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -340,7 +340,7 @@ def test_what_templates_need_is_probed() -> None:
     needs = {name: template_needs(family(name).template()) for name in FAMILIES}
     # DeepSeek V3.1 concatenates arguments as text; Kimi addresses results by call id.
     assert {n for n, need in needs.items() if need.arguments_as_text} == {"deepseek-v3.1"}
-    assert {n for n, need in needs.items() if need.call_ids} == {"kimi-k2"}
+    assert {n for n, need in needs.items() if need.call_ids} == {"kimi-k2", "kimi-k2.5"}
 
 
 def test_templates_get_arguments_as_text_and_positional_ids() -> None:

@@ -33,6 +33,7 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "python" / "tokentrail" / "tex
 # Where each family's rendered assistant turns are: a splice keeps the sampled tokens there, so
 # only the rest of the prompt must equal the full render.
 _IM = re.compile(r"(<\|im_start\|>assistant\n).*?(<\|im_end\|>)", re.S)
+_KIMI = re.compile(r"(<\|im_assistant\|>assistant<\|im_middle\|>).*?(<\|im_end\|>)", re.S)
 ASSISTANT_SPAN: dict[str, tuple[re.Pattern[str], str]] = {
     "qwen3": (_IM, r"\1\2"),
     "qwen3.6": (_IM, r"\1\2"),
@@ -51,10 +52,8 @@ ASSISTANT_SPAN: dict[str, tuple[re.Pattern[str], str]] = {
     ),
     "glm4.5": (re.compile(r"(<\|assistant\|>).*?(?=<\|user\|>|<\|observation\|>|\Z)", re.S), r"\1"),
     "glm4.7": (re.compile(r"(<\|assistant\|>).*?(?=<\|user\|>|<\|observation\|>|\Z)", re.S), r"\1"),
-    "kimi-k2": (
-        re.compile(r"(<\|im_assistant\|>assistant<\|im_middle\|>).*?(<\|im_end\|>)", re.S),
-        r"\1\2",
-    ),
+    "kimi-k2": (_KIMI, r"\1\2"),
+    "kimi-k2.5": (_KIMI, r"\1\2"),
     "minimax-m2": (re.compile(r"(\]~b\]ai\n).*?(\[e~\[)", re.S), r"\1\2"),
     "gpt-oss": (
         re.compile(r"(<\|start\|>assistant).*?(?=<\|start\|>(?!assistant)|\Z)", re.S),

@@ -367,6 +367,40 @@ register_family(
         always_reasoning=True,
     )
 )
+_KIMI_TOKENS: Tokens = (
+    ("[BOS]", True),
+    ("[EOS]", True),
+    ("<|im_end|>", True),
+    ("<|im_user|>", True),
+    ("<|im_assistant|>", True),
+    ("<|im_system|>", True),
+    ("<|im_middle|>", True),
+    ("<|tool_calls_section_begin|>", False),
+    ("<|tool_calls_section_end|>", False),
+    ("<|tool_call_begin|>", False),
+    ("<|tool_call_argument_begin|>", False),
+    ("<|tool_call_end|>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+register_family(
+    Family(
+        name="kimi-k2.5",
+        description="Kimi K2.5/K2.6: K2's calls, a prompt that opens the think block",
+        tool_parser="kimi_k2",
+        reasoning_parser="kimi_k2",
+        template_file="kimi_k2_5.jinja",
+        stop_tokens=("<|im_end|>",),
+        end_after_calls="<|im_end|>",
+        end_after_text="<|im_end|>",
+        tokens=_KIMI_TOKENS,
+        markers=("<|tool_calls_section_begin|>", "tools_ts_str"),
+        aliases=("kimi-k2.6",),
+        call_id="functions.{name}:{index}",
+        prompt_opens_reasoning=True,
+        always_reasoning=True,
+    )
+)
 register_family(
     Family(
         name="kimi-k2",
@@ -377,22 +411,7 @@ register_family(
         stop_tokens=("<|im_end|>",),
         end_after_calls="<|im_end|>",
         end_after_text="<|im_end|>",
-        tokens=(
-            ("[BOS]", True),
-            ("[EOS]", True),
-            ("<|im_end|>", True),
-            ("<|im_user|>", True),
-            ("<|im_assistant|>", True),
-            ("<|im_system|>", True),
-            ("<|im_middle|>", True),
-            ("<|tool_calls_section_begin|>", False),
-            ("<|tool_calls_section_end|>", False),
-            ("<|tool_call_begin|>", False),
-            ("<|tool_call_argument_begin|>", False),
-            ("<|tool_call_end|>", False),
-            ("<think>", False),
-            ("</think>", False),
-        ),
+        tokens=_KIMI_TOKENS,
         markers=("<|tool_calls_section_begin|>",),
         aliases=("kimi-k2-thinking",),
         call_id="functions.{name}:{index}",
