@@ -156,11 +156,13 @@ class LoadedTokenizer:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
-        """Render `messages` with this tokenizer's chat template, as `apply_chat_template` would."""
-        from tokentrail.text.chat_template import render
+        """Render `messages` with this tokenizer's chat template, as `apply_chat_template` would
+        (given the message shape the template needs: `ChatTemplate`)."""
+        from tokentrail.text.chat_template import ChatTemplate
+        from tokentrail.text.families import resolve_family
 
-        return render(
-            self.chat_template,
+        template = ChatTemplate(self.chat_template, resolve_family(self).call_id)
+        return template.render(
             messages,
             tools=tools,
             add_generation_prompt=add_generation_prompt,
