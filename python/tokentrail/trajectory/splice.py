@@ -81,6 +81,12 @@ class Splicer:
         self.template = template or tokenizer.chat_template
         self.family = family or resolve_family(tokenizer, template)
         self.chat = ChatTemplate(self.template, self.family.call_id)
+        # What one render of the synthetic context tells about the template, kept: the
+        # context's own render, the glue after a turn, and whether the text after a turn of
+        # one shape depends on the messages before it.
+        self._heads: dict[int, str] = {}
+        self._glues: dict[tuple[str, bool], str] = {}
+        self._independent: dict[tuple[str, int, tuple[str, ...]], bool] = {}
 
     def render(
         self,
@@ -115,8 +121,8 @@ class Splicer:
         the generation prompt, derived from renders around a synthetic context.
 
         `calls_before`: the tool calls the conversation holds before `last_assistant`.
-        `verified`: the caller checks the result against the full render, so the check that
-        the tail does not depend on earlier messages is skipped.
+        `verified`: the caller checks the result against the full render. When it does not,
+        the tail is checked not to depend on earlier messages (once per shape of turn).
         """
         stub = _stub(last_assistant)
         end = self.history_end(end_token)
@@ -124,25 +130,42 @@ class Splicer:
         # them out spares rendering every schema. The check against the full render (which
         # has them) catches a template where they matter.
         del tools
+        shape = (end, len(stub.get("tool_calls") or ()), tuple(m["role"] for m in new_messages))
         try:
             rest = self._after_end([_QUERY], stub, end, new_messages, calls_before)
             if isinstance(rest, Fallback):
                 return rest
-            if not verified:
-                again = self._after_end([*_EARLIER, _QUERY], stub, end, new_messages, calls_before)
-                if again != rest:
-                    return Fallback.NOT_PREFIX
-            head = self.render([_QUERY], None, False, calls_before)
-            before = self.render([_QUERY, stub], None, False, calls_before)
+            if not verified and shape not in self._independent:
+                longer = [*_EARLIER, _QUERY]
+                again = self._after_end(longer, stub, end, new_messages, calls_before)
+                self._independent[shape] = again == rest
+            if not self._independent.get(shape, True):
+                return Fallback.NOT_PREFIX
+            glue = self._glue(stub, end)
         except TemplateError:
             return Fallback.TEMPLATE_ERROR
-        # The glue is what the template writes after the turn before anything follows it; a
-        # template whose end token starts the next message (GLM) has none.
-        cut = before.find(end, _common_prefix_len(head, before))
-        glue = before[cut + len(end) :] if cut >= 0 else ""
         if not rest.startswith(glue):
             glue = ""
         return glue, rest[len(glue) :]
+
+    def _head(self, context: list[Message]) -> str:
+        """The synthetic context's own render (it holds no calls, so no ids to number)."""
+        key = len(context)
+        if key not in self._heads:
+            self._heads[key] = self.render(context, None, False)
+        return self._heads[key]
+
+    def _glue(self, stub: Message, end: str) -> str:
+        """What the template writes after a turn's end before anything follows it; a template
+        whose end token starts the next message (GLM) writes none. It only names the part of
+        the text after the end token that is not the new messages'."""
+        key = (end, bool(stub.get("tool_calls")))
+        if key not in self._glues:
+            head = self._head([_QUERY])
+            before = self.render([_QUERY, stub], None, False)
+            cut = before.find(end, _common_prefix_len(head, before))
+            self._glues[key] = before[cut + len(end) :] if cut >= 0 else ""
+        return self._glues[key]
 
     def _after_end(
         self,
@@ -154,7 +177,7 @@ class Splicer:
     ) -> str | Fallback:
         """What follows the stub's end token when `context`, the stub and `new_messages` are
         rendered, or why that cannot be told."""
-        head = self.render(context, None, False, calls_before)
+        head = self._head(context)
         full = self.render([*context, stub, *new_messages], None, True, calls_before)
         # The stub's turn starts where the render parts from the context alone (templates may
         # rewrite the end of a user turn once an answer follows it, as DeepSeek V3.2 does).
