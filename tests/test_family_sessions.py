@@ -283,3 +283,16 @@ def test_demo_runs_a_family(name: str, tmp_path: Path, capsys) -> None:
     assert f"family {name}" in printed
     samples = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(samples) == 1 and sum(samples[0]["loss_mask"]) > 0
+
+
+def test_serve_takes_the_familys_parsers_unless_told_otherwise() -> None:
+    from tokentrail.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    assert (args.tool_parser, args.reasoning_parser) == ("auto", "auto")
+    chosen = build_parser().parse_args(
+        ["serve", "--tool-parser", "kimi_k2", "--reasoning-parser", "none"]
+    )
+    assert (chosen.tool_parser, chosen.reasoning_parser) == ("kimi_k2", "none")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--tool-parser", "glm5"])
