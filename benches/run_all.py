@@ -26,6 +26,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("adapter_load.py", ["--sessions", "2", "--turns", "8"]),
     ("session_scaling.py", ["--quick"]),
     ("routing_replay.py", ["--sessions", "1", "--steps", "4"]),
+    ("families.py", ["--sessions", "1", "--steps", "3", "--messages", "50"]),
 ]
 
 

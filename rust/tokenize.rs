@@ -222,11 +222,15 @@ fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
 ///
 /// The boundary after an added token match at `[s, e)` is safe when the match does not depend
 /// on the text around it, and the sections on either side are encoded on their own:
-/// - the token matches the raw text (`normalized=false`) and neither strips whitespace around
-///   it nor needs word boundaries (`lstrip`, `rstrip`, `single_word`);
+/// - the token matches the raw text, or the normalized text of a normalizer that changes
+///   nothing (DeepSeek's empty `Sequence`), and neither strips whitespace around it nor needs
+///   word boundaries (`lstrip`, `rstrip`, `single_word`);
 /// - no token's content occurs inside another's before its end: the added vocabulary takes the
 ///   leftmost, then longest match, so such a token could start before `e` and end after it
 ///   once the text after `e` changes;
+/// - raw-text tokens are matched first, normalized ones in what is left: no raw-text token may
+///   start inside a normalized one and end after it, or it would take that text first once
+///   the text after `e` changes;
 /// - special tokens are split off (`encode_special_tokens` is off);
 /// - the pre-tokenizer and the model see one section at a time and only its text: a Metaspace
 ///   pre-tokenizer that prepends only at the start of the text, and BPE dropout, break that;
@@ -248,10 +252,12 @@ pub fn unsafe_reason(tokenizer: &Tokenizer) -> Option<String> {
     }
     let mut tokens: Vec<&AddedToken> = added.values().collect();
     tokens.sort_by(|a, b| a.content.cmp(&b.content));
+    let identity = tokenizer.get_normalizer().is_none_or(is_identity);
     tokens
         .iter()
-        .find_map(|token| added_token_reason(token))
+        .find_map(|token| added_token_reason(token, identity))
         .or_else(|| nested_token_reason(&tokens))
+        .or_else(|| straddling_token_reason(&tokens))
         .or_else(|| tokenizer.get_normalizer().and_then(normalizer_reason))
         .or_else(|| tokenizer.get_pre_tokenizer().and_then(pre_tokenizer_reason))
         .or_else(|| model_reason(tokenizer.get_model()))
@@ -262,9 +268,19 @@ pub fn unsafe_reason(tokenizer: &Tokenizer) -> Option<String> {
         })
 }
 
-fn added_token_reason(token: &AddedToken) -> Option<String> {
+/// A normalizer that leaves every text as it is: an empty `Sequence` (or one of such).
+fn is_identity(normalizer: &NormalizerWrapper) -> bool {
+    match normalizer {
+        NormalizerWrapper::Sequence(sequence) => sequence.as_ref().iter().all(is_identity),
+        _ => false,
+    }
+}
+
+/// `identity`: the tokenizer's normalizer changes nothing, so a normalized token matches the
+/// raw text.
+fn added_token_reason(token: &AddedToken, identity: bool) -> Option<String> {
     let flag = [
-        ("normalized", token.normalized),
+        ("normalized", token.normalized && !identity),
         ("lstrip", token.lstrip),
         ("rstrip", token.rstrip),
         ("single_word", token.single_word),
@@ -290,6 +306,30 @@ fn nested_token_reason(tokens: &[&AddedToken]) -> Option<String> {
                 .find(|inner| contents.contains(inner))
                 .map(|inner| format!("added token {inner:?} occurs inside added token {outer:?}"))
         })
+    })
+}
+
+/// The first raw-text token (in `tokens`' order) that can start inside a normalized token and
+/// end after it.
+fn straddling_token_reason(tokens: &[&AddedToken]) -> Option<String> {
+    let raw: Vec<&str> = tokens
+        .iter()
+        .filter(|t| !t.normalized)
+        .map(|t| t.content.as_str())
+        .collect();
+    tokens.iter().filter(|t| t.normalized).find_map(|inner| {
+        let inner = inner.content.as_str();
+        inner
+            .char_indices()
+            .skip(1)
+            .find_map(|(at, _)| {
+                let tail = &inner[at..];
+                raw.iter()
+                    .find(|outer| outer.len() > tail.len() && outer.starts_with(tail))
+            })
+            .map(|outer| {
+                format!("added token {outer:?} can start inside normalized added token {inner:?}")
+            })
     })
 }
 
@@ -626,6 +666,52 @@ mod tests {
         let mut bare = Tokenizer::new(BPE::default());
         bare.with_pre_tokenizer(Some(ByteLevel::default()));
         assert_eq!(reason(bare), "it has no added tokens to resume after");
+    }
+
+    /// `qwen_like` without its NFC normalizer: an empty `Sequence`, as DeepSeek's has.
+    fn with_identity_normalizer(token: AddedToken) -> Tokenizer {
+        let mut tokenizer = with_token(token);
+        let empty = tokenizers::normalizers::Sequence::new(vec![]);
+        tokenizer.with_normalizer(Some(empty)).unwrap();
+        tokenizer
+    }
+
+    #[test]
+    fn normalized_tokens_are_safe_when_normalizing_changes_nothing() {
+        let mut tok = incremental(with_identity_normalizer(
+            AddedToken::from("<dsml:", false).normalized(true),
+        ));
+        assert!(tok.safe(), "{:?}", tok.fallback_reason());
+        let mut text = String::new();
+        for turn in 0..20 {
+            text.push_str(&format!(
+                "<|im_start|>user\n{turn} <dsml:x> hello<|im_end|>"
+            ));
+            assert_eq!(
+                tok.encode("s", &text).unwrap(),
+                tok.encode_full(&text).unwrap()
+            );
+            text.push_str("<dsml:ab</think>  \n the<dsml:");
+            assert_eq!(
+                tok.encode("s", &text).unwrap(),
+                tok.encode_full(&text).unwrap()
+            );
+        }
+        assert!(tok.reused_ids() > 0);
+    }
+
+    #[test]
+    fn a_raw_token_starting_inside_a_normalized_one_is_unsafe() {
+        // "ml:" + "|x" could be taken by the raw-text pass before "<dsml:" is matched.
+        let mut tokenizer =
+            with_identity_normalizer(AddedToken::from("<dsml:", false).normalized(true));
+        tokenizer
+            .add_tokens([AddedToken::from("ml:|x", false).normalized(false)])
+            .unwrap();
+        assert_eq!(
+            reason(tokenizer),
+            r#"added token "ml:|x" can start inside normalized added token "<dsml:""#
+        );
     }
 
     #[test]

@@ -27,3 +27,23 @@ def tokenizer():
     from tokentrail.text.tokenizer import load_tokenizer
 
     return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def family_tokenizer():
+    """`load(name)`: a family's builtin vocabulary, or its stand-in when no package ships one,
+    each loaded once per test session (from the default cache, like `tokenizer`)."""
+    from tokentrail.text.families import family
+    from tokentrail.text.tokenizer import load_tokenizer
+
+    loaded: dict[str, object] = {}
+
+    def load(name: str):
+        if name not in loaded:
+            fam = family(name)
+            loaded[name] = load_tokenizer(
+                f"builtin:{fam.name}" if fam.vocabulary else f"stand-in:{fam.name}"
+            )
+        return loaded[name]
+
+    return load

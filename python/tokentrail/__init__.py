@@ -27,7 +27,8 @@ from tokentrail.kinds import (
 )
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
 from tokentrail.storage.export import PackedBatch, pack_samples, read_samples, write_samples
-from tokentrail.text.chat_template import render
+from tokentrail.text.chat_template import ChatTemplate, render
+from tokentrail.text.families import Family, families, family
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.parsing import ParsedOutput, format_output, parse_output
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
@@ -41,12 +42,14 @@ from tokentrail.trajectory.turn import TurnRecord
 __version__ = "0.1.0"
 
 __all__ = [
+    "ChatTemplate",
     "Conversation",
     "DriftKind",
     "DriftPolicy",
     "DriftRecord",
     "ExportError",
     "Fallback",
+    "Family",
     "History",
     "IncrementalEncoder",
     "Ledger",
@@ -78,6 +81,8 @@ __all__ = [
     "TurnPipeline",
     "TurnRecord",
     "__version__",
+    "families",
+    "family",
     "format_output",
     "load_tokenizer",
     "pack_samples",

@@ -2,6 +2,8 @@
 
 `tokentrail demo` is the main job on built-in defaults: the scripted engine, the Qwen3
 vocabulary and a harness that re-renders echoes as Claude Code does; no GPU, no network.
+`tokentrail demo --family NAME` runs it for another model family (its vocabulary, template and
+output format).
 """
 
 from __future__ import annotations
@@ -32,16 +34,25 @@ def _serve(args: argparse.Namespace) -> int:
     from tokentrail.adapter.server import Adapter, AdapterConfig
     from tokentrail.engines import create_engine
     from tokentrail.storage.journal import Journal
+    from tokentrail.text.families import resolve_family
     from tokentrail.text.tokenizer import load_tokenizer
     from tokentrail.trajectory.manager import TrajectoryManager
 
     tokenizer = load_tokenizer(args.tokenizer)
     template = Path(args.chat_template).read_text() if args.chat_template else None
     routing, indexer = _replay_shapes(args)
+    fam = resolve_family(tokenizer, template)
+    tool_parser = None if args.tool_parser == "none" else args.tool_parser
+    reasoning_parser = None if args.reasoning_parser == "none" else args.reasoning_parser
+    print(
+        f"model family {fam.name}: tool parser "
+        f"{fam.tool_parser if tool_parser == 'auto' else tool_parser}, reasoning parser "
+        f"{fam.reasoning_parser if reasoning_parser == 'auto' else reasoning_parser}"
+    )
     config = AdapterConfig(
         model_name=args.model_name,
-        tool_parser=None if args.tool_parser == "none" else args.tool_parser,
-        reasoning_parser=None if args.reasoning_parser == "none" else args.reasoning_parser,
+        tool_parser=tool_parser,
+        reasoning_parser=reasoning_parser,
         max_turns_per_session=args.max_turns_per_session,
         max_context_tokens=args.max_context_tokens,
         admin_token=args.admin_token,
@@ -205,10 +216,19 @@ def _demo_table(runs: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo_tokenizer(args: argparse.Namespace) -> Any:
+    from tokentrail.text.families import family
     from tokentrail.text.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(args.tokenizer)
+    if args.family is None:
+        return load_tokenizer(args.tokenizer)
+    fam = family(args.family)
+    # The family's own vocabulary where a package ships it, else Qwen3's ranks with its tokens.
+    return load_tokenizer(f"builtin:{fam.name}" if fam.vocabulary else f"stand-in:{fam.name}")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    tokenizer = _demo_tokenizer(args)
     runs = []
     for name, restore, policy in DEMO_CONFIGS:
         finished, sim = asyncio.run(_demo_run(restore, policy, tokenizer))
@@ -221,7 +241,10 @@ def _demo(args: argparse.Namespace) -> int:
         for sample in first["samples"]:
             f.write(json.dumps(sample) + "\n")
     calls = ", ".join(f"{k}={v}" for k, v in sorted(first_sim.tool_calls.items()))
-    print("tokentrail demo: scripted engine, Qwen3 vocabulary, Claude Code 2.1.197-style harness")
+    print(
+        f"tokentrail demo: scripted engine, family {tokenizer.family or 'qwen3'} "
+        f"({tokenizer.name}), Claude Code 2.1.197-style harness"
+    )
     print(
         f"session: {first_sim.requests} requests, tool calls {calls}; "
         f"{first_sim.rewritten_echoes} tool calls re-rendered by the harness"
@@ -246,6 +269,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _check_template(args: argparse.Namespace) -> int:
+    from tokentrail.text.families import resolve_family
     from tokentrail.text.tokenizer import load_tokenizer
     from tokentrail.trajectory.splice import check_template
 
@@ -254,8 +278,13 @@ def _check_template(args: argparse.Namespace) -> int:
         tokenizer, template = load_tokenizer(str(target)), None
     else:
         tokenizer, template = load_tokenizer(args.tokenizer), target.read_text()
-    reports = check_template(tokenizer, template)
-    print(f"template: {target}  (assistant turns end with {tokenizer.eos_token!r})")
+    fam = resolve_family(tokenizer, template)
+    reports = check_template(tokenizer, template, fam)
+    ends = sorted({fam.end_after_calls, fam.end_after_text})
+    print(
+        f"template: {target}  (family {fam.name}; assistant turns end with "
+        f"{', '.join(repr(e) for e in ends)})"
+    )
     print(f"{'boundary':<28}{'prefix-preserving':>18}{'splice':>8}  glue / reason")
     for r in reports:
         detail = repr(r.glue) if r.splice else f"fallback: {r.fallback}"
@@ -339,6 +368,9 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tokentrail.text.families import families
+    from tokentrail.text.formats import reasoning_format_names, tool_format_names
+
     parser = argparse.ArgumentParser(prog="tokentrail", description=__doc__)
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -351,10 +383,21 @@ def build_parser() -> argparse.ArgumentParser:
         default="scripted",
         help="sglang://H:P, vllm://H:P, scripted[:FILE], simulated",
     )
-    serve.add_argument("--tokenizer", default="builtin:qwen3", help="builtin:qwen3 or a model dir")
+    serve.add_argument(
+        "--tokenizer",
+        default="builtin:qwen3",
+        help="builtin:VOCABULARY or builtin:FAMILY, stand-in:FAMILY, or a model dir",
+    )
     serve.add_argument("--chat-template", default=None, help="a Jinja file overriding the model's")
-    serve.add_argument("--tool-parser", default="hermes", choices=["hermes", "qwen3_coder", "none"])
-    serve.add_argument("--reasoning-parser", default="qwen3", choices=["qwen3", "none"])
+    serve.add_argument(
+        "--tool-parser",
+        default="auto",
+        choices=["auto", "none", *tool_format_names()],
+        help="auto: the model family's (from the tokenizer or the chat template)",
+    )
+    serve.add_argument(
+        "--reasoning-parser", default="auto", choices=["auto", "none", *reasoning_format_names()]
+    )
     serve.add_argument("--fork-threshold", type=int, default=1024)
     serve.add_argument("--drift-policy", default="minimal", choices=_names(DriftPolicy))
     serve.add_argument("--rewrite-policy", default="fork", choices=_names(RewritePolicy))
@@ -447,6 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a scripted coding session end to end")
     demo.add_argument("--out", default=DEMO_OUT)
     demo.add_argument("--tokenizer", default="builtin:qwen3")
+    demo.add_argument(
+        "--family",
+        default=None,
+        choices=[f.name for f in families()],
+        help="run the demo for this model family (its vocabulary, or a stand-in, and format)",
+    )
     demo.set_defaults(func=_demo)
     return parser
 

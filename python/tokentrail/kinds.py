@@ -125,12 +125,12 @@ class Fallback(StrEnum):
 
     # The sampled output was cut by the length limit: no end-of-turn token to splice after.
     LENGTH = "length"
-    # The output does not end with the token the template closes an assistant turn with.
+    # The output does not end with an added token (the turn's stop token).
     NO_END_TOKEN = "no_end_token"
     # The template's rendering of the assistant turn has no end marker to cut the glue at.
     NO_BOUNDARY = "no_boundary"
-    # Adding messages changed how the synthetic context renders: the template is not
-    # prefix-preserving.
+    # Adding messages changed how the synthetic context renders, or the new messages render
+    # differently after a longer history: the template is not prefix-preserving.
     NOT_PREFIX = "not_prefix"
     # The full render does not end with the derived glue and tail: the new messages render
     # differently in context (a position-dependent template).

@@ -13,8 +13,9 @@ DEFAULT_MAX_BODY = 64 * 1024 * 1024
 @dataclass
 class AdapterConfig:
     model_name: str = "tokentrail"
-    tool_parser: str | None = "hermes"
-    reasoning_parser: str | None = "qwen3"
+    # Output formats by name; "auto": the model family's (see `TurnPipeline`); None: off.
+    tool_parser: str | None = "auto"
+    reasoning_parser: str | None = "auto"
     max_turns_per_session: int = 0
     max_context_tokens: int = 0
     admin_token: str | None = None

@@ -1,7 +1,9 @@
 """A deterministic engine that replays a script of assistant replies, for tests and demos.
 
-Each reply is written as Qwen3 would emit it (`parsing.format_output`), tokenized, and closed with
-`<|im_end|>`; logprobs are a hash of (token id, position), so equal requests give equal turns.
+Each reply is written as the tokenizer's model family emits it (`Family.format_output`: Qwen3's
+Hermes calls, Kimi's tool-call sections, gpt-oss's channels, ...), tokenized, and closed with the
+stop token that family samples after it (`<|im_end|>`, GLM's `<|observation|>`, gpt-oss's
+`<|call|>`); logprobs are a hash of (token id, position), so equal requests give equal turns.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.engines.registry import register_engine
 from tokentrail.errors import EngineLimit, EngineSpecError, ScriptError
-from tokentrail.text.parsing import format_output
+from tokentrail.text.families import Family, count_calls, resolve_family
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -125,11 +127,17 @@ class ScriptedEngine:
         self,
         tokenizer: LoadedTokenizer,
         script: str | os.PathLike[str] | Sequence[Any] | None = None,
+        family: Family | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.replies = load_script(script)
-        # The model ends its turn with the tokenizer's end-of-turn token (`<|im_end|>` for Qwen).
-        self.end_id = tokenizer.eos_token_id
+        self.family = family or resolve_family(tokenizer)
+
+    def end_id(self, message: Mapping[str, Any]) -> int:
+        """The stop token the family's model samples after `message` (the eos token when the
+        vocabulary lacks it)."""
+        end = self.tokenizer.added_tokens.get(self.family.end_token(message))
+        return self.tokenizer.eos_token_id if end is None else end
 
     def reply_index(self, messages: Sequence[Mapping[str, Any]]) -> int:
         return sum(1 for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant")
@@ -139,25 +147,35 @@ class ScriptedEngine:
 
     def reply_text(self, index: int) -> str:
         """The text the model emits for reply `index`, end-of-turn token excluded."""
-        return format_output(blocks_to_message(self.reply_blocks(index)), tool_format="hermes")
+        message = self.family.representable(blocks_to_message(self.reply_blocks(index)))
+        return self.family.format_output(message)
 
     def choose(self, req: GenerateRequest) -> list[dict[str, Any]]:
         """The content blocks to answer `req` with."""
         return self.reply_blocks(self.reply_index(req.messages))
 
+    def message_for(self, req: GenerateRequest) -> dict[str, Any]:
+        """The assistant message to answer `req` with, as the family's format carries it."""
+        return dict(self.family.representable(blocks_to_message(self.choose(req))))
+
+    def write(self, message: Mapping[str, Any], req: GenerateRequest) -> str:
+        """What the model writes for `message` in answer to `req`, end-of-turn token excluded."""
+        return self.family.format_output(message, call_index=count_calls(req.messages))
+
     def text_for(self, req: GenerateRequest) -> str:
         """What the model writes for `req`, end-of-turn token excluded."""
-        return format_output(blocks_to_message(self.choose(req)), tool_format="hermes")
+        return self.write(self.message_for(req), req)
 
     async def generate(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
-        text = self.text_for(req)
+        message = self.message_for(req)
+        text = self.write(message, req)
         if req.constraint is not None and re.fullmatch(req.constraint.regex, text) is None:
             raise EngineLimit(
                 f"the {self.name} engine replays its script and cannot constrain it: reply "
                 f"{self.reply_index(req.messages)} is not {req.constraint.wants}"
             )
-        ids = self.tokenizer.encode(text) + [self.end_id]
+        ids = self.tokenizer.encode(text) + [self.end_id(message)]
         finish = "stop"
         cut = self._stop_cut(ids[:-1], text, req.sampling.stop)
         if cut is not None:

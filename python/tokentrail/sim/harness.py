@@ -503,10 +503,12 @@ async def simulate(
     from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
     from tokentrail.kinds import History, Restore
     from tokentrail.sim.model import SimulatedEngine
+    from tokentrail.text.families import resolve_family
     from tokentrail.trajectory.manager import TrajectoryManager
 
+    family = resolve_family(tokenizer, chat_template)
     adapter = Adapter(
-        engine=engine or SimulatedEngine(tokenizer),
+        engine=engine or SimulatedEngine(tokenizer, family),
         tokenizer=tokenizer,
         chat_template=chat_template,
         manager=TrajectoryManager(rewrite_policy=rewrite_policy),

@@ -8,7 +8,6 @@ retried prompt gets a different reply, as sampling would give.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections import Counter
@@ -19,6 +18,7 @@ from typing import Any
 from tokentrail.engines.base import GenerateRequest
 from tokentrail.engines.registry import register_engine
 from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.text.families import Family, count_calls
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 PLAN_RE = re.compile(r"<sim-plan ([^>]*?)\s*/>")
@@ -132,25 +132,17 @@ class SimulatedEngine(ScriptedEngine):
 
     name = "simulated"
 
-    def __init__(self, tokenizer: LoadedTokenizer) -> None:
-        super().__init__(tokenizer, script=[])
+    def __init__(self, tokenizer: LoadedTokenizer, family: Family | None = None) -> None:
+        super().__init__(tokenizer, script=[], family=family)
         self._attempts: Counter[tuple[int, ...]] = Counter()
 
-    def text_for(self, req: GenerateRequest) -> str:
-        text = super().text_for(req)
+    def write(self, message: Mapping[str, Any], req: GenerateRequest) -> str:
         plan = _plan(req.messages)
         rng = random.Random(f"compact:{plan.seed}:{len(req.input_ids)}")
-        if "<tool_call>" not in text or rng.random() >= plan.compact:
-            return text
-        head, _, calls = text.partition("<tool_call>")
-        out = []
-        for block in ("<tool_call>" + calls).split("</tool_call>"):
-            if "<tool_call>" in block:
-                body = block.split("<tool_call>", 1)[1]
-                compact = json.dumps(json.loads(body), separators=(",", ":"), ensure_ascii=False)
-                block = block.split("<tool_call>", 1)[0] + f"<tool_call>\n{compact}\n"
-            out.append(block)
-        return head + "</tool_call>".join(out)
+        # Some calls come out as compact JSON, which a re-render does not reproduce.
+        compact = bool(message.get("tool_calls")) and rng.random() < plan.compact
+        calls = count_calls(req.messages)
+        return self.family.format_output(message, call_index=calls, compact=compact)
 
     def choose(self, req: GenerateRequest) -> list[dict[str, Any]]:
         messages = req.messages

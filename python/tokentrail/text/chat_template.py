@@ -1,7 +1,10 @@
 """Chat-template rendering that matches transformers' `apply_chat_template(tokenize=False)`.
 
 Same sandbox, filters, globals and message normalization, so a model's own template gives here the
-exact prompt text the inference engine builds from the same messages.
+exact prompt text the inference engine builds from the same messages. `ChatTemplate` also hands a
+template the message shape it needs, which real templates differ on: tool-call arguments as a
+mapping or as JSON text (DeepSeek V3.1 concatenates them), and call ids where a template renders
+them (Kimi K2 addresses results by id).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import dataclasses
 import functools
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -55,6 +59,117 @@ def render(
         )
     except jinja2.TemplateError as exc:
         raise TemplateError(str(exc)) from exc
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        # A template applying an operation to data it does not expect (`'a' + {}`).
+        raise TemplateError(f"the chat template failed on these messages: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class TemplateNeeds:
+    """What a template needs from messages beyond tokentrail's internal format."""
+
+    # Tool-call arguments as JSON text rather than a mapping.
+    arguments_as_text: bool = False
+    # Tool-call ids (`tool_calls[].id`, `tool_call_id` on results): the template renders them.
+    call_ids: bool = False
+
+
+_PROBE_KEY, _PROBE_VALUE, _PROBE_ID = "probe_key", "probe value", "probe-call-id-7"
+
+
+def _probe(template: str, arguments: Any) -> str | None:
+    call = {
+        "type": "function",
+        "id": _PROBE_ID,
+        "function": {"name": "probe_tool", "arguments": arguments},
+    }
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "probe"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "probe result", "tool_call_id": _PROBE_ID},
+    ]
+    try:
+        return render(template, messages, add_generation_prompt=True)
+    except TemplateError:
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def template_needs(template: str) -> TemplateNeeds:
+    """Probe `template` with one tool call: does it take arguments as a mapping or as JSON text,
+    and does it render call ids? A mapping is preferred wherever it renders."""
+    as_dict = _probe(template, {_PROBE_KEY: _PROBE_VALUE})
+    as_text = _probe(template, json.dumps({_PROBE_KEY: _PROBE_VALUE}))
+    # A mapping concatenated as text shows Python's repr: the template wanted JSON text.
+    dict_ok = as_dict is not None and f"{{'{_PROBE_KEY}'" not in as_dict
+    text_needed = not dict_ok and as_text is not None
+    rendered = as_text if text_needed else as_dict
+    return TemplateNeeds(text_needed, rendered is not None and _PROBE_ID in rendered)
+
+
+class ChatTemplate:
+    """A chat template and the message shape it needs (`TemplateNeeds`, probed once).
+
+    `call_id` formats the ids a template that renders them gets (`{name}`, `{index}`: the
+    conversation's calls counted from 0); ids are positional, so every render of a conversation
+    gives the same ones whatever ids the harness used.
+    """
+
+    def __init__(self, source: str, call_id: str = "call_{index}") -> None:
+        self.source = source
+        self.call_id = call_id
+        self.needs = template_needs(source)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        *,
+        first_call_index: int = 0,
+        **kwargs: Any,
+    ) -> str:
+        """Render `messages` as `render` does, shaped as the template needs; their calls are
+        numbered from `first_call_index` (the calls before them in the conversation)."""
+        if self.needs.arguments_as_text or self.needs.call_ids:
+            messages = self.shaped(messages, first_call_index)
+        return render(self.source, messages, tools, add_generation_prompt, **kwargs)
+
+    def shaped(
+        self, messages: Sequence[Mapping[str, Any]], first_call_index: int = 0
+    ) -> list[dict[str, Any]]:
+        out = []
+        index = first_call_index
+        pending: list[str] = []
+        for message in messages:
+            message = dict(message)
+            if message.get("role") == "assistant" and message.get("tool_calls"):
+                calls, pending = [], []
+                for call in message["tool_calls"]:
+                    call = dict(call)
+                    fn = dict(call.get("function") or {})
+                    if self.needs.arguments_as_text:
+                        fn["arguments"] = _arguments_text(fn.get("arguments"))
+                    call["function"] = fn
+                    if self.needs.call_ids:
+                        call["id"] = self.call_id.format(name=fn.get("name", ""), index=index)
+                        pending.append(call["id"])
+                    index += 1
+                    calls.append(call)
+                message["tool_calls"] = calls
+            elif message.get("role") == "tool" and self.needs.call_ids and pending:
+                # Results answer the calls before them in order, as harnesses send them.
+                message["tool_call_id"] = pending.pop(0)
+            out.append(message)
+        return out
+
+
+def _arguments_text(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        return arguments
+    if isinstance(arguments, Mapping) and set(arguments) == {"_raw_arguments"}:
+        return str(arguments["_raw_arguments"])  # the wire carried text that is not JSON
+    return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
 
 
 def _normalize_message(message: Any) -> dict[str, Any]:

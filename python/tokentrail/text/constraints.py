@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokentrail.errors import OutputFormatError
-from tokentrail.text.parsing import THINK_CLOSE, ToolFormat
+from tokentrail.text.formats.reasoning import THINK_CLOSE
 
 __all__ = ["OutputConstraint", "forced_tool_call"]
 
@@ -41,22 +41,27 @@ def _json_string(text: str) -> str:
 
 
 def forced_tool_call(
-    tool_format: ToolFormat | str | None, names: Sequence[str], *, reasoning: bool
+    tool_format: str | None, names: Sequence[str], *, reasoning: bool
 ) -> OutputConstraint:
     """A constraint for "call one of `names`" in `tool_format`'s markup, after an optional
-    reasoning block (`...</think>` and blank lines) when `reasoning`."""
+    reasoning block (`...</think>` and blank lines) when `reasoning`. Only the `<tool_call>`
+    formats (`hermes`, `qwen3_coder`, `nemotron3`) have one; for the others this raises
+    `OutputFormatError`, which the adapter answers as the engine's limit."""
     if tool_format is None:
         raise OutputFormatError("a forced tool call needs a tool parser")
     if not names:
         raise OutputFormatError("a forced tool call needs at least one tool")
-    fmt = ToolFormat(tool_format)
-    if fmt is ToolFormat.HERMES:
+    if tool_format == "hermes":
         choice = "|".join(_literal(_json_string(n)) for n in names)
         head_json = rf'\{{"name": "(?:{choice})", "arguments": '
         call = rf"<tool_call>\n{head_json}\{{[\s\S]*\}}\}}\n</tool_call>"
-    else:
+    elif tool_format in ("qwen3_coder", "nemotron3"):
         choice = "|".join(_literal(n) for n in names)
         call = rf"<tool_call>\n<function=(?:{choice})>\n[\s\S]*</function>\n</tool_call>"
+    else:
+        raise OutputFormatError(
+            f"forcing a tool call is not supported for the {tool_format!r} output format"
+        )
     head = rf"(?:[\s\S]*{_literal(THINK_CLOSE)}\n\n)?" if reasoning else ""
     wants = f"a call to {names[0]}" if len(names) == 1 else f"a call to one of {', '.join(names)}"
     return OutputConstraint(head + call, wants)

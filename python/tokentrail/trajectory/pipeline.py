@@ -15,9 +15,8 @@ engine runs: the engine is called only for a turn that will be recorded.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,13 +27,16 @@ from tokentrail.errors import PolicyError, RequestError
 from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice
 from tokentrail.messages import Conversation, Message, ToolSchema
 from tokentrail.text.constraints import OutputConstraint, forced_tool_call
+from tokentrail.text.families import Family, resolve_family
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.parsing import ParsedOutput, parse_output
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, split_prefill
+from tokentrail.trajectory.prompts import PromptBuilder
 from tokentrail.trajectory.side import SideRules, exclusion
 from tokentrail.trajectory.splice import Splicer
+from tokentrail.trajectory.timing import TurnTiming
 from tokentrail.trajectory.tree import MessageKey
 from tokentrail.trajectory.turn import Logprobs, TokenIds, TurnRecord
 
@@ -51,25 +53,8 @@ __all__ = [
     "reasoning_tokens",
 ]
 
-
-@dataclass
-class TurnTiming:
-    """Seconds one turn spent in each stage, and what the engine reported of its own time."""
-
-    stages: dict[Stage, float] = field(default_factory=dict)
-    engine_reported: float | None = None
-    _mark: float = field(default_factory=time.perf_counter, repr=False)
-
-    def lap(self, stage: Stage) -> None:
-        """Charge the time since the previous lap (or since the timing began) to `stage`."""
-        now = time.perf_counter()
-        self.stages[stage] = self.stages.get(stage, 0.0) + now - self._mark
-        self._mark = now
-
-    @property
-    def overhead(self) -> float:
-        """Seconds spent in the adapter: every stage but the engine's."""
-        return sum(v for k, v in self.stages.items() if k is not Stage.ENGINE)
+# A parser argument that means "the family's": the tokenizer's, or the one the template matches.
+AUTO = "auto"
 
 
 class Generated(Protocol):
@@ -190,23 +175,18 @@ def forced_constraint(
     return forced_tool_call(tool_parser, names, reasoning=reasoning_parser is not None)
 
 
-@dataclass
-class _SpliceChecks:
-    """Per session: splices made, and the shapes of new messages already checked."""
-
-    splices: int = 0
-    verified: set[tuple[str, ...]] = field(default_factory=set)
-
-
 class TurnPipeline:
     """One turn's steps over a manager, a tokenizer and a chat template.
 
     Without a tokenizer the pipeline replays recorded turns only (`RecordedPrompt`), as an
     audit of a journal does.
 
-    `splice_verify_every`: a spliced tail is checked against the full render for the first
-    splice of each shape of new messages in a session, then every this many splices (1: every
-    turn); a failed check falls back to the full render with a named reason.
+    `splice_verify_every`: how often a spliced tail is checked against the full render (see
+    `prompts.PromptBuilder`).
+
+    `tool_parser` and `reasoning_parser` name output formats (`text.formats`); `"auto"` takes
+    the model family's (`family`, else the one the template or tokenizer belongs to), None
+    turns parsing off.
     """
 
     def __init__(
@@ -218,8 +198,9 @@ class TurnPipeline:
         restore: Restore | str = Restore.ON,
         history: History | str = History.SPLICE,
         splice_verify_every: int = 8,
-        tool_parser: str | None = "hermes",
-        reasoning_parser: str | None = "qwen3",
+        tool_parser: str | None = AUTO,
+        reasoning_parser: str | None = AUTO,
+        family: str | None = None,
         side_rules: SideRules | None = None,
     ) -> None:
         self.manager = manager
@@ -230,19 +211,41 @@ class TurnPipeline:
         self.restore = Restore(restore)
         self.history = History(history)
         self.splice_verify_every = max(1, int(splice_verify_every))
-        self.tool_parser = tool_parser
-        self.reasoning_parser = reasoning_parser
-        self._splicer = Splicer(tokenizer, self.chat_template) if tokenizer else None
-        # Full renders (first turns, render history, fallbacks) reuse the ids of the prefix a
-        # session's previous prompt shares with them.
-        self._encoder = IncrementalEncoder(tokenizer) if tokenizer else None
-        self._checks: dict[str, _SpliceChecks] = {}
+        self.family: Family | None = (
+            resolve_family(tokenizer, chat_template, family) if tokenizer else None
+        )
+        self.tool_parser = self._parser(tool_parser, "tool_parser", "hermes")
+        self.reasoning_parser = self._parser(reasoning_parser, "reasoning_parser", "qwen3")
+        if self.family is not None:
+            logger.info(
+                "model family %s: tool parser %s, reasoning parser %s",
+                self.family.name,
+                self.tool_parser,
+                self.reasoning_parser,
+            )
+        self._splicer = Splicer(tokenizer, self.chat_template, self.family) if tokenizer else None
+        self._prompts = (
+            PromptBuilder(self._splicer, IncrementalEncoder(tokenizer), splice_verify_every)
+            if tokenizer and self._splicer
+            else None
+        )
+
+    def _parser(self, value: str | None, attribute: str, default: str) -> str | None:
+        if value != AUTO:
+            return value
+        return default if self.family is None else getattr(self.family, attribute)
 
     @property
     def tokenizer(self) -> LoadedTokenizer:
         if self._tokenizer is None:
             raise PolicyError("this pipeline has no tokenizer: it replays recorded turns only")
         return self._tokenizer
+
+    @property
+    def prompts(self) -> PromptBuilder:
+        if self._prompts is None:
+            raise PolicyError("this pipeline has no tokenizer: it replays recorded turns only")
+        return self._prompts
 
     @property
     def splicer(self) -> Splicer:
@@ -304,18 +307,16 @@ class TurnPipeline:
             used = recorded.history or History.RENDER
             fallback = recorded.fallback
         elif continued is not None:
-            ids = self._encode(sid, continued.prompt)
+            ids = self.prompts.encode(sid, continued.prompt)
             used, fallback = History.RENDER, None
             timing.lap(Stage.RENDER)
         else:
-            ids, used, fallback, held = self._prompt_ids(
-                sid,
-                render_messages,
-                conversation.tools,
-                history or self.history,
-                keys if render_messages is record_messages else None,
-                timing,
-            )
+            anchor = None
+            if (history or self.history) is History.SPLICE:
+                same = render_messages is record_messages
+                anchor = self.manager.splice_anchor(sid, render_messages, keys if same else None)
+            built = self.prompts.build(sid, render_messages, conversation.tools, anchor, timing)
+            ids, used, fallback, held = built.ids, built.history, built.fallback, built.held
         replay_start = 0
         if self.manager.replays:
             replay_start = self.manager.replay_start(sid, record_messages, ids, keys)
@@ -349,71 +350,9 @@ class TurnPipeline:
             return TurnMessages(list(messages), restored, keys)
         return TurnMessages(restored, restored, keys)
 
-    def _prompt_ids(
-        self,
-        sid: str,
-        messages: list[Message],
-        tools: list[ToolSchema] | None,
-        history: History,
-        keys: list[MessageKey] | None,
-        timing: TurnTiming,
-    ) -> tuple[npt.NDArray[np.uint32], History, Fallback | None, int]:
-        """Spliced onto the last generated turn's tokens when possible, else a full render.
-
-        The full render is made only when needed: a render, a fallback, or a splice whose tail
-        is checked against it.
-        """
-        anchor = (
-            self.manager.splice_anchor(sid, messages, keys) if history is History.SPLICE else None
-        )
-        if anchor is None:
-            return (
-                self._encode(sid, self._render_timed(messages, tools, timing)),
-                History.RENDER,
-                None,
-                0,
-            )
-        new = messages[anchor.index + 1 :]
-        checks = self._checks.setdefault(sid, _SpliceChecks())
-        shape = tuple(str(m.get("role", "")) for m in new)
-        verify = shape not in checks.verified or checks.splices % self.splice_verify_every == 0
-        text = self._render_timed(messages, tools, timing) if verify else None
-        spliced = self.splicer.splice(
-            held_prompt=anchor.prompt_ids,
-            held_output=anchor.output_ids,
-            finish_reason=anchor.finish_reason,
-            last_assistant=anchor.message,
-            new_messages=new,
-            tools=tools,
-            full_text=text,
-        )
-        if spliced.prompt_ids is None:
-            assert spliced.fallback is not None
-            logger.debug("session %s: splice fell back (%s)", sid, spliced.fallback)
-            if text is None:
-                text = self._render_timed(messages, tools, timing)
-            return self._encode(sid, text), History.RENDER, spliced.fallback, 0
-        checks.splices += 1
-        if verify:
-            checks.verified.add(shape)
-        held = len(anchor.prompt_ids) + len(anchor.output_ids)
-        return spliced.prompt_ids, History.SPLICE, None, held
-
-    def _render_timed(
-        self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None, timing: TurnTiming
-    ) -> str:
-        text = self.render(messages, tools)
-        timing.lap(Stage.RENDER)
-        return text
-
-    def _encode(self, sid: str, text: str) -> npt.NDArray[np.uint32]:
-        if self._encoder is None:
-            raise PolicyError("this pipeline has no tokenizer: it replays recorded turns only")
-        return self._encoder.encode(sid, text)
-
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None) -> str:
         """The full prompt text of a conversation, generation prompt included."""
-        return self.splicer.render(messages, tools, add_generation_prompt=True)
+        return self.prompts.render(messages, tools)
 
     def count_tokens(self, conversation: Conversation) -> int:
         """How many tokens the conversation's prompt has, a prefill continued as a turn would
@@ -440,7 +379,10 @@ class TurnPipeline:
         )
 
         def parsed(sampled: str) -> ParsedOutput:
-            return parse_output(sampled, tool_parser, self.reasoning_parser, tools=prepared.tools)
+            out = parse_output(sampled, tool_parser, self.reasoning_parser, tools=prepared.tools)
+            if self.family is not None and not out.ill_formed:
+                out = ParsedOutput(self.family.canonical(out.message))
+            return out
 
         prefill = prepared.prefill
         out = parsed(text if prefill is None else prefill.text + text)
@@ -485,9 +427,8 @@ class TurnPipeline:
 
     def forget(self, sid: str) -> None:
         """Drop what the pipeline keeps for a session (its encoder state, splice checks)."""
-        if self._encoder is not None:
-            self._encoder.forget(sid)
-        self._checks.pop(sid, None)
+        if self._prompts is not None:
+            self._prompts.forget(sid)
 
 
 def reasoning_tokens(tokenizer: LoadedTokenizer, output_ids: TokenIds, message: Message) -> int:

@@ -4,8 +4,11 @@ Re-rendering a generated assistant message rarely reproduces the tokens that wer
 spacing, booleans, templates that drop earlier reasoning). A splice keeps what was sampled: the
 prompt becomes the previous turn's prompt and output ids, the template's glue after an assistant
 turn's end, and the tokens of only the new messages. Glue and tail come from the template
-itself, rendered after a small synthetic context, and are checked against the full render every
-turn; any check that fails falls back to the full render with a named reason.
+itself, rendered after a small synthetic context (a user query, then the assistant turn without
+its reasoning), and are checked against the full render; any check that fails falls back to the
+full render with a named reason. The end token may be one the template writes after the turn
+(`<|im_end|>`), the next message's own start (GLM's `<|observation|>`), or one the template
+writes differently in history (gpt-oss samples `<|return|>`, history has `<|end|>`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy.typing as npt
 from tokentrail.errors import TemplateError
 from tokentrail.kinds import Fallback
 from tokentrail.messages import Message, ToolCall, ToolSchema
-from tokentrail.text.chat_template import render
+from tokentrail.text.chat_template import ChatTemplate
+from tokentrail.text.families import Family, resolve_family
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -46,26 +50,62 @@ def _stub(message: Message) -> Message:
     return stub  # type: ignore[return-value]  # a Message less some of its keys
 
 
+# The synthetic context the glue is derived in: a query before the assistant turn (templates
+# may refuse a conversation without one), and a longer one to show the tail does not depend on
+# what came before.
+_QUERY: Message = {"role": "user", "content": "Do the task."}
+_EARLIER: list[Message] = [
+    {"role": "user", "content": "Hello."},
+    {"role": "assistant", "content": "Hello."},
+]
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class Splicer:
     """Derives glue and tail from a template and builds spliced prompt ids."""
 
-    def __init__(self, tokenizer: LoadedTokenizer, template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: LoadedTokenizer,
+        template: str | None = None,
+        family: Family | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.template = template or tokenizer.chat_template
+        self.family = family or resolve_family(tokenizer, template)
+        self.chat = ChatTemplate(self.template, self.family.call_id)
+        # What one render of the synthetic context tells about the template, kept: the
+        # context's own render, the glue after a turn, and whether the text after a turn of
+        # one shape depends on the messages before it.
+        self._heads: dict[int, str] = {}
+        self._glues: dict[tuple[str, bool], str] = {}
+        self._independent: dict[tuple[str, int, tuple[str, ...]], bool] = {}
 
     def render(
         self,
         messages: Sequence[Message],
         tools: Sequence[ToolSchema] | None,
         add_generation_prompt: bool,
+        first_call_index: int = 0,
     ) -> str:
-        return render(
-            self.template,
+        return self.chat.render(
             messages,
             tools=tools,
             add_generation_prompt=add_generation_prompt,
+            first_call_index=first_call_index,
             **self.tokenizer.special_tokens_map,
         )
+
+    def history_end(self, end_token: str) -> str:
+        """The text the template writes in history where the model sampled `end_token`."""
+        return self.family.history_end.get(end_token, end_token)
 
     def glue_and_tail(
         self,
@@ -73,25 +113,85 @@ class Splicer:
         end_token: str,
         new_messages: Sequence[Message],
         tools: Sequence[ToolSchema] | None,
+        *,
+        calls_before: int = 0,
+        verified: bool = False,
     ) -> tuple[str, str] | Fallback:
         """The text after an assistant turn's end token: the glue, then the new messages and
-        the generation prompt, derived from renders around a synthetic context."""
+        the generation prompt, derived from renders around a synthetic context.
+
+        `calls_before`: the tool calls the conversation holds before `last_assistant`.
+        `verified`: the caller checks the result against the full render. When it does not,
+        the tail is checked not to depend on earlier messages (once per shape of turn).
+        """
         stub = _stub(last_assistant)
+        end = self.history_end(end_token)
         # Tools render once, before the conversation, in every template we know of: leaving
-        # them out of both renders keeps the difference and spares rendering every schema. The
-        # check against the full render (which has them) catches a template where they matter.
+        # them out spares rendering every schema. The check against the full render (which
+        # has them) catches a template where they matter.
         del tools
+        shape = (end, len(stub.get("tool_calls") or ()), tuple(m["role"] for m in new_messages))
         try:
-            before = self.render([stub], None, add_generation_prompt=False)
-            after = self.render([stub, *new_messages], None, add_generation_prompt=True)
+            rest = self._after_end([_QUERY], stub, end, new_messages, calls_before)
+            if isinstance(rest, Fallback):
+                return rest
+            if not verified and shape not in self._independent:
+                longer = [*_EARLIER, _QUERY]
+                again = self._after_end(longer, stub, end, new_messages, calls_before)
+                self._independent[shape] = again == rest
+            if not self._independent.get(shape, True):
+                return Fallback.NOT_PREFIX
+            glue = self._glue(stub, end)
         except TemplateError:
             return Fallback.TEMPLATE_ERROR
-        cut = before.rfind(end_token)
+        if not rest.startswith(glue):
+            glue = ""
+        return glue, rest[len(glue) :]
+
+    def _head(self, context: list[Message]) -> str:
+        """The synthetic context's own render (it holds no calls, so no ids to number)."""
+        key = len(context)
+        if key not in self._heads:
+            self._heads[key] = self.render(context, None, False)
+        return self._heads[key]
+
+    def _glue(self, stub: Message, end: str) -> str:
+        """What the template writes after a turn's end before anything follows it; a template
+        whose end token starts the next message (GLM) writes none. It only names the part of
+        the text after the end token that is not the new messages'."""
+        key = (end, bool(stub.get("tool_calls")))
+        if key not in self._glues:
+            head = self._head([_QUERY])
+            before = self.render([_QUERY, stub], None, False)
+            cut = before.find(end, _common_prefix_len(head, before))
+            self._glues[key] = before[cut + len(end) :] if cut >= 0 else ""
+        return self._glues[key]
+
+    def _after_end(
+        self,
+        context: list[Message],
+        stub: Message,
+        end: str,
+        new_messages: Sequence[Message],
+        calls_before: int,
+    ) -> str | Fallback:
+        """What follows the stub's end token when `context`, the stub and `new_messages` are
+        rendered, or why that cannot be told."""
+        head = self._head(context)
+        full = self.render([*context, stub, *new_messages], None, True, calls_before)
+        # The stub's turn starts where the render parts from the context alone (templates may
+        # rewrite the end of a user turn once an answer follows it, as DeepSeek V3.2 does).
+        start = _common_prefix_len(head, full)
+        if start < len(head) and end in head[start:]:
+            # The context's own end tokens changed: not a turn boundary that can be found.
+            return Fallback.NOT_PREFIX
+        content = stub.get("content")
+        cut = full.find(end, start)
         if cut < 0:
             return Fallback.NO_BOUNDARY
-        if not after.startswith(before):
-            return Fallback.NOT_PREFIX
-        return before[cut + len(end_token) :], after[len(before) :]
+        if isinstance(content, str) and content.strip() and full.find(content.strip(), start) > cut:
+            return Fallback.NO_BOUNDARY
+        return full[cut + len(end) :]
 
     def splice(
         self,
@@ -103,11 +203,13 @@ class Splicer:
         new_messages: Sequence[Message],
         tools: Sequence[ToolSchema] | None,
         full_text: str | None,
+        calls_before: int = 0,
     ) -> Spliced:
         """Prompt ids for the new messages after a generated turn, or a named fallback.
 
         `full_text` is the full render of the conversation; the spliced tail must be its suffix.
         None skips that check (the synthetic-context checks still run): see `TurnPipeline`.
+        `calls_before`: the tool calls the conversation holds before `last_assistant`.
         """
         if finish_reason == "length":
             return Spliced(None, Fallback.LENGTH)
@@ -117,11 +219,20 @@ class Splicer:
         end_token = self.tokenizer.decode([end_id])
         if self.tokenizer.added_tokens.get(end_token) != end_id:
             return Spliced(None, Fallback.NO_END_TOKEN)
-        derived = self.glue_and_tail(last_assistant, end_token, new_messages, tools)
+        derived = self.glue_and_tail(
+            last_assistant,
+            end_token,
+            new_messages,
+            tools,
+            calls_before=calls_before,
+            verified=full_text is not None,
+        )
         if isinstance(derived, Fallback):
             return Spliced(None, derived)
         glue, tail = derived
-        if full_text is not None and not full_text.endswith(end_token + glue + tail):
+        if full_text is not None and not full_text.endswith(
+            self.history_end(end_token) + glue + tail
+        ):
             return Spliced(None, Fallback.TAIL_MISMATCH, glue, tail)
         # The held tokens end with a special token, where tokenization always splits, so the
         # glue and tail tokenize the same here as inside the full text.
@@ -174,15 +285,22 @@ class BoundaryReport:
     fallback: Fallback | None
 
 
-def check_template(tokenizer: LoadedTokenizer, template: str | None = None) -> list[BoundaryReport]:
+def check_template(
+    tokenizer: LoadedTokenizer, template: str | None = None, family: Family | None = None
+) -> list[BoundaryReport]:
     """For each boundary: is the template prefix-preserving there, can a turn be spliced, and
-    with what glue after the assistant's end token (the tokenizer's eos token)."""
-    splicer = Splicer(tokenizer, template)
-    end = tokenizer.eos_token
+    with what glue after the assistant's end token (the one the family's model samples)."""
+    splicer = Splicer(tokenizer, template, family)
     system: list[Message] = [{"role": "system", "content": "You are terse."}]
     reports = []
     for name, (history, new) in BOUNDARIES.items():
-        history = system + history
+        # The boundary as the family's model writes it (gpt-oss and Llama: one call a turn),
+        # followed by one result per call.
+        last = splicer.family.representable(history[-1])
+        history = [*system, *history[:-1], last]
+        if all(m["role"] == "tool" for m in new):
+            new = new[: len(last.get("tool_calls") or ())]
+        end = splicer.family.end_token(last)
         try:
             before = splicer.render(history, None, add_generation_prompt=False)
             full = splicer.render(history + new, None, add_generation_prompt=True)
@@ -194,7 +312,7 @@ def check_template(tokenizer: LoadedTokenizer, template: str | None = None) -> l
             reports.append(BoundaryReport(name, full.startswith(before), False, None, derived))
             continue
         glue, tail = derived
-        ok = full.endswith(end + glue + tail)
+        ok = full.endswith(splicer.history_end(end) + glue + tail)
         reports.append(
             BoundaryReport(
                 name, full.startswith(before), ok, glue, None if ok else Fallback.TAIL_MISMATCH
