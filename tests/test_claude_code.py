@@ -114,6 +114,8 @@ def test_real_claude_code_session_trains_every_edit_and_write(
             str(port),
             "--engine",
             f"scripted:{script}",
+            "--admin-token",
+            "cc-admin",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -135,7 +137,7 @@ def test_real_claude_code_session_trains_every_edit_and_write(
             f"{url}/tokentrail/sessions/cc-session/finish",
             data=json.dumps({"reward": 1.0}).encode(),
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", "Authorization": "Bearer cc-admin"},
         )
         with urllib.request.urlopen(req, timeout=30) as resp:
             finished = json.loads(resp.read())

@@ -1,49 +1,51 @@
 """The HTTP adapter a harness talks to, as if it were the Anthropic or OpenAI API.
 
-This module is the HTTP layer only: it reads a request, picks the protocol its route belongs
-to, runs the turn through the `TurnPipeline` around one engine call, and writes the reply.
-A turn is journaled before its reply leaves and recorded once the reply has reached the client.
-Errors become JSON in the protocol's shape in one middleware (`adapter.middleware`).
+This module is the HTTP layer only: it reads a request within the admission limits
+(`adapter.limits`), picks the protocol its route belongs to, runs the turn through the
+`TurnPipeline` around one engine call, and writes the reply. Every CPU-heavy step (parsing,
+translating, rendering, tokenizing, parsing the output, recording, journal writes) runs off the
+event loop (`adapter.offload`), so `/healthz` and every other session stay responsive while
+one request is heavy. A turn is journaled before its reply leaves and recorded once the reply
+has reached the client; a request refused before that leaves no session behind. Errors become
+JSON in the protocol's shape in one middleware (`adapter.middleware`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
-import uuid
-from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter.admin import Admin
+from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
+from tokentrail.adapter.limits import Limits, TurnSlots, model_context_length
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
+from tokentrail.adapter.offload import DEFAULT_WORKERS, Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
-from tokentrail.adapter.protocols.common import Outcome
-from tokentrail.adapter.sessions import Session, Sessions
-from tokentrail.engines.base import Engine, GenerateRequest, Generation, SamplingParams
-from tokentrail.errors import (
-    AuthenticationError,
-    EngineError,
-    RequestError,
-    RequestTooLarge,
-    SessionError,
-    UpstreamError,
+from tokentrail.adapter.sessions import Sessions
+from tokentrail.adapter.turns import Turns, TurnSettings
+from tokentrail.adapter.validation import (
+    probe_template,
+    read_body,
+    session_key,
 )
+from tokentrail.engines.base import Engine
+from tokentrail.errors import EngineError
 from tokentrail.kinds import History, Restore, Stage
-from tokentrail.messages import Message
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import Trajectory, TrajectoryManager
-from tokentrail.trajectory.pipeline import PreparedTurn, TurnPipeline, TurnTiming
+from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
 from tokentrail.trajectory.sample import Sample
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_BODY = 64 * 1024 * 1024
 
 
 @dataclass
@@ -52,9 +54,21 @@ class AdapterConfig:
     tool_parser: str | None = "hermes"
     reasoning_parser: str | None = "qwen3"
     max_turns_per_session: int = 0
+    # A prompt over this is answered `length` without generating (the rollout's context is
+    # full); 0: no such budget.
     max_context_tokens: int = 0
+    # Admin routes (finish, drop) over HTTP need this token; None: they are off over HTTP.
     admin_token: str | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY
+    # Let OpenAI bodies (`metadata.session_id`, `user`) name the session instead of the key.
+    session_from_body: bool = False
+    limits: Limits = field(default_factory=Limits)
+    # Threads for CPU-heavy steps; 0: every step inline on the event loop.
+    workers: int = DEFAULT_WORKERS
+    # Open sessions at most (0: no cap); sessions idle this long are evicted (0: never).
+    max_sessions: int = 10_000
+    session_idle_ttl_s: float = 3 * 3600.0
+    # How long a finished session's samples stay to answer a repeated finish.
+    finish_retention_s: float = 300.0
     restore: Restore = Restore.ON
     history: History = History.SPLICE
     # Check a spliced tail against the full render every this many splices (1: every turn).
@@ -83,6 +97,7 @@ class Adapter:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config = config or AdapterConfig()
+        self.limits = limits = config.limits
         self.manager = manager or TrajectoryManager()
         self.pipeline = TurnPipeline(
             self.manager,
@@ -94,32 +109,61 @@ class Adapter:
             tool_parser=config.tool_parser,
             reasoning_parser=config.reasoning_parser,
         )
+        probe_template(
+            self.pipeline.render, "--chat-template" if chat_template else "the chat template"
+        )
         self.metrics = Metrics()
         self.journal = journal
+        self.offload = Offload(config.workers)
         self.sessions = Sessions(
             self.pipeline,
             self.metrics,
             journal=journal,
+            offload=self.offload,
             max_turns_per_session=config.max_turns_per_session,
             masked_warning_threshold=config.masked_warning_threshold,
+            max_sessions=config.max_sessions,
+            idle_ttl_s=config.session_idle_ttl_s,
+            finish_retention_s=config.finish_retention_s,
         )
-        self.timings: deque[TurnTiming] = deque(maxlen=100_000)
+        self.turns = Turns(
+            settings=TurnSettings(
+                model_name=config.model_name,
+                default_max_tokens=config.default_max_tokens,
+                max_context_tokens=config.max_context_tokens,
+                context_tokens=model_context_length(tokenizer),
+            ),
+            limits=limits,
+            pipeline=self.pipeline,
+            sessions=self.sessions,
+            offload=self.offload,
+            metrics=self.metrics,
+            engine=engine,
+            tokenizer=tokenizer,
+            journal=journal,
+        )
+        # Per-stage seconds of the latest turns (benchmarks read them).
+        self.timings = self.turns.timings
+        self.turn_slots = TurnSlots(limits.max_concurrent_turns)
+        self.connections = ConnectionGuard(limits.connection_cap())
         self.app = web.Application(
-            client_max_size=config.max_body_bytes, middlewares=[errors_as_json]
+            client_max_size=limits.max_body_bytes or 2**62,
+            middlewares=[mark_busy(self.connections), errors_as_json],
         )
+        admin = Admin(config.admin_token, self.sessions, self.offload, limits)
         routes = [
             web.get("/v1/models", self._models),
             web.get("/healthz", self._healthz),
             web.get("/metrics", self._metrics),
             web.get("/", self._root),
-            web.post("/tokentrail/sessions/{sid}/finish", self._finish),
-            web.delete("/tokentrail/sessions/{sid}", self._drop),
+            *admin.routes(),
         ]
         for proto in protocols():
             routes.append(web.post(proto.turn_path, self._turn_handler(proto)))
             if proto.count_tokens_path is not None:
                 routes.append(web.post(proto.count_tokens_path, self._count_handler(proto)))
         self.app.add_routes(routes)
+        self.app.cleanup_ctx.append(self._sweeping)
         self.app.on_cleanup.append(self._close_engine)
         if journal is not None:
             journal.set_meta(
@@ -172,6 +216,7 @@ class Adapter:
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self.metrics.set_open_sessions(len(self.sessions))
+        self.metrics.set_open_connections(len(self.connections))
         payload, content_type = self.metrics.render()
         response = web.Response(body=payload)
         response.headers["Content-Type"] = content_type
@@ -180,33 +225,25 @@ class Adapter:
     async def _root(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"name": "tokentrail"})
 
-    def _admin(self, request: web.Request) -> None:
-        token = self.config.admin_token
-        if token and request.headers.get("Authorization") != f"Bearer {token}":
-            raise AuthenticationError("admin token required")
+    async def _sweeping(self, app: web.Application) -> AsyncIterator[None]:
+        """Evict idle sessions and expire kept finishes while the app runs."""
+        ttl = self.config.session_idle_ttl_s
+        interval = max(1.0, min(60.0, ttl / 4)) if ttl else 60.0
 
-    async def _finish(self, request: web.Request) -> web.StreamResponse:
-        self._admin(request)
-        raw = await _read(request)
-        body = _parse_json(raw) if raw.strip() else {}
-        reward = body.get("reward", 0.0)
-        metadata = body.get("metadata") or {}
-        if isinstance(reward, bool) or not isinstance(reward, int | float):
-            raise RequestError("reward must be a number")
-        if not isinstance(metadata, dict):
-            raise RequestError("metadata must be an object")
-        sid = request.match_info["sid"]
-        traj = await self.finish_trajectory(sid, reward=float(reward), metadata=metadata)
-        return web.json_response(
-            {"samples": [s.to_dict() for s in traj.samples], "ledger": traj.ledger.to_dict()}
-        )
+        async def sweep_forever() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self.sessions.sweep()
+                except Exception:
+                    logger.exception("session sweep failed")
 
-    async def _drop(self, request: web.Request) -> web.StreamResponse:
-        self._admin(request)
-        sid = request.match_info["sid"]
-        if not self.drop_session(sid):
-            raise SessionError(f"unknown session {sid!r}")
-        return web.json_response({"dropped": sid})
+        task = asyncio.create_task(sweep_forever())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await self.offload.drain()
 
     async def _close_engine(self, app: web.Application) -> None:
         await self.engine.close()
@@ -215,8 +252,10 @@ class Adapter:
 
     def _count_handler(self, proto: WireProtocol) -> Handler:
         async def count_tokens(request: web.Request) -> web.StreamResponse:
-            body = _parse_json(await _read(request))
-            tokens = self.pipeline.count_tokens(proto.translate(body))
+            # A key like every other route, though a count records nothing and opens nothing.
+            session_key(proto.session_id(request.headers, {}))
+            raw = await self._read(request)
+            tokens = await self.offload.run(self.turns.count, proto, raw)
             return web.json_response(proto.count_tokens_reply(tokens))
 
         return count_tokens
@@ -226,7 +265,11 @@ class Adapter:
             self.metrics.in_flight(+1)
             status = 499  # the client went away, unless an answer says otherwise
             try:
-                response = await self._admitted_turn(request, proto)
+                self.turn_slots.take()
+                try:
+                    response = await self._admitted_turn(request, proto)
+                finally:
+                    self.turn_slots.give()
                 status = response.status
                 return response
             except Exception as exc:
@@ -238,155 +281,29 @@ class Adapter:
 
         return turn
 
+    async def _read(self, request: web.Request) -> bytes:
+        return await read_body(
+            request, max_bytes=self.limits.max_body_bytes, timeout_s=self.limits.body_timeout_s
+        )
+
     async def _admitted_turn(self, request: web.Request, proto: WireProtocol) -> web.StreamResponse:
         timing = TurnTiming()
-        body = _parse_json(await _read(request))
-        sid = proto.session_id(request.headers, body)
-        stream = proto.stream_requested(body)
-        session = self.sessions.admit(sid)
+        sid: str | None = None
+        if not self.config.session_from_body:
+            # The credential decides the session: known (and not closed) before the body is read.
+            sid = session_key(proto.session_id(request.headers, {}))
+            self.sessions.check_open(sid)
+        raw = await self._read(request)
+        turn = await self.offload.run(self.turns.request, proto, raw, sid, request.headers)
+        timing.lap(Stage.TRANSLATE)
+        session = self.sessions.admit(turn.sid)
         try:
-            return await self._run_turn(request, proto, body, sid, session, stream, timing)
+            return await self.turns.run(request, proto, turn, session, timing)
         except ConnectionResetError:
             logger.debug("session %s: client went away before the reply; turn not recorded", sid)
             return web.Response(status=499)
         finally:
-            self.sessions.release(session)
-
-    async def _run_turn(
-        self,
-        request: web.Request,
-        proto: WireProtocol,
-        body: dict[str, Any],
-        sid: str,
-        session: Session,
-        stream: bool,
-        timing: TurnTiming,
-    ) -> web.StreamResponse:
-        conversation = proto.translate(body)
-        sampling = (
-            SamplingParams(max_new_tokens=self.config.default_max_tokens)
-            .merged(session.sampling_defaults)
-            .merged(proto.sampling(body))
-        )
-        timing.lap(Stage.TRANSLATE)
-        prepared = self.pipeline.prepare(sid, conversation, history=session.history, timing=timing)
-        self.metrics.restored(prepared.restored_tools)
-        if prepared.fallback is not None:
-            self.metrics.splice_fallback(prepared.fallback)
-
-        limit = session.max_context_tokens or self.config.max_context_tokens
-        if limit and len(prepared.prompt_ids) > limit:
-            # Over the context window: answer `length` without generating; nothing to record.
-            empty: Message = {"role": "assistant", "content": ""}
-            outcome = Outcome(
-                self.config.model_name, empty, [], "length", len(prepared.prompt_ids), 0
-            )
-            return await write_reply(request, proto, proto.reply(outcome), stream, body)
-
-        rid = uuid.uuid4().hex
-        generation = await self._generate(prepared, sampling, sid, rid)
-        timing.lap(Stage.ENGINE)
-        timing.engine_reported = generation.engine_time_s
-
-        parsed = self.pipeline.parse(prepared, generation.output_ids)
-        message = parsed.message
-        outcome = Outcome(
-            self.config.model_name,
-            message,
-            [proto.mint_call_id() for _ in message.get("tool_calls") or ()],
-            generation.finish_reason,
-            len(prepared.prompt_ids),
-            len(generation.output_ids),
-            output_ids=list(generation.output_ids),
-            logprobs=list(generation.logprobs),
-        )
-        reply = proto.reply(outcome)
-        metadata = {
-            "protocol": proto.name,
-            "request_id": rid,
-            "ill_formed": parsed.reason,
-            "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
-        }
-        # Journaled before the reply leaves: a crash after the client got it must not lose the
-        # turn. A reply that never reaches the client retracts it again.
-        seq = None
-        if self.journal is not None:
-            seq = self.journal.turn(
-                sid,
-                translated=conversation.messages,
-                prompt_messages=prepared.record_messages,
-                response_message=message,
-                tools=conversation.tools,
-                prompt_ids=prepared.prompt_ids,
-                output_ids=generation.output_ids,
-                logprobs=generation.logprobs,
-                finish_reason=generation.finish_reason,
-                ill_formed=parsed.ill_formed,
-                metadata=metadata,
-                history=prepared.history,
-                fallback=prepared.fallback,
-            )
-        try:
-            response = await write_reply(request, proto, reply, stream, body)
-        except (ConnectionResetError, asyncio.CancelledError):
-            if seq is not None and self.journal is not None:
-                self.journal.retract(sid, seq)
-            raise
-        timing.lap(Stage.RESPOND)
-
-        self.pipeline.record(
-            prepared, generation, message, ill_formed=parsed.ill_formed, metadata=metadata
-        )
-        session.turns += 1
-        self.metrics.observe_turn(timing.stages)
-        self.timings.append(timing)
-        return response
-
-    async def _generate(
-        self, prepared: PreparedTurn, sampling: SamplingParams, sid: str, rid: str
-    ) -> Generation:
-        request = GenerateRequest(
-            input_ids=prepared.prompt_ids,
-            sampling=sampling,
-            session_id=sid,
-            request_id=rid,
-            messages=prepared.record_messages,
-            tools=prepared.tools,
-        )
-        try:
-            generation = await self.engine.generate(request)
-        except EngineError as exc:
-            await self.engine.abort(rid)
-            raise UpstreamError(f"engine error: {exc}") from None
-        return generation
-
-
-async def write_reply(
-    request: web.Request,
-    proto: WireProtocol,
-    reply: dict[str, Any],
-    stream: bool,
-    body: dict[str, Any],
-) -> web.StreamResponse:
-    """Write the whole response and flush it; raises if the client went away first."""
-    if stream:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        for frame in proto.stream(reply, body):
-            await response.write(frame)
-    else:
-        payload = json.dumps(reply, ensure_ascii=False).encode()
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.content_length = len(payload)
-        await response.prepare(request)
-        await response.write(payload)
-    await response.write_eof()
-    transport = request.transport
-    if transport is None or transport.is_closing():
-        raise ConnectionResetError("client disconnected before the response was flushed")
-    return response
+            self.sessions.release(turn.sid, session)
 
 
 def models_list(name: str) -> dict[str, Any]:
@@ -403,40 +320,54 @@ def models_list(name: str) -> dict[str, Any]:
     return {"object": "list", "data": [model], "has_more": False, "first_id": name, "last_id": name}
 
 
-async def _read(request: web.Request) -> bytes:
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestTooLarge(f"request body too large: {exc.text}") from None
-
-
-def _parse_json(raw: bytes) -> dict[str, Any]:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError(f"body is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-    try:
-        body = json.loads(text)
-    except ValueError as exc:
-        raise RequestError(f"body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise RequestError(f"body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
 async def start_server(
     adapter: Adapter, host: str = "127.0.0.1", port: int = 0
 ) -> tuple[web.AppRunner, str]:
     """Serve `adapter` in the running loop; return the runner (to clean up) and its base URL.
 
     Handlers are cancelled when their client goes away, so an abandoned turn aborts its engine
-    request and is never recorded.
+    request and is never recorded. Connections pass the adapter's `ConnectionGuard`; header
+    lines are held to `--max-header-bytes`, idle connections closed after
+    `--idle-connection-timeout`.
     """
     runner = web.AppRunner(adapter.app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    limits = adapter.limits
+    site = GuardedSite(
+        runner,
+        host,
+        port,
+        adapter.connections,
+        keepalive_timeout=limits.idle_connection_s,
+        max_line_size=limits.max_header_bytes,
+        max_field_size=limits.max_header_bytes,
+        # After a refusal with the body still coming (413) or stuck (408), read and discard
+        # it this long so the client sees the answer, then close.
+        lingering_time=2.0,
+        access_log=None,
+    )
+    await site.start()
     bound_host, bound_port = runner.addresses[0][:2]
     return runner, f"http://{bound_host}:{bound_port}"
 
 
-__all__ = ["Adapter", "AdapterConfig", "start_server"]
+def serve_forever(adapter: Adapter, host: str, port: int, announce: Callable[[str], None]) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down cleanly (`tokentrail serve`)."""
+
+    async def main() -> None:
+        runner, url = await start_server(adapter, host, port)
+        announce(url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+            adapter.offload.close()
+
+    asyncio.run(main())
+
+
+__all__ = ["Adapter", "AdapterConfig", "serve_forever", "start_server"]

@@ -17,8 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from tokentrail.errors import EngineError, SamplingParamsError
-from tokentrail.kinds import FinishReason
+from tokentrail.errors import EngineOutputError, SamplingParamsError
+from tokentrail.kinds import EngineFault, FinishReason
 from tokentrail.messages import Message, ToolSchema
 
 logger = logging.getLogger(__name__)
@@ -84,11 +84,14 @@ class Generation:
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.logprobs):
-            raise EngineError(
-                f"engine returned {len(self.output_ids)} tokens but {len(self.logprobs)} logprobs"
+            raise EngineOutputError(
+                EngineFault.LOGPROB_COUNT,
+                f"engine returned {len(self.output_ids)} tokens but {len(self.logprobs)} logprobs",
             )
         if self.finish_reason not in FINISH_REASONS:
-            raise EngineError(f"unknown finish reason {self.finish_reason!r}")
+            raise EngineOutputError(
+                EngineFault.FINISH_REASON, f"unknown finish reason {self.finish_reason!r}"
+            )
 
 
 def token_list(ids: Sequence[int] | npt.NDArray[np.integer]) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -62,10 +63,11 @@ class HTTPEngine:
         return self._session
 
     def _headers(self, req: GenerateRequest) -> dict[str, str]:
+        sid = header_value(req.session_id)
         return {
-            ROUTING_HEADER: req.session_id,
-            SESSION_HEADER: req.session_id,
-            REQUEST_ID_HEADER: req.request_id,
+            ROUTING_HEADER: sid,
+            SESSION_HEADER: sid,
+            REQUEST_ID_HEADER: header_value(req.request_id),
         }
 
     async def _request_json(
@@ -116,6 +118,15 @@ class HTTPEngine:
             if self._loop is asyncio.get_running_loop():
                 await self._session.close()
         self._session = None
+
+
+_UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")
+
+
+def header_value(value: str) -> str:
+    """`value` as a header can carry it: visible ASCII and spaces, anything else (CR and LF
+    above all, which would end the header and start another) replaced by `_`."""
+    return _UNSAFE_IN_HEADER.sub("_", value)
 
 
 def error_message(raw: bytes) -> str:

@@ -159,6 +159,7 @@ class TurnPipeline:
         # session's previous prompt shares with them.
         self._encoder = IncrementalEncoder(tokenizer) if tokenizer else None
         self._checks: dict[str, _SpliceChecks] = {}
+        self._counter: IncrementalEncoder | None = None
 
     @property
     def tokenizer(self) -> LoadedTokenizer:
@@ -303,10 +304,17 @@ class TurnPipeline:
         return self.splicer.render(messages, tools, add_generation_prompt=True)
 
     def count_tokens(self, conversation: Conversation) -> int:
-        """How many tokens the conversation's full render has (nothing is recorded)."""
+        """How many tokens the conversation's full render has (nothing is recorded).
+
+        Encoded by the Rust core with the GIL released, through an encoder of its own, so a
+        huge count neither holds the interpreter nor waits on the sessions' encoder.
+        """
         if not conversation.messages:
             raise RequestError("the request has no messages to render")
-        return len(self.tokenizer.encode(self.render(conversation.messages, conversation.tools)))
+        text = self.render(conversation.messages, conversation.tools)
+        if self._counter is None:
+            self._counter = IncrementalEncoder(self.tokenizer)
+        return len(self._counter.encode_full(text))
 
     # -- after the engine -----------------------------------------------------------------------
 

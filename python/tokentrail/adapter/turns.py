@@ -1,0 +1,322 @@
+"""One turn's way through the adapter, from a request's bytes to a recorded turn: parse, check
+the limits, translate, prepare the prompt, call the engine, check its output, answer, journal,
+record. The HTTP layer (`adapter.server`) reads the request and hands it here.
+
+Each CPU-heavy step runs in `Offload`'s workers (a session's steps in its lane, one at a time);
+the loop only awaits them, the engine and the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from aiohttp import web
+
+from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.metrics import Metrics
+from tokentrail.adapter.offload import Offload
+from tokentrail.adapter.protocols import WireProtocol
+from tokentrail.adapter.protocols.common import Outcome
+from tokentrail.adapter.sessions import Session, Sessions
+from tokentrail.adapter.validation import check_tree, parse_body, session_key
+from tokentrail.engines.base import Engine, GenerateRequest, Generation, SamplingParams
+from tokentrail.engines.validation import check_generation
+from tokentrail.errors import EngineError, EngineOutputError, RequestError, UpstreamError
+from tokentrail.kinds import EngineFault, Stage
+from tokentrail.messages import Conversation, Message
+from tokentrail.storage.journal import Journal
+from tokentrail.text.parsing import ParsedOutput
+from tokentrail.text.tokenizer import LoadedTokenizer
+from tokentrail.trajectory.pipeline import PreparedTurn, TurnPipeline, TurnTiming
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TurnRequest", "Turns", "write_reply"]
+
+
+@dataclass
+class TurnRequest:
+    """A turn's request after translation: what the pipeline and the engine need."""
+
+    sid: str
+    body: dict[str, Any]
+    conversation: Conversation
+    sampling: SamplingParams
+    stream: bool
+
+
+@dataclass
+class TurnSettings:
+    """What of the adapter's configuration a turn reads."""
+
+    model_name: str
+    default_max_tokens: int
+    # A prompt over this is answered `length` without generating (0: no such budget).
+    max_context_tokens: int
+    # The model's context length from its config (0: unknown).
+    context_tokens: int
+
+
+class Turns:
+    """Runs turns over one pipeline, engine and set of sessions."""
+
+    def __init__(
+        self,
+        *,
+        settings: TurnSettings,
+        limits: Limits,
+        pipeline: TurnPipeline,
+        sessions: Sessions,
+        offload: Offload,
+        metrics: Metrics,
+        engine: Engine,
+        tokenizer: LoadedTokenizer,
+        journal: Journal | None,
+    ) -> None:
+        self.settings = settings
+        self.limits = limits
+        self.pipeline = pipeline
+        self.sessions = sessions
+        self.offload = offload
+        self.metrics = metrics
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.journal = journal
+        self.vocab_size = tokenizer.vocab_size
+        self.timings: deque[TurnTiming] = deque(maxlen=100_000)
+        self._engine_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    # -- in a worker: bytes to a checked request -----------------------------------------------
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        body = parse_body(raw, self.limits.max_json_depth)
+        self.limits.check_shape(body)
+        return body
+
+    def translate(self, proto: WireProtocol, body: dict[str, Any]) -> Conversation:
+        """The body in tokentrail's terms, held to the same depth and Unicode rules as the
+        body itself (an OpenAI tool call's arguments are JSON inside a string)."""
+        try:
+            conversation = proto.translate(body)
+        except RecursionError:
+            raise RequestError("the request is nested too deep to translate") from None
+        check_tree(
+            {"messages": conversation.messages, "tools": conversation.tools or []},
+            max_depth=self.limits.max_json_depth + 1,
+            surrogates=True,
+        )
+        return conversation
+
+    def count(self, proto: WireProtocol, raw: bytes) -> int:
+        """count_tokens: the full render's length; nothing is recorded or opened."""
+        return self.pipeline.count_tokens(self.translate(proto, self.parse(raw)))
+
+    def request(
+        self, proto: WireProtocol, raw: bytes, sid: str | None, headers: Mapping[str, str]
+    ) -> TurnRequest:
+        """Parse, name the session (from the body only when `sid` is None: the operator
+        trusts bodies), translate and check the sampling."""
+        body = self.parse(raw)
+        if sid is None:
+            sid = session_key(proto.session_id(headers, body, trust_body=True), "the session id")
+        conversation = self.translate(proto, body)
+        opened = self.sessions.get(sid)
+        sampling = (
+            SamplingParams(max_new_tokens=self.settings.default_max_tokens)
+            .merged(opened.sampling_defaults if opened is not None else {})
+            .merged(proto.sampling(body))
+        )
+        self.limits.check_sampling(sampling)
+        return TurnRequest(sid, body, conversation, sampling, proto.stream_requested(body))
+
+    # -- on the loop: the turn ------------------------------------------------------------------
+
+    async def run(
+        self,
+        request: web.Request,
+        proto: WireProtocol,
+        turn: TurnRequest,
+        session: Session,
+        timing: TurnTiming,
+    ) -> web.StreamResponse:
+        sid = turn.sid
+        prepared = await self.offload.run(
+            partial(
+                self.pipeline.prepare,
+                sid,
+                turn.conversation,
+                history=session.history,
+                timing=timing,
+            ),
+            session=sid,
+        )
+        self.metrics.restored(prepared.restored_tools)
+        if prepared.fallback is not None:
+            self.metrics.splice_fallback(prepared.fallback)
+
+        prompt_tokens = len(prepared.prompt_ids)
+        self.limits.check_prompt(prompt_tokens, self.settings.context_tokens)
+        budget = session.max_context_tokens or self.settings.max_context_tokens
+        if budget and prompt_tokens > budget:
+            # Over the rollout's context budget: answer `length` without generating; nothing
+            # to record.
+            empty: Message = {"role": "assistant", "content": ""}
+            outcome = Outcome(self.settings.model_name, empty, [], "length", prompt_tokens, 0)
+            return await write_reply(request, proto, proto.reply(outcome), turn.stream, turn.body)
+        context = min((c for c in (self.settings.context_tokens, budget) if c), default=0)
+        sampling = self.limits.fit_output(turn.sampling, prompt_tokens, context)
+
+        rid = uuid.uuid4().hex
+        generation = await self._generate(prepared, sampling, sid, rid)
+        timing.lap(Stage.ENGINE)
+        timing.engine_reported = generation.engine_time_s
+
+        parsed, reply = await self.offload.run(self._answer, proto, prepared, generation)
+        metadata = {
+            "protocol": proto.name,
+            "request_id": rid,
+            "ill_formed": parsed.reason,
+            "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
+        }
+        # Journaled before the reply leaves: a crash after the client got it must not lose the
+        # turn. A reply that never reaches the client retracts it again.
+        seq = None
+        if self.journal is not None:
+            seq = await self.offload.journal(
+                partial(
+                    self.journal.turn,
+                    sid,
+                    translated=turn.conversation.messages,
+                    prompt_messages=prepared.record_messages,
+                    response_message=parsed.message,
+                    tools=turn.conversation.tools,
+                    prompt_ids=prepared.prompt_ids,
+                    output_ids=generation.output_ids,
+                    logprobs=generation.logprobs,
+                    finish_reason=generation.finish_reason,
+                    ill_formed=parsed.ill_formed,
+                    metadata=metadata,
+                    history=prepared.history,
+                    fallback=prepared.fallback,
+                ),
+                undo=partial(self.journal.retract, sid),
+            )
+        try:
+            response = await write_reply(request, proto, reply, turn.stream, turn.body)
+        except (ConnectionResetError, asyncio.CancelledError):
+            if seq is not None and self.journal is not None:
+                self.offload.journal_soon(self.journal.retract, sid, seq)
+            raise
+        timing.lap(Stage.RESPOND)
+
+        # Counted before the step: a cancel while it runs (it runs on) must not make the
+        # session look empty and be forgotten.
+        session.turns += 1
+        await self.offload.run(
+            partial(
+                self.pipeline.record,
+                prepared,
+                generation,
+                parsed.message,
+                ill_formed=parsed.ill_formed,
+                metadata=metadata,
+            ),
+            session=sid,
+        )
+        self.metrics.observe_turn(timing.stages)
+        self.timings.append(timing)
+        return response
+
+    def _answer(
+        self, proto: WireProtocol, prepared: PreparedTurn, generation: Generation
+    ) -> tuple[ParsedOutput, dict[str, Any]]:
+        """The sampled ids as a message, and the protocol's reply to the harness."""
+        parsed = self.pipeline.parse(prepared, generation.output_ids)
+        message = parsed.message
+        outcome = Outcome(
+            self.settings.model_name,
+            message,
+            [proto.mint_call_id() for _ in message.get("tool_calls") or ()],
+            generation.finish_reason,
+            len(prepared.prompt_ids),
+            len(generation.output_ids),
+            output_ids=list(generation.output_ids),
+            logprobs=list(generation.logprobs),
+        )
+        return parsed, proto.reply(outcome)
+
+    async def _generate(
+        self, prepared: PreparedTurn, sampling: SamplingParams, sid: str, rid: str
+    ) -> Generation:
+        """One engine call, its output checked; any failure is a 502 with an abort sent and
+        nothing recorded, counted by fault."""
+        request = GenerateRequest(
+            input_ids=prepared.prompt_ids,
+            sampling=sampling,
+            session_id=sid,
+            request_id=rid,
+            messages=prepared.record_messages,
+            tools=prepared.tools,
+        )
+        try:
+            async with self._engine_slot():
+                generation = await self.engine.generate(request)
+            check_generation(
+                generation,
+                max_new_tokens=sampling.max_new_tokens,
+                vocab_size=self.vocab_size,
+                end_token_ids=self.tokenizer.end_token_ids,
+            )
+        except EngineError as exc:
+            fault = exc.fault if isinstance(exc, EngineOutputError) else EngineFault.FAILED
+            self.metrics.engine_error(str(fault))
+            await self.engine.abort(rid)
+            raise UpstreamError(f"engine error: {exc}") from None
+        return generation
+
+    def _engine_slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A place among the engine calls `--engine-concurrency` lets run at once."""
+        n = self.limits.engine_concurrency
+        if not n:
+            return contextlib.nullcontext()
+        loop = asyncio.get_running_loop()
+        if self._engine_slots is None or self._engine_slots[0] is not loop:
+            self._engine_slots = (loop, asyncio.Semaphore(n))
+        return self._engine_slots[1]
+
+
+async def write_reply(
+    request: web.Request,
+    proto: WireProtocol,
+    reply: dict[str, Any],
+    stream: bool,
+    body: dict[str, Any],
+) -> web.StreamResponse:
+    """Write the whole response and flush it; raises if the client went away first."""
+    if stream:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        for frame in proto.stream(reply, body):
+            await response.write(frame)
+    else:
+        payload = json.dumps(reply, ensure_ascii=False).encode()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = len(payload)
+        await response.prepare(request)
+        await response.write(payload)
+    await response.write_eof()
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("client disconnected before the response was flushed")
+    return response
