@@ -459,3 +459,20 @@ def test_a_chat_template_that_fails_at_load_is_refused_at_startup(tokenizer, tmp
 def test_control_characters_never_reach_an_engine_header() -> None:
     assert header_value("carol\r\nX-Injected: 1") == "carol__X-Injected: 1"
     assert header_value("plain-id_1") == "plain-id_1"
+
+
+def test_a_body_of_many_values_parses_as_the_small_one_does() -> None:
+    from tokentrail.adapter.validation import parse_body
+
+    tools = [
+        {"name": f"t{i}", "input_schema": {"type": "object", "x": [1, 2.5, None]}}
+        for i in range(50)
+    ]
+    # Commas count as possible values: this body is parsed in Python steps, not one C call.
+    body = {**GOOD, "tools": tools, "system": "a, b, " * 30_000}
+    raw = json.dumps(body).encode()
+    assert parse_body(raw, 64) == body == json.loads(raw)
+    with pytest.raises(ValueError, match="tools.7..name holds a lone surrogate"):
+        parse_body(raw.replace(b'"t7"', b'"\\udc00"'), 64)
+    with pytest.raises(ValueError, match="nested deeper than 3 levels"):
+        parse_body(raw, 3)

@@ -144,7 +144,7 @@ class GuardedSite(web.BaseSite):
         port: int,
         guard: ConnectionGuard,
         *,
-        backlog: int = 1024,
+        backlog: int = 128,
         **handler_kwargs: Any,
     ) -> None:
         super().__init__(runner, backlog=backlog)

@@ -29,8 +29,10 @@ __all__ = ["Limits", "TurnSlots", "model_context_length"]
 MiB = 1024 * 1024
 # Without a model config to read it from: the longest context served models commonly have.
 FALLBACK_PROMPT_TOKENS = 262_144
-# Keep this many descriptors for the engine client, the journal and the process itself.
-_SPARE_FDS = 256
+# Keep this many descriptors for the engine client, the journal, the process itself and the
+# connections the event loop accepts in one go (up to the listen backlog, 128) before the
+# guard sees any of them.
+_SPARE_FDS = 512
 _INT64 = 2**63
 
 

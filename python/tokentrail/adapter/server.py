@@ -300,7 +300,9 @@ class Adapter:
         try:
             return await self.turns.run(request, proto, turn, session, timing)
         except ConnectionResetError:
-            logger.debug("session %s: client went away before the reply; turn not recorded", sid)
+            logger.debug(
+                "session %s: client went away before the reply; turn not recorded", turn.sid
+            )
             return web.Response(status=499)
         finally:
             self.sessions.release(turn.sid, session)

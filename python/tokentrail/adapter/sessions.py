@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,12 +77,19 @@ class Tombstone:
         return "at " + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
 
 
+def _gone(tomb: Tombstone) -> bool:
+    """A finish done whose result is no longer kept."""
+    return tomb.result is None and tomb.finishing is None
+
+
 class Tombstones:
     """Closed sessions by id, oldest forgotten first past `MAX_TOMBSTONES`."""
 
     def __init__(self, finish_retention_s: float) -> None:
         self.finish_retention_s = finish_retention_s
         self._by_sid: OrderedDict[str, Tombstone] = OrderedDict()
+        # Tombstones holding a result, oldest first (the window is the same for all).
+        self._kept: deque[Tombstone] = deque()
 
     def __len__(self) -> int:
         return len(self._by_sid)
@@ -100,11 +107,19 @@ class Tombstones:
             self._by_sid.popitem(last=False)
         return tomb
 
-    def expire(self, now: float) -> None:
-        """Let the kept finishes past the retention window go."""
-        for tomb in self._by_sid.values():
-            if tomb.result is not None and now >= tomb.kept_until:
-                tomb.result = None
+    def keep(self, tomb: Tombstone, result: Trajectory) -> None:
+        """Hold a finish's result for the retention window."""
+        tomb.result = result
+        tomb.kept_until = time.monotonic() + self.finish_retention_s
+        self._kept.append(tomb)
+
+    def expire(self, now: float) -> int:
+        """Let the kept finishes past the retention window go; returns how many."""
+        expired = 0
+        while self._kept and self._kept[0].kept_until <= now:
+            self._kept.popleft().result = None
+            expired += 1
+        return expired
 
     def message(self, sid: str, tomb: Tombstone) -> str:
         """What a turn or a finish for a closed session is told."""
@@ -113,7 +128,7 @@ class Tombstones:
                 f"session {sid!r} was evicted {tomb.when()} {tomb.detail}: its {tomb.turns} "
                 "recorded turns were not linearized"
             )
-        elif tomb.kind is Closed.FINISHED and tomb.result is None and tomb.finishing is None:
+        elif tomb.kind is Closed.FINISHED and tomb.at is not None and _gone(tomb):
             what = (
                 f"session {sid!r} was finished {tomb.when()}; its samples were kept "
                 f"{self.finish_retention_s:g} s (--finish-retention) and are gone"
@@ -277,6 +292,8 @@ class Sessions:
             tomb.finishing = asyncio.ensure_future(
                 self._linearize(sid, session, tomb, float(reward), metadata)
             )
+            # Its caller may be gone by the time it fails; the failure is still read.
+            tomb.finishing.add_done_callback(lambda t: t.cancelled() or t.exception())
         if tomb.finishing is not None:
             # Shielded: a client that goes away mid-finish does not lose the result.
             return await asyncio.shield(tomb.finishing)
@@ -303,8 +320,8 @@ class Sessions:
             self._closed.pop(sid)
             tomb.finishing = None
             raise
-        tomb.result, tomb.turns = trajectory, len(trajectory.ledger.turns)
-        tomb.kept_until = time.monotonic() + self.finish_retention_s
+        tomb.turns = len(trajectory.ledger.turns)
+        self._closed.keep(tomb, trajectory)
         tomb.finishing = None
         self.metrics.session_finished(trajectory)
         warn_if_masked(logger, sid, trajectory.ledger, self.masked_warning_threshold)
@@ -315,6 +332,7 @@ class Sessions:
     def _finish_now(self, sid: str, reward: float, metadata: dict[str, Any]) -> Trajectory:
         trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
         self.pipeline.forget(sid)
+        trim_memory()
         return trajectory
 
     # -- dropping and evicting ------------------------------------------------------------------
@@ -352,7 +370,8 @@ class Sessions:
         """Evict sessions idle past the TTL and let kept finishes past the retention window go;
         returns the evicted ids."""
         now = time.monotonic()
-        self._closed.expire(now)
+        if self._closed.expire(now):
+            await self.offload.run(trim_memory)
         if not self.idle_ttl_s:
             return []
         stale = [

@@ -19,9 +19,16 @@ from tokentrail.engines.base import (
     SESSION_HEADER,
     GenerateRequest,
 )
-from tokentrail.errors import EngineError, EngineSpecError
+from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError
+from tokentrail.kinds import EngineFault
 
 logger = logging.getLogger(__name__)
+
+
+def answer_limit(max_new_tokens: int) -> int:
+    """Bytes a generation's answer may take: a megabyte, plus a kilobyte per token asked for
+    (SGLang writes ~30 bytes per token, vLLM with logprobs ~150)."""
+    return 1024 * 1024 + 1024 * max(0, max_new_tokens)
 
 
 def base_url(spec: str, address: str) -> str:
@@ -77,7 +84,10 @@ class HTTPEngine:
         body: Any = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        max_bytes: int | None = None,
     ) -> Any:
+        """The JSON answer of one call; `max_bytes` bounds the answer read (a generation's
+        answer cannot be bigger than its tokens make it)."""
         url = self.base_url + path
         kwargs: dict[str, Any] = {"headers": dict(headers or {})}
         if body is not None:
@@ -86,8 +96,17 @@ class HTTPEngine:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout)
         try:
             async with self._client().request(method, url, **kwargs) as resp:
-                raw = await resp.read()
                 status = resp.status
+                if max_bytes is None:
+                    raw = await resp.read()
+                else:
+                    raw = await resp.content.read(max_bytes + 1)
+                    if len(raw) > max_bytes:
+                        raise EngineOutputError(
+                            EngineFault.TOO_LONG,
+                            f"{self.name} answered {path} with more than {max_bytes} bytes, "
+                            "more than the tokens asked for can take",
+                        )
         except TimeoutError:
             raise EngineError(
                 f"{self.name} did not answer {path} within {timeout or self.timeout:g} s"

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
-from tokentrail.engines.http import HTTPEngine, base_url
+from tokentrail.engines.http import HTTPEngine, answer_limit, base_url
 from tokentrail.engines.registry import register_engine
 from tokentrail.errors import EngineError
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -72,7 +72,11 @@ class SGLangEngine(HTTPEngine):
         start = time.perf_counter()
         try:
             data = await self._request_json(
-                "POST", "/generate", self.request_body(req), self._headers(req)
+                "POST",
+                "/generate",
+                self.request_body(req),
+                self._headers(req),
+                max_bytes=answer_limit(req.sampling.max_new_tokens),
             )
         except asyncio.CancelledError:
             # The client went away: closing the connection alone leaves SGLang decoding until it
