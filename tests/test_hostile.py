@@ -476,3 +476,13 @@ def test_a_body_of_many_values_parses_as_the_small_one_does() -> None:
         parse_body(raw.replace(b'"t7"', b'"\\udc00"'), 64)
     with pytest.raises(ValueError, match="nested deeper than 3 levels"):
         parse_body(raw, 3)
+
+
+def test_a_template_that_insists_on_a_system_message_still_starts(tokenizer) -> None:
+    template = (
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    adapter = Adapter(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, chat_template=template)
+    assert adapter.pipeline.chat_template == template

@@ -170,15 +170,32 @@ _PROBES: dict[str, tuple[list[Message], list[ToolSchema] | None]] = {
 }
 
 
+_BASIC: list[list[Message]] = [
+    [{"role": "user", "content": "hi"}],
+    # A template may insist on a system message first (harnesses always send one).
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+]
+
+
 def probe_template(render: Render, name: str = "the chat template") -> None:
-    """Render a one-message conversation (every chat template must take it) and refuse to
-    start on failure; log a warning for a richer shape that fails other than on purpose."""
-    try:
-        render([{"role": "user", "content": "hi"}], None)
-    except TemplateError as exc:
+    """Render a one-message conversation (or, for a template that insists on one, a system and
+    a user message) and refuse to start when neither renders; log a warning for a shape that
+    fails other than on purpose (`raise_exception`)."""
+    failures: list[TemplateError] = []
+    for messages in _BASIC:
+        try:
+            render(messages, None)
+            break
+        except TemplateError as exc:
+            failures.append(exc)
+    else:
         raise TemplateError(
-            f"{name} cannot render a one-message conversation, so every request would fail: {exc}"
-        ) from None
+            f"{name} cannot render a one-message conversation, so every request would fail: "
+            f"{failures[0]}"
+        )
+    for basic, failure in zip(_BASIC, failures, strict=False):
+        if failure.__cause__ is not None:  # not the template's own raise_exception
+            logger.warning("%s fails on %d plain messages: %s", name, len(basic), failure)
     for shape, (messages, tools) in _PROBES.items():
         try:
             render(messages, tools)
