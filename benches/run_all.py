@@ -27,6 +27,8 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("session_scaling.py", ["--quick"]),
     ("routing_replay.py", ["--sessions", "1", "--steps", "4"]),
     ("families.py", ["--sessions", "1", "--steps", "3", "--messages", "50"]),
+    ("loop_responsiveness.py", ["--quick"]),
+    ("hostile_requests.py", ["--quick"]),
 ]
 
 

@@ -17,6 +17,8 @@ from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.trajectory.ledger import Ledger
+from tokentrail.trajectory.linearize import Trajectory
 
 READ = {
     "name": "Read",
@@ -46,7 +48,9 @@ def serve(
         runner, url = await start_server(adapter)
         try:
             out = await turns(url)
-            trajectory = await adapter.finish_trajectory("s")
+            # A session whose every request was refused was never opened: it has no turns.
+            has = adapter.sessions.get("s") is not None or adapter.manager.has_session("s")
+            trajectory = await adapter.finish_trajectory("s") if has else Trajectory([], Ledger())
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"{url}/metrics") as resp:
                     metrics = await resp.text()

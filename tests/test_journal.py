@@ -120,6 +120,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+ADMIN = "journal-admin"
+
+
 def _serve(journal: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     proc = subprocess.Popen(
@@ -134,6 +137,8 @@ def _serve(journal: Path) -> tuple[subprocess.Popen, str]:
             "simulated",
             "--journal",
             str(journal),
+            "--admin-token",
+            ADMIN,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -186,7 +191,10 @@ class Conversation:
 
 def _finish(url: str) -> dict:
     req = urllib.request.Request(
-        f"{url}/tokentrail/sessions/rollout-1/finish", data=b'{"reward": 1.0}', method="POST"
+        f"{url}/tokentrail/sessions/rollout-1/finish",
+        data=b'{"reward": 1.0}',
+        method="POST",
+        headers={"Authorization": f"Bearer {ADMIN}"},
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())

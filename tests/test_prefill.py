@@ -15,6 +15,8 @@ import pytest
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.trajectory.ledger import Ledger
+from tokentrail.trajectory.linearize import Trajectory
 
 SCRIPT = [[{"type": "text", "text": " world."}], [{"type": "text", "text": "Again."}]]
 USER = {"role": "user", "content": "Say hello."}
@@ -47,6 +49,9 @@ def session(
         runner, url = await start_server(adapter)
         try:
             out = await turns(url)
+            if adapter.sessions.get("s") is None and not adapter.manager.has_session("s"):
+                # Every request was refused: the session was never opened.
+                return out, Trajectory([], Ledger())
             return out, await adapter.finish_trajectory("s", reward=1.0)
         finally:
             await runner.cleanup()

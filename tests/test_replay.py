@@ -33,7 +33,7 @@ def record(tokenizer, path: Path, *, restore: str, policy: str, sessions: int = 
             engine=ScriptedEngine(tokenizer),
             tokenizer=tokenizer,
             manager=TrajectoryManager(rewrite_policy=policy),
-            config=AdapterConfig(restore=Restore(restore)),
+            config=AdapterConfig(restore=Restore(restore), admin_token="replay-admin"),
             journal=Journal(path),
         )
         runner, url = await start_server(adapter)
@@ -43,7 +43,8 @@ def record(tokenizer, path: Path, *, restore: str, policy: str, sessions: int = 
                 for k in range(sessions):
                     await HarnessSim(url, f"job-{k}", workspace=Workspace()).run("Fix it", http)
                     finish = f"{url}/tokentrail/sessions/job-{k}/finish"
-                    async with http.post(finish, json={"reward": 1.0}) as resp:
+                    admin = {"Authorization": "Bearer replay-admin"}
+                    async with http.post(finish, json={"reward": 1.0}, headers=admin) as resp:
                         answers.append(await resp.json())
         finally:
             await runner.cleanup()

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from support.fake_engines import FakeSGLang, FakeVLLM
+from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
@@ -57,7 +58,11 @@ async def serving(adapter: Adapter) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+ADMIN = "admin-secret"
+
+
 def scripted(tokenizer, script=SCRIPT, **config: Any) -> Adapter:
+    config.setdefault("admin_token", ADMIN)
     return Adapter(
         engine=ScriptedEngine(tokenizer, script),
         tokenizer=tokenizer,
@@ -65,7 +70,7 @@ def scripted(tokenizer, script=SCRIPT, **config: Any) -> Adapter:
     )
 
 
-async def finish(url: str, sid: str, token: str | None = None, **body: Any) -> tuple[int, Any]:
+async def finish(url: str, sid: str, token: str | None = ADMIN, **body: Any) -> tuple[int, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession() as http:
         async with http.post(
@@ -295,7 +300,7 @@ BAD_OPENAI = {
 
 
 def test_bad_input_is_a_clear_4xx_and_harms_no_one(tokenizer) -> None:
-    adapter = scripted(tokenizer, max_body_bytes=4096)
+    adapter = scripted(tokenizer, limits=Limits(max_body_bytes=4096))
 
     async def body() -> None:
         async with serving(adapter) as url:
@@ -332,7 +337,7 @@ def test_session_guards_and_admin(tokenizer) -> None:
             await client.messages.create(**GOOD)
             with pytest.raises(anthropic.RateLimitError):
                 await client.messages.create(**GOOD)
-            status, _ = await finish(url, "capped")
+            status, _ = await finish(url, "capped", token=None)
             assert status == 401
             status, _ = await finish(url, "nobody", token="sekret")
             assert status == 404

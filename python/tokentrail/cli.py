@@ -12,11 +12,10 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
-
-from aiohttp import web
 
 from tokentrail.kinds import Backend, DriftPolicy, History, Restore, RewritePolicy
 
@@ -31,31 +30,45 @@ DEMO_OUT = "tokentrail-demo-samples.jsonl"
 
 def _serve(args: argparse.Namespace) -> int:
     import tokentrail.sim  # noqa: F401 - registers the simulated model as an engine
-    from tokentrail.adapter.server import Adapter, AdapterConfig
+    from tokentrail.adapter.limits import Limits
+    from tokentrail.adapter.server import Adapter, AdapterConfig, serve_forever
     from tokentrail.engines import create_engine
+    from tokentrail.errors import TokentrailError
     from tokentrail.storage.journal import Journal
     from tokentrail.text.families import resolve_family
     from tokentrail.text.tokenizer import load_tokenizer
     from tokentrail.trajectory.manager import TrajectoryManager
 
-    tokenizer = load_tokenizer(args.tokenizer)
-    template = Path(args.chat_template).read_text() if args.chat_template else None
-    routing, indexer = _replay_shapes(args)
-    fam = resolve_family(tokenizer, template)
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        max_json_depth=args.max_json_depth,
+        max_messages=args.max_messages,
+        max_tools=args.max_tools,
+        max_tool_schema_bytes=args.max_tool_schema_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens,
+        max_header_bytes=args.max_header_bytes,
+        body_timeout_s=args.body_timeout,
+        idle_connection_s=args.idle_connection_timeout,
+        max_connections=args.max_connections,
+        max_concurrent_turns=args.max_concurrent_turns,
+        engine_concurrency=args.engine_concurrency,
+    )
     tool_parser = None if args.tool_parser == "none" else args.tool_parser
     reasoning_parser = None if args.reasoning_parser == "none" else args.reasoning_parser
-    print(
-        f"model family {fam.name}: tool parser "
-        f"{fam.tool_parser if tool_parser == 'auto' else tool_parser}, reasoning parser "
-        f"{fam.reasoning_parser if reasoning_parser == 'auto' else reasoning_parser}"
-    )
     config = AdapterConfig(
         model_name=args.model_name,
         tool_parser=tool_parser,
         reasoning_parser=reasoning_parser,
         max_turns_per_session=args.max_turns_per_session,
         max_context_tokens=args.max_context_tokens,
-        admin_token=args.admin_token,
+        admin_token=args.admin_token or os.environ.get("TOKENTRAIL_ADMIN_TOKEN") or None,
+        session_from_body=args.session_from_body,
+        limits=limits,
+        workers=args.workers,
+        max_sessions=args.max_sessions,
+        session_idle_ttl_s=args.session_idle_ttl,
+        finish_retention_s=args.finish_retention,
         restore=Restore(args.restore),
         history=History(args.history),
         splice_verify_every=args.splice_verify_every,
@@ -64,29 +77,45 @@ def _serve(args: argparse.Namespace) -> int:
         routed_experts=args.routed_experts,
         indexer_topk=args.indexer_topk,
     )
-    manager = TrajectoryManager(
-        fork_threshold_tokens=args.fork_threshold,
-        drift_policy=args.drift_policy,
-        rewrite_policy=args.rewrite_policy,
-        backend=args.backend,
-        routing=routing,
-        indexer=indexer,
-    )
-    journal = Journal(args.journal, sync=args.journal_sync) if args.journal else None
-    adapter = Adapter(
-        engine=create_engine(args.engine, tokenizer),
-        tokenizer=tokenizer,
-        chat_template=template,
-        manager=manager,
-        config=config,
-        journal=journal,
-    )
-    web.run_app(
-        adapter.app,
-        host=args.host,
-        port=args.port,
-        handler_cancellation=True,
-        print=lambda msg: print(f"tokentrail serving on http://{args.host}:{args.port}"),
+    try:
+        tokenizer = load_tokenizer(args.tokenizer)
+        template = Path(args.chat_template).read_text() if args.chat_template else None
+        routing, indexer = _replay_shapes(args)
+        fam = resolve_family(tokenizer, template)
+        print(
+            f"model family {fam.name}: tool parser "
+            f"{fam.tool_parser if tool_parser == 'auto' else tool_parser}, reasoning parser "
+            f"{fam.reasoning_parser if reasoning_parser == 'auto' else reasoning_parser}"
+        )
+        manager = TrajectoryManager(
+            fork_threshold_tokens=args.fork_threshold,
+            drift_policy=args.drift_policy,
+            rewrite_policy=args.rewrite_policy,
+            backend=args.backend,
+            routing=routing,
+            indexer=indexer,
+        )
+        journal = Journal(args.journal, sync=args.journal_sync) if args.journal else None
+        adapter = Adapter(
+            engine=create_engine(args.engine, tokenizer, timeout=args.engine_timeout),
+            tokenizer=tokenizer,
+            chat_template=template,
+            manager=manager,
+            config=config,
+            journal=journal,
+        )
+    except (TokentrailError, OSError) as exc:
+        print(f"tokentrail serve: {exc}", file=sys.stderr)
+        return 2
+    if config.admin_token is None:
+        logging.getLogger(__name__).warning(
+            "no --admin-token: the admin routes (finish, drop) are off over HTTP"
+        )
+    serve_forever(
+        adapter,
+        args.host,
+        args.port,
+        lambda url: print(f"tokentrail serving on {url}", flush=True),
     )
     return 0
 
@@ -131,6 +160,8 @@ DEMO_CONFIGS = (
 
 
 async def _demo_run(restore: str, rewrite_policy: str, tokenizer: Any) -> tuple[dict, Any]:
+    import secrets
+
     import aiohttp
 
     from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
@@ -138,18 +169,21 @@ async def _demo_run(restore: str, rewrite_policy: str, tokenizer: Any) -> tuple[
     from tokentrail.sim.harness import HarnessSim, Workspace
     from tokentrail.trajectory.manager import TrajectoryManager
 
+    admin = secrets.token_hex(16)
     adapter = Adapter(
         engine=ScriptedEngine(tokenizer),
         tokenizer=tokenizer,
         manager=TrajectoryManager(rewrite_policy=rewrite_policy),
-        config=AdapterConfig(restore=Restore(restore)),
+        config=AdapterConfig(restore=Restore(restore), admin_token=admin),
     )
     runner, url = await start_server(adapter)
     try:
         async with aiohttp.ClientSession() as http:
             sim = await HarnessSim(url, "demo", workspace=Workspace()).run(DEMO_TASK, http)
             async with http.post(
-                f"{url}/tokentrail/sessions/demo/finish", json={"reward": 1.0}
+                f"{url}/tokentrail/sessions/demo/finish",
+                json={"reward": 1.0},
+                headers={"Authorization": f"Bearer {admin}"},
             ) as resp:
                 finished = await resp.json()
     finally:
@@ -367,6 +401,37 @@ def _audit(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _limit_flags(serve: argparse.ArgumentParser) -> None:
+    """The admission limits and the engine's, each with the default `Limits` holds."""
+    from tokentrail.adapter.limits import Limits
+    from tokentrail.adapter.offload import DEFAULT_WORKERS
+    from tokentrail.adapter.server import AdapterConfig
+
+    d, c = Limits(), AdapterConfig()
+    group = serve.add_argument_group("limits (README: Operating it)")
+    for flag, default, kind, text in (
+        ("--max-body-bytes", d.max_body_bytes, int, "bytes of one request body (413 past it)"),
+        ("--max-json-depth", d.max_json_depth, int, "nesting of JSON values (400 past it)"),
+        ("--max-messages", d.max_messages, int, "messages per request"),
+        ("--max-tools", d.max_tools, int, "tools per request"),
+        ("--max-tool-schema-bytes", d.max_tool_schema_bytes, int, "bytes of all tool schemas"),
+        ("--max-prompt-tokens", d.max_prompt_tokens, int, "0: the model config's context"),
+        ("--max-output-tokens", d.max_output_tokens, int, "max_tokens above this is clamped"),
+        ("--max-header-bytes", d.max_header_bytes, int, "one request or header line"),
+        ("--body-timeout", d.body_timeout_s, float, "seconds for a body to arrive (408)"),
+        ("--idle-connection-timeout", d.idle_connection_s, float, "seconds without a request"),
+        ("--max-connections", d.max_connections, int, "0: what the fd limit allows"),
+        ("--max-concurrent-turns", d.max_concurrent_turns, int, "503 + Retry-After past it"),
+        ("--engine-concurrency", d.engine_concurrency, int, "engine calls at once; 0: any"),
+        ("--engine-timeout", 600.0, float, "seconds an engine call may take (502 after)"),
+        ("--workers", DEFAULT_WORKERS, int, "threads for CPU-heavy steps; 0: on the loop"),
+        ("--max-sessions", c.max_sessions, int, "open sessions (503 past it); 0: no cap"),
+        ("--session-idle-ttl", c.session_idle_ttl_s, float, "evict sessions idle this long"),
+        ("--finish-retention", c.finish_retention_s, float, "seconds a finish is kept"),
+    ):
+        group.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tokentrail.text.families import families
     from tokentrail.text.formats import reasoning_format_names, tool_format_names
@@ -409,8 +474,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a spliced tail against the full render every N splices (1: every turn)",
     )
     serve.add_argument("--max-turns-per-session", type=int, default=0)
-    serve.add_argument("--max-context-tokens", type=int, default=0)
-    serve.add_argument("--admin-token", default=None)
+    serve.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=0,
+        help="a prompt over this is answered `length` without generating (a rollout budget)",
+    )
+    serve.add_argument(
+        "--admin-token",
+        default=None,
+        help="token the admin routes (finish, drop) need; without one (nor "
+        "TOKENTRAIL_ADMIN_TOKEN) they are off over HTTP",
+    )
+    serve.add_argument(
+        "--session-from-body",
+        action="store_true",
+        help="let OpenAI bodies (metadata.session_id, user) name the session instead of the "
+        "API key: only when every client is trusted",
+    )
+    _limit_flags(serve)
     serve.add_argument("--journal", default=None, help="SQLite journal: recover, then append")
     serve.add_argument("--journal-sync", default="normal", choices=["normal", "full"])
     serve.add_argument("--model-name", default="tokentrail")

@@ -110,6 +110,19 @@ class EngineError(Exception):
         return self.message if self.status is None else f"{self.message} (HTTP {self.status})"
 
 
+class EngineOutputError(EngineError):
+    """The engine answered, but with output that cannot be trained on: a token id outside the
+    vocabulary, a logprob that is not a finite number <= 0, logprobs and tokens that differ in
+    number, more tokens than asked for, no tokens, or an unknown finish reason.
+
+    `fault` names which (`tokentrail.kinds.EngineFault`); the adapter counts it in `/metrics`.
+    """
+
+    def __init__(self, fault: str, message: str) -> None:
+        super().__init__(message)
+        self.fault = fault
+
+
 # -- what a harness's request can be refused for ----------------------------------------------
 
 
@@ -164,6 +177,13 @@ class SessionClosed(TokentrailError):
     kind = "invalid_request_error"
 
 
+class RequestTimeout(TokentrailError):
+    """A request's body did not arrive in full within the adapter's read timeout."""
+
+    status = 408
+    kind = "timeout_error"
+
+
 class RequestTooLarge(TokentrailError):
     """A body, or a part of it, over the adapter's admission limits."""
 
@@ -176,6 +196,18 @@ class RateLimited(TokentrailError):
 
     status = 429
     kind = "rate_limit_error"
+
+
+class Overloaded(TokentrailError):
+    """A server-wide limit that frees up as other work finishes (concurrent turns, open
+    sessions, connections): HTTP 503 with `Retry-After`, since a retry can succeed."""
+
+    status = 503
+    kind = "overloaded_error"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class UpstreamError(TokentrailError):

@@ -169,6 +169,34 @@ class FinishReason(StrEnum):
     ABORT = "abort"
 
 
+class EngineFault(StrEnum):
+    """Why an engine's answer was refused; the adapter counts each in `/metrics`."""
+
+    # Unreachable, timed out, a non-2xx status or an answer that cannot be read.
+    FAILED = "failed"
+    # A token id outside the tokenizer's vocabulary (or not an integer).
+    TOKEN_ID = "token_id"
+    # A logprob that is NaN, infinite or above 0.
+    LOGPROB = "logprob"
+    # Logprobs and tokens that differ in number.
+    LOGPROB_COUNT = "logprob_count"
+    # More tokens than the request's `max_new_tokens` (plus one end-of-turn token).
+    TOO_LONG = "too_long"
+    # No tokens at all, which no finished turn can be.
+    EMPTY = "empty"
+    # A finish reason outside `FinishReason`.
+    FINISH_REASON = "finish_reason"
+
+
+class Closed(StrEnum):
+    """How a session stopped taking turns."""
+
+    FINISHED = "finished"
+    DROPPED = "dropped"
+    # Idle past the adapter's session TTL: its turns were not linearized.
+    EVICTED = "evicted"
+
+
 class Backend(StrEnum):
     """Which implementation of the hot path runs."""
 

@@ -56,6 +56,8 @@ class _FakeServer:
     mode: str = "ok"
     fail_message: str = "CUDA out of memory (fake)"
     fail_status: int = 500
+    # False: answer more tokens than `max_new_tokens`, as a faulty engine might.
+    truncate: bool = True
     requests: list[Recorded] = field(default_factory=list)
     # Request ids whose handler was cancelled because the client closed the connection.
     disconnected: list[str] = field(default_factory=list)
@@ -94,7 +96,7 @@ class _FakeServer:
         self, body_ids: list[int], limit: int | None
     ) -> tuple[list[int], list[float], str]:
         ids, logprobs, finish = self.reply(body_ids)
-        if limit is not None and len(ids) > limit:
+        if self.truncate and limit is not None and len(ids) > limit:
             ids, logprobs, finish = ids[:limit], logprobs[:limit], "length"
         return ids, logprobs, finish
 

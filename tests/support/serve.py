@@ -41,6 +41,10 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
     raise TimeoutError("tokentrail serve did not come up")
 
 
+# The admin token the served adapter is started with (admin routes are off without one).
+ADMIN_TOKEN = "test-admin"
+
+
 @dataclass
 class Served:
     url: str
@@ -52,7 +56,7 @@ class Served:
             f"{self.url}/tokentrail/sessions/{sid}/finish",
             data=json.dumps({"reward": reward}).encode(),
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN_TOKEN}"},
         )
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read())
@@ -64,7 +68,7 @@ def serving(script: Path, *extra_args: str) -> Iterator[Served]:
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokentrail", "serve", "--port", str(port),
-         "--engine", f"scripted:{script}", *extra_args],
+         "--engine", f"scripted:{script}", "--admin-token", ADMIN_TOKEN, *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

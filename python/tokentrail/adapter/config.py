@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.offload import DEFAULT_WORKERS
 from tokentrail.kinds import History, Restore
 from tokentrail.trajectory.side import KNOWN_SIDE_PROMPTS
-
-DEFAULT_MAX_BODY = 64 * 1024 * 1024
 
 
 @dataclass
@@ -17,9 +17,21 @@ class AdapterConfig:
     tool_parser: str | None = "auto"
     reasoning_parser: str | None = "auto"
     max_turns_per_session: int = 0
+    # The rollout's context budget: a prompt over it is refused with the API's "prompt is too
+    # long" (so a harness compacts); 0: no budget beyond the model's context length.
     max_context_tokens: int = 0
+    # Admin routes (finish, drop) over HTTP need this token; None: they are off over HTTP.
     admin_token: str | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY
+    # Let OpenAI bodies (`metadata.session_id`, `user`) name the session instead of the key.
+    session_from_body: bool = False
+    limits: Limits = field(default_factory=Limits)
+    # Threads for CPU-heavy steps; 0: every step inline on the event loop.
+    workers: int = DEFAULT_WORKERS
+    # Open sessions at most (0: no cap); sessions idle this long are evicted (0: never).
+    max_sessions: int = 10_000
+    session_idle_ttl_s: float = 3 * 3600.0
+    # How long a finished session's samples stay to answer a repeated finish.
+    finish_retention_s: float = 300.0
     restore: Restore = Restore.ON
     history: History = History.SPLICE
     # Check a spliced tail against the full render every this many splices (1: every turn).

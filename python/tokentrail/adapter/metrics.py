@@ -20,7 +20,7 @@ from prometheus_client import (
 )
 
 from tokentrail.errors import PolicyError
-from tokentrail.kinds import DriftKind, Fallback, MaskReason, Stage
+from tokentrail.kinds import DriftKind, EngineFault, Fallback, MaskReason, Stage
 
 if TYPE_CHECKING:
     from tokentrail.trajectory.ledger import Ledger
@@ -148,6 +148,22 @@ class Metrics:
             "Sessions dropped without producing samples.",
             registry=r,
         )
+        self.sessions_evicted = Counter(
+            "tokentrail_sessions_evicted_total",
+            "Sessions evicted idle past the TTL; their turns were not linearized.",
+            registry=r,
+        )
+        self.engine_errors = Counter(
+            "tokentrail_engine_errors_total",
+            "Engine calls that failed or whose output was refused, by fault.",
+            ["fault"],
+            registry=r,
+        )
+        self.open_connections = Gauge(
+            "tokentrail_open_connections",
+            "HTTP connections open to the adapter.",
+            registry=r,
+        )
         self.stage_latency = Histogram(
             "tokentrail_stage_duration_seconds",
             "Seconds one turn spent in each pipeline stage.",
@@ -180,6 +196,8 @@ class Metrics:
             self.masked_tokens.labels(reason=reason)
         for fallback in Fallback:
             self.splice_fallbacks.labels(reason=fallback.value)
+        for fault in EngineFault:
+            self.engine_errors.labels(fault=fault.value)
 
     # -- per request ----------------------------------------------------------------------------
 
@@ -238,6 +256,15 @@ class Metrics:
 
     def session_dropped(self) -> None:
         self.sessions_dropped.inc()
+
+    def session_evicted(self) -> None:
+        self.sessions_evicted.inc()
+
+    def engine_error(self, fault: str) -> None:
+        self.engine_errors.labels(fault=fault).inc()
+
+    def set_open_connections(self, n: int) -> None:
+        self.open_connections.set(n)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition payload and its content type, for a `/metrics` handler."""

@@ -2,9 +2,9 @@
 in the shape of the protocol its path belongs to, with the status its type names.
 
 `TokentrailError` subclasses carry their status and error type (`tokentrail.errors`); an
-`EngineError` is a 502; aiohttp's own refusals (unknown route 404, wrong method 405, a body
-over the size limit 413) are rewritten into the same shapes; anything else is logged and
-answered 500, never as a bare text page.
+`EngineError` is a 502; an `Overloaded` 503 says when to retry in `Retry-After`; aiohttp's own
+refusals (unknown route 404, wrong method 405, a body over the size limit 413) are rewritten
+into the same shapes; anything else is logged and answered 500, never as a bare text page.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from tokentrail.adapter.protocols import WireProtocol, protocol_for_path, protocols
-from tokentrail.errors import EngineError, TokentrailError
+from tokentrail.errors import EngineError, Overloaded, TokentrailError
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,9 @@ _HTTP_KINDS = {
     413: "request_too_large",
     429: "rate_limit_error",
 }
+# After these the rest of the body may still be on its way (or never come): close the
+# connection rather than read it.
+_CLOSE_AFTER = frozenset({408, 413})
 
 
 def error_response(path: str, status: int, kind: str, message: str) -> web.Response:
@@ -48,7 +51,12 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     try:
         return await handler(request)
     except TokentrailError as exc:
-        return error_response(request.path, exc.status, exc.kind, str(exc))
+        response = error_response(request.path, exc.status, exc.kind, str(exc))
+        if isinstance(exc, Overloaded):
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+        if exc.status in _CLOSE_AFTER:
+            response.force_close()
+        return response
     except EngineError as exc:
         return error_response(request.path, 502, "api_error", f"engine error: {exc}")
     except web.HTTPException as exc:
@@ -62,7 +70,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         elif exc.status == 413:
             message = f"request body too large: {exc.text}"
         kind = _HTTP_KINDS.get(exc.status, "api_error")
-        return error_response(request.path, exc.status, kind, message)
+        response = error_response(request.path, exc.status, kind, message)
+        if exc.status in _CLOSE_AFTER:
+            response.force_close()
+        return response
     except ConnectionResetError:
         raise  # the client went away: nobody to answer
     except Exception:

@@ -1,32 +1,44 @@
 """The HTTP adapter a harness talks to, as if it were the Anthropic or OpenAI API.
 
-This module is the HTTP layer only: the aiohttp application, its routes, and the in-process
-session API trainers call. Each protocol's turn route is a `turns.TurnRoute`; errors become
-JSON in the protocol's shape in one middleware (`adapter.middleware`).
+This module is the HTTP layer only: it reads a request within the admission limits
+(`adapter.limits`), picks the protocol its route belongs to and hands the turn to
+`adapter.turns`, which runs it through the `TurnPipeline` around one engine call. Every
+CPU-heavy step (parsing, translating, rendering, tokenizing, parsing the output, recording,
+journal writes) runs off the event loop (`adapter.offload`), so `/healthz` and every other
+session stay responsive while one request is heavy. A request refused before its turn is
+journaled leaves no session behind. Errors become JSON in the protocol's shape in one
+middleware (`adapter.middleware`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections import deque
-from collections.abc import Awaitable, Callable
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter.admin import Admin
 from tokentrail.adapter.config import AdapterConfig
+from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
+from tokentrail.adapter.limits import TurnSlots, model_context_length
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
+from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
 from tokentrail.adapter.sessions import Sessions
-from tokentrail.adapter.turns import TurnRoute, parse_json, read_body, replay_request
-from tokentrail.engines.base import Engine
-from tokentrail.errors import (
-    AuthenticationError,
-    RequestError,
-    SessionError,
+from tokentrail.adapter.turns import Turns, TurnSettings, replay_request
+from tokentrail.adapter.validation import (
+    probe_template,
+    read_body,
+    session_key,
 )
-from tokentrail.kinds import History
+from tokentrail.engines.base import Engine
+from tokentrail.errors import EngineError
+from tokentrail.kinds import History, Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.linearize import Trajectory
@@ -36,6 +48,7 @@ from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.side import SideRules
 
 logger = logging.getLogger(__name__)
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -56,6 +69,7 @@ class Adapter:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config = config or AdapterConfig()
+        self.limits = limits = config.limits
         self.manager = manager or TrajectoryManager()
         self.replay = replay_request(config, self.manager)
         self.pipeline = TurnPipeline(
@@ -69,43 +83,62 @@ class Adapter:
             reasoning_parser=config.reasoning_parser,
             side_rules=SideRules.compile(config.side_patterns()),
         )
+        probe_template(
+            self.pipeline.render, "--chat-template" if chat_template else "the chat template"
+        )
         self.metrics = Metrics()
         self.journal = journal
+        self.offload = Offload(config.workers)
         self.sessions = Sessions(
             self.pipeline,
             self.metrics,
             journal=journal,
+            offload=self.offload,
             max_turns_per_session=config.max_turns_per_session,
             masked_warning_threshold=config.masked_warning_threshold,
+            max_sessions=config.max_sessions,
+            idle_ttl_s=config.session_idle_ttl_s,
+            finish_retention_s=config.finish_retention_s,
         )
-        self.timings: deque[TurnTiming] = deque(maxlen=100_000)
+        self.turns = Turns(
+            settings=TurnSettings(
+                model_name=config.model_name,
+                default_max_tokens=config.default_max_tokens,
+                max_context_tokens=config.max_context_tokens,
+                context_tokens=model_context_length(tokenizer),
+            ),
+            limits=limits,
+            pipeline=self.pipeline,
+            sessions=self.sessions,
+            offload=self.offload,
+            metrics=self.metrics,
+            engine=engine,
+            tokenizer=tokenizer,
+            journal=journal,
+            replay=self.replay,
+        )
+        # Per-stage seconds of the latest turns (benchmarks read them).
+        self.timings = self.turns.timings
+        self.turn_slots = TurnSlots(limits.max_concurrent_turns)
+        self.connections = ConnectionGuard(limits.connection_cap())
         self.app = web.Application(
-            client_max_size=config.max_body_bytes, middlewares=[errors_as_json]
+            client_max_size=limits.max_body_bytes or 2**62,
+            middlewares=[mark_busy(self.connections), errors_as_json],
         )
+        admin = Admin(config.admin_token, self.sessions, self.offload, limits)
         routes = [
             web.get("/v1/models", self._models),
             web.get("/healthz", self._healthz),
             web.get("/metrics", self._metrics),
             web.get("/", self._root),
-            web.post("/tokentrail/sessions/{sid}/finish", self._finish),
-            web.delete("/tokentrail/sessions/{sid}", self._drop),
+            *admin.routes(),
         ]
         for proto in protocols():
-            turn = TurnRoute(
-                proto,
-                engine=engine,
-                pipeline=self.pipeline,
-                sessions=self.sessions,
-                metrics=self.metrics,
-                settings=config,
-                journal=journal,
-                timings=self.timings,
-                replay=self.replay,
-            )
-            routes.append(web.post(proto.turn_path, turn.handle))
+            routes.append(web.post(proto.turn_path, self._turn_handler(proto)))
             if proto.count_tokens_path is not None:
                 routes.append(web.post(proto.count_tokens_path, self._count_handler(proto)))
         self.app.add_routes(routes)
+        self.app.cleanup_ctx.append(self._sweeping)
         self.app.on_cleanup.append(self._close_engine)
         if journal is not None:
             journal.set_meta(
@@ -162,6 +195,7 @@ class Adapter:
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self.metrics.set_open_sessions(len(self.sessions))
+        self.metrics.set_open_connections(len(self.connections))
         payload, content_type = self.metrics.render()
         response = web.Response(body=payload)
         response.headers["Content-Type"] = content_type
@@ -170,33 +204,25 @@ class Adapter:
     async def _root(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"name": "tokentrail"})
 
-    def _admin(self, request: web.Request) -> None:
-        token = self.config.admin_token
-        if token and request.headers.get("Authorization") != f"Bearer {token}":
-            raise AuthenticationError("admin token required")
+    async def _sweeping(self, app: web.Application) -> AsyncIterator[None]:
+        """Evict idle sessions and expire kept finishes while the app runs."""
+        ttl = self.config.session_idle_ttl_s
+        interval = max(1.0, min(60.0, ttl / 4)) if ttl else 60.0
 
-    async def _finish(self, request: web.Request) -> web.StreamResponse:
-        self._admin(request)
-        raw = await read_body(request)
-        body = parse_json(raw) if raw.strip() else {}
-        reward = body.get("reward", 0.0)
-        metadata = body.get("metadata") or {}
-        if isinstance(reward, bool) or not isinstance(reward, int | float):
-            raise RequestError("reward must be a number")
-        if not isinstance(metadata, dict):
-            raise RequestError("metadata must be an object")
-        sid = request.match_info["sid"]
-        traj = await self.finish_trajectory(sid, reward=float(reward), metadata=metadata)
-        return web.json_response(
-            {"samples": [s.to_dict() for s in traj.samples], "ledger": traj.ledger.to_dict()}
-        )
+        async def sweep_forever() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self.sessions.sweep()
+                except Exception:
+                    logger.exception("session sweep failed")
 
-    async def _drop(self, request: web.Request) -> web.StreamResponse:
-        self._admin(request)
-        sid = request.match_info["sid"]
-        if not self.drop_session(sid):
-            raise SessionError(f"unknown session {sid!r}")
-        return web.json_response({"dropped": sid})
+        task = asyncio.create_task(sweep_forever())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await self.offload.drain()
 
     async def _close_engine(self, app: web.Application) -> None:
         await self.engine.close()
@@ -205,11 +231,60 @@ class Adapter:
 
     def _count_handler(self, proto: WireProtocol) -> Handler:
         async def count_tokens(request: web.Request) -> web.StreamResponse:
-            body = parse_json(await read_body(request))
-            tokens = self.pipeline.count_tokens(proto.translate(body))
+            # A key like every other route, though a count records nothing and opens nothing.
+            session_key(proto.session_id(request.headers, {}))
+            raw = await self._read(request)
+            tokens = await self.offload.run(self.turns.count, proto, raw)
             return web.json_response(proto.count_tokens_reply(tokens))
 
         return count_tokens
+
+    def _turn_handler(self, proto: WireProtocol) -> Handler:
+        async def turn(request: web.Request) -> web.StreamResponse:
+            self.metrics.in_flight(+1)
+            status = 499  # the client went away, unless an answer says otherwise
+            try:
+                self.turn_slots.take()
+                try:
+                    response = await self._admitted_turn(request, proto)
+                finally:
+                    self.turn_slots.give()
+                status = response.status
+                return response
+            except Exception as exc:
+                status = getattr(exc, "status", 500) if not isinstance(exc, EngineError) else 502
+                raise
+            finally:
+                self.metrics.in_flight(-1)
+                self.metrics.request_done(proto.name, status)
+
+        return turn
+
+    async def _read(self, request: web.Request) -> bytes:
+        return await read_body(
+            request, max_bytes=self.limits.max_body_bytes, timeout_s=self.limits.body_timeout_s
+        )
+
+    async def _admitted_turn(self, request: web.Request, proto: WireProtocol) -> web.StreamResponse:
+        timing = TurnTiming()
+        sid: str | None = None
+        if not self.config.session_from_body:
+            # The credential decides the session: known (and not closed) before the body is read.
+            sid = session_key(proto.session_id(request.headers, {}))
+            self.sessions.check_open(sid)
+        raw = await self._read(request)
+        turn = await self.offload.run(self.turns.request, proto, raw, sid, request.headers)
+        timing.lap(Stage.TRANSLATE)
+        session = self.sessions.admit(turn.sid)
+        try:
+            return await self.turns.run(request, proto, turn, session, timing)
+        except ConnectionResetError:
+            logger.debug(
+                "session %s: client went away before the reply; turn not recorded", turn.sid
+            )
+            return web.Response(status=499)
+        finally:
+            self.sessions.release(turn.sid, session)
 
 
 def models_list(name: str) -> dict[str, Any]:
@@ -232,13 +307,48 @@ async def start_server(
     """Serve `adapter` in the running loop; return the runner (to clean up) and its base URL.
 
     Handlers are cancelled when their client goes away, so an abandoned turn aborts its engine
-    request and is never recorded.
+    request and is never recorded. Connections pass the adapter's `ConnectionGuard`; header
+    lines are held to `--max-header-bytes`, idle connections closed after
+    `--idle-connection-timeout`.
     """
     runner = web.AppRunner(adapter.app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    limits = adapter.limits
+    site = GuardedSite(
+        runner,
+        host,
+        port,
+        adapter.connections,
+        keepalive_timeout=limits.idle_connection_s,
+        max_line_size=limits.max_header_bytes,
+        max_field_size=limits.max_header_bytes,
+        # After a refusal with the body still coming (413) or stuck (408), read and discard
+        # it this long so the client sees the answer, then close.
+        lingering_time=2.0,
+        access_log=None,
+    )
+    await site.start()
     bound_host, bound_port = runner.addresses[0][:2]
     return runner, f"http://{bound_host}:{bound_port}"
 
 
-__all__ = ["Adapter", "AdapterConfig", "start_server"]
+def serve_forever(adapter: Adapter, host: str, port: int, announce: Callable[[str], None]) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down cleanly (`tokentrail serve`)."""
+
+    async def main() -> None:
+        runner, url = await start_server(adapter, host, port)
+        announce(url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+            adapter.offload.close()
+
+    asyncio.run(main())
+
+
+__all__ = ["Adapter", "AdapterConfig", "serve_forever", "start_server"]

@@ -1,29 +1,47 @@
-"""The adapter's sessions: opening, admitting turns, finishing, dropping, and rebuilding the
-unfinished ones from a journal after a restart.
+"""The adapter's sessions: opening, admitting turns, finishing, dropping, evicting idle ones, and
+rebuilding the unfinished ones from a journal after a restart.
 
-A session opens on its first request (or by `open`, with sampling defaults and a history mode
-of its own), admits turns until it is finished or dropped, and is then closed: a later turn for
-it is refused, never silently recorded into a new session of the same name.
+A session opens by `open` or with the first turn recorded for it: a request refused before its
+turn is recorded leaves nothing behind. It admits turns until it is finished, dropped or evicted
+(idle past the TTL), and is then closed: a later turn for it is refused (410), never silently
+recorded into a new session of the same name, and `/finish` for it says what happened and when.
+A finish is kept for a retention window, so a repeated finish (a retry after a lost response)
+returns the same samples and ledger; after the window it is a 410.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
-from tokentrail.errors import RateLimited, SessionClosed, SessionError
-from tokentrail.kinds import History
+from tokentrail.adapter.offload import Offload, trim_memory
+from tokentrail.errors import (
+    Overloaded,
+    RateLimited,
+    RequestError,
+    SessionClosed,
+    SessionError,
+)
+from tokentrail.kinds import Closed, History
 from tokentrail.messages import Conversation
-from tokentrail.storage.journal import OPEN, TURN, Journal, decode_turn
+from tokentrail.storage.journal import DROP, FINISH, OPEN, TURN, Journal, decode_turn
 from tokentrail.storage.replay import fit_replay
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
 from tokentrail.trajectory.side import SideRules
 
 logger = logging.getLogger(__name__)
+
+# Names of closed sessions kept (to refuse their turns and explain their finish), oldest
+# forgotten first past this many.
+MAX_TOMBSTONES = 1_000_000
 
 
 @dataclass
@@ -36,9 +54,107 @@ class Session:
     in_flight: int = 0
     turns: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # Made by a request rather than by `open`: forgotten again unless one of its turns is
+    # recorded.
+    provisional: bool = False
+    last_active: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+
+@dataclass
+class Tombstone:
+    """A closed session: how and when it closed, and a finish's result while it is kept."""
+
+    kind: Closed
+    at: float | None  # wall-clock seconds; None when only the journal said so
+    turns: int = 0
+    detail: str = ""
+    result: Trajectory | None = None
+    kept_until: float = 0.0  # monotonic
+    finishing: asyncio.Future[Trajectory] | None = None
+
+    def when(self) -> str:
+        if self.at is None:
+            return "before the last restart"
+        return "at " + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at))
+
+
+def _gone(tomb: Tombstone) -> bool:
+    """A finish done whose result is no longer kept."""
+    return tomb.result is None and tomb.finishing is None
+
+
+class Tombstones:
+    """Closed sessions by id, oldest forgotten first past `MAX_TOMBSTONES`."""
+
+    def __init__(self, finish_retention_s: float) -> None:
+        self.finish_retention_s = finish_retention_s
+        self._by_sid: OrderedDict[str, Tombstone] = OrderedDict()
+        # Tombstones holding a result, oldest first (the window is the same for all).
+        self._kept: deque[Tombstone] = deque()
+
+    def __len__(self) -> int:
+        return len(self._by_sid)
+
+    def get(self, sid: str) -> Tombstone | None:
+        return self._by_sid.get(sid)
+
+    def pop(self, sid: str) -> None:
+        self._by_sid.pop(sid, None)
+
+    def remember(self, sid: str, tomb: Tombstone) -> Tombstone:
+        self._by_sid.pop(sid, None)
+        self._by_sid[sid] = tomb
+        while len(self._by_sid) > MAX_TOMBSTONES:
+            self._by_sid.popitem(last=False)
+        return tomb
+
+    def keep(self, tomb: Tombstone, result: Trajectory) -> None:
+        """Hold a finish's result for the retention window."""
+        tomb.result = result
+        tomb.kept_until = time.monotonic() + self.finish_retention_s
+        self._kept.append(tomb)
+
+    def expire(self, now: float) -> int:
+        """Let the kept finishes past the retention window go; returns how many."""
+        expired = 0
+        while self._kept and self._kept[0].kept_until <= now:
+            self._kept.popleft().result = None
+            expired += 1
+        return expired
+
+    def message(self, sid: str, tomb: Tombstone) -> str:
+        """What a turn or a finish for a closed session is told."""
+        if tomb.kind is Closed.EVICTED:
+            what = (
+                f"session {sid!r} was evicted {tomb.when()} {tomb.detail}: its {tomb.turns} "
+                "recorded turns were not linearized"
+            )
+        elif tomb.kind is Closed.FINISHED and tomb.at is not None and _gone(tomb):
+            what = (
+                f"session {sid!r} was finished {tomb.when()}; its samples were kept "
+                f"{self.finish_retention_s:g} s (--finish-retention) and are gone"
+            )
+        else:
+            what = f"session {sid!r} was {tomb.kind.value} {tomb.when()}"
+        return f"{what}; a finished or dropped session takes no more turns, open a new session"
+
+    def recovered(self, sid: str, kind: str, data: dict[str, Any]) -> None:
+        """A journal event of a session the journal says is closed."""
+        if kind == FINISH:
+            self.remember(sid, Tombstone(Closed.FINISHED, None))
+        elif kind == DROP:
+            evicted = data.get("evicted")
+            if isinstance(evicted, dict):
+                turns = evicted.get("turns", 0)
+                tomb = Tombstone(Closed.EVICTED, None, turns if isinstance(turns, int) else 0)
+                self.remember(sid, tomb)
+            else:
+                self.remember(sid, Tombstone(Closed.DROPPED, None))
+        elif sid not in self._by_sid:
+            self.remember(sid, Tombstone(Closed.FINISHED, None))
 
 
 class Sessions:
@@ -50,23 +166,35 @@ class Sessions:
         metrics: Metrics,
         *,
         journal: Journal | None = None,
+        offload: Offload | None = None,
         max_turns_per_session: int = 0,
         masked_warning_threshold: float = 0.05,
+        max_sessions: int = 0,
+        idle_ttl_s: float = 0.0,
+        finish_retention_s: float = 300.0,
     ) -> None:
         self.pipeline = pipeline
         self.manager = pipeline.manager
         self.metrics = metrics
         self.journal = journal
+        self.offload = offload or Offload(0)
         self.max_turns_per_session = max_turns_per_session
         self.masked_warning_threshold = masked_warning_threshold
+        self.max_sessions = max_sessions
+        self.idle_ttl_s = idle_ttl_s
+        self.finish_retention_s = finish_retention_s
         self._open: dict[str, Session] = {}
-        self._closed: set[str] = set()
+        self._closed = Tombstones(finish_retention_s)
+        self._tasks: set[asyncio.Future[Any]] = set()
 
     def __len__(self) -> int:
         return len(self._open)
 
     def get(self, sid: str) -> Session | None:
         return self._open.get(sid)
+
+    def closed(self, sid: str) -> Tombstone | None:
+        return self._closed.get(sid)
 
     def open(
         self,
@@ -84,7 +212,7 @@ class Sessions:
         if not isinstance(sid, str) or not sid:
             raise SessionError("session id must be a non-empty string")
         rules = SideRules.compile(exclude_patterns)
-        self._closed.discard(sid)
+        self._closed.pop(sid)
         session = self._open[sid] = Session(
             dict(sampling_defaults or {}),
             int(max_context_tokens),
@@ -99,100 +227,248 @@ class Sessions:
             }
             if exclude_patterns:
                 settings["exclude_patterns"] = list(exclude_patterns)
-            self.journal.session_opened(sid, settings)
+            self.offload.journal_soon(self.journal.session_opened, sid, settings)
         return session
+
+    # -- turns ----------------------------------------------------------------------------------
+
+    def check_open(self, sid: str) -> None:
+        """Refuse a turn for a closed session before any of its request is read."""
+        tomb = self._closed.get(sid)
+        if tomb is not None:
+            raise SessionClosed(self._closed.message(sid, tomb))
 
     def admit(self, sid: str) -> Session:
         """The session a new turn runs in, counted in flight until `release`."""
-        if sid in self._closed:
-            raise SessionClosed(f"session {sid!r} was finished or dropped; open a new session")
+        self.check_open(sid)
         session = self._open.get(sid)
         if session is None:
-            session = self._open[sid] = Session()
+            if self.max_sessions and len(self._open) >= self.max_sessions:
+                raise Overloaded(
+                    f"{len(self._open)} sessions are open, the adapter's limit "
+                    "(--max-sessions); retry once some are finished or evicted",
+                    retry_after_s=5,
+                )
+            session = self._open[sid] = Session(provisional=True)
         cap = self.max_turns_per_session
         if cap and session.turns + session.in_flight >= cap:
             raise RateLimited(f"session {sid!r} reached its limit of {cap} turns")
         session.in_flight += 1
+        session.last_active = time.monotonic()
         session.idle.clear()
         return session
 
-    @staticmethod
-    def release(session: Session) -> None:
+    def release(self, sid: str, session: Session) -> None:
         session.in_flight -= 1
-        if session.in_flight == 0:
-            session.idle.set()
+        session.last_active = time.monotonic()
+        if session.in_flight:
+            return
+        session.idle.set()
+        if session.provisional and not session.turns and self._open.get(sid) is session:
+            # Nothing of it was recorded: it never existed. What the pipeline cached for its
+            # prompt goes too, after any step of it still running.
+            del self._open[sid]
+            self._background(self.offload.run(self.pipeline.forget, sid, session=sid))
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- finishing ------------------------------------------------------------------------------
 
     async def finish(
         self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
     ) -> Trajectory:
-        """Wait for the session's in-flight turns, close it and linearize it."""
-        session = self._open.get(sid)
-        if session is None and not self.manager.has_session(sid):
-            raise SessionError(f"unknown session {sid!r}")
-        self._closed.add(sid)
-        if session is not None:
-            await session.idle.wait()
-            self._open.pop(sid, None)
-        trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
-        self.pipeline.forget(sid)
-        if self.journal is not None:
-            self.journal.session_finished(sid, reward, metadata or {})
+        """Wait for the session's in-flight turns, close it and linearize it; a repeated
+        finish within the retention window returns the same trajectory."""
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise RequestError("reward must be a number")
+        if not math.isfinite(reward):
+            raise RequestError(f"reward must be a finite number, got {reward!r}")
+        metadata = dict(metadata or {})
+        try:
+            json.dumps(metadata, ensure_ascii=False, allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+            raise RequestError(
+                f"metadata must be JSON without NaN or lone surrogates: {exc}"
+            ) from None
+        tomb = self._closed.get(sid)
+        if tomb is None:
+            session = self._open.get(sid)
+            if session is None and not self.manager.has_session(sid):
+                raise SessionError(f"unknown session {sid!r}")
+            tomb = self._closed.remember(sid, Tombstone(Closed.FINISHED, time.time()))
+            tomb.finishing = asyncio.ensure_future(
+                self._linearize(sid, session, tomb, float(reward), metadata)
+            )
+            # Its caller may be gone by the time it fails; the failure is still read.
+            tomb.finishing.add_done_callback(lambda t: t.cancelled() or t.exception())
+        if tomb.finishing is not None:
+            # Shielded: a client that goes away mid-finish does not lose the result.
+            return await asyncio.shield(tomb.finishing)
+        if tomb.result is not None and time.monotonic() < tomb.kept_until:
+            return tomb.result
+        raise SessionClosed(self._closed.message(sid, tomb))
+
+    async def _linearize(
+        self,
+        sid: str,
+        session: Session | None,
+        tomb: Tombstone,
+        reward: float,
+        metadata: dict[str, Any],
+    ) -> Trajectory:
+        try:
+            if session is not None:
+                await session.idle.wait()
+                self._open.pop(sid, None)
+            trajectory = await self.offload.run(
+                self._finish_now, sid, reward, metadata, session=sid
+            )
+        except BaseException:
+            self._closed.pop(sid)
+            tomb.finishing = None
+            raise
+        tomb.turns = len(trajectory.ledger.turns)
+        self._closed.keep(tomb, trajectory)
+        tomb.finishing = None
         self.metrics.session_finished(trajectory)
         warn_if_masked(logger, sid, trajectory.ledger, self.masked_warning_threshold)
         replay = replay_warning(sid, trajectory.ledger)
         if replay is not None:
             logger.warning("%s", replay)
+        if self.journal is not None:
+            await self.offload.journal(self.journal.session_finished, sid, reward, metadata)
         return trajectory
+
+    def _finish_now(self, sid: str, reward: float, metadata: dict[str, Any]) -> Trajectory:
+        trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
+        self.pipeline.forget(sid)
+        trim_memory()
+        return trajectory
+
+    # -- dropping and evicting ------------------------------------------------------------------
 
     def drop(self, sid: str) -> bool:
         """Forget a session and its turns; False if it was unknown."""
-        known = self._open.pop(sid, None) is not None
-        known = self.manager.drop_session(sid) or known
+        session = self._open.pop(sid, None)
+        known = self.manager.drop_session(sid) or session is not None
         self.pipeline.forget(sid)
-        self._closed.add(sid)
-        if known and self.journal is not None:
-            self.journal.session_dropped(sid)
         if known:
-            self.metrics.session_dropped()
+            self._dropped(sid, session)
         return known
 
+    async def drop_soon(self, sid: str) -> bool:
+        """`drop`, with the tree and the pipeline's state released in a worker."""
+        session = self._open.pop(sid, None)
+        known = self.manager.has_session(sid) or session is not None
+        if known:
+            self._dropped(sid, session)
+        await self.offload.run(self._discard, sid, session=sid)
+        return known
+
+    def _dropped(self, sid: str, session: Session | None) -> None:
+        self._closed.remember(sid, Tombstone(Closed.DROPPED, time.time()))
+        if self.journal is not None:
+            self.offload.journal_soon(self.journal.session_dropped, sid)
+        self.metrics.session_dropped()
+
+    def _discard(self, sid: str) -> None:
+        self.manager.drop_session(sid)
+        self.pipeline.forget(sid)
+        trim_memory()
+
+    async def sweep(self) -> list[str]:
+        """Evict sessions idle past the TTL and let kept finishes past the retention window go;
+        returns the evicted ids."""
+        now = time.monotonic()
+        if self._closed.expire(now):
+            await self.offload.run(trim_memory)
+        if not self.idle_ttl_s:
+            return []
+        stale = [
+            (sid, s)
+            for sid, s in self._open.items()
+            if not s.in_flight and now - s.last_active > self.idle_ttl_s
+        ]
+        for sid, session in stale:
+            await self._evict(sid, session, now - session.last_active)
+        return [sid for sid, _ in stale]
+
+    async def _evict(self, sid: str, session: Session, idle_s: float) -> None:
+        if self._open.get(sid) is not session:
+            return
+        del self._open[sid]
+        turns = self.manager.turn_count(sid)
+        self._closed.remember(
+            sid,
+            Tombstone(
+                Closed.EVICTED,
+                time.time(),
+                turns,
+                f"after {idle_s:.0f} s idle (--session-idle-ttl)",
+            ),
+        )
+        if self.journal is not None:
+            details = {"evicted": {"idle_s": round(idle_s, 1), "turns": turns}}
+            self.offload.journal_soon(self.journal.session_dropped, sid, details)
+        self.metrics.session_evicted()
+        logger.warning(
+            "session %s evicted after %.0f s idle (--session-idle-ttl %g): its %d recorded turns "
+            "were not linearized%s",
+            sid,
+            idle_s,
+            self.idle_ttl_s,
+            turns,
+            "; the journal still holds them" if self.journal is not None else "",
+        )
+        await self.offload.run(self._discard, sid, session=sid)
+
+    # -- recovery -------------------------------------------------------------------------------
+
     def recover(self, journal: Journal) -> None:
-        """Rebuild the unfinished sessions of a journal: every served turn runs through the
-        pipeline again with its recorded prompt ids and output."""
-        live = set(journal.recovery.unfinished_sessions())
-        retracted = journal.recovery.retracted()
-        try:
-            for event in journal.events():
-                if event.sid not in live:
-                    self._closed.add(event.sid)
-                    continue
-                if event.kind == OPEN:
-                    settings = event.data
-                    self.open(
-                        event.sid,
-                        settings.get("sampling_defaults"),
-                        settings.get("max_context_tokens", 0),
-                        settings.get("history"),
-                        settings.get("exclude_patterns"),
-                        journaled=False,
-                    )
-                elif event.kind == TURN and event.seq not in retracted:
-                    turn = fit_replay(decode_turn(journal, event), self.manager)
-                    prepared = self.pipeline.prepare(
-                        turn.sid,
-                        Conversation(turn.translated, turn.tools),
-                        recorded=RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback),
-                    )
-                    self.pipeline.record(
-                        prepared,
-                        turn,
-                        turn.response_message,
-                        ill_formed=turn.ill_formed,
-                        metadata=turn.metadata,
-                    )
-                    session = self._open.setdefault(event.sid, Session())
-                    session.turns += 1
-        finally:
-            journal.release()
-        if live:
-            logger.info("journal: rebuilt %d unfinished sessions", len(live))
+        """Rebuild the unfinished sessions of a journal (see `recover`)."""
+        recover(self, journal)
+
+
+def recover(sessions: Sessions, journal: Journal) -> None:
+    """Rebuild the unfinished sessions of a journal: every served turn runs through the
+    pipeline again with its recorded prompt ids and output."""
+    live = set(journal.recovery.unfinished_sessions())
+    retracted = journal.recovery.retracted()
+    try:
+        for event in journal.events():
+            if event.sid not in live:
+                sessions._closed.recovered(event.sid, event.kind, event.data)
+                continue
+            if event.kind == OPEN:
+                settings = event.data
+                sessions.open(
+                    event.sid,
+                    settings.get("sampling_defaults"),
+                    settings.get("max_context_tokens", 0),
+                    settings.get("history"),
+                    settings.get("exclude_patterns"),
+                    journaled=False,
+                )
+            elif event.kind == TURN and event.seq not in retracted:
+                turn = fit_replay(decode_turn(journal, event), sessions.manager)
+                prepared = sessions.pipeline.prepare(
+                    turn.sid,
+                    Conversation(turn.translated, turn.tools),
+                    recorded=RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback),
+                )
+                sessions.pipeline.record(
+                    prepared,
+                    turn,
+                    turn.response_message,
+                    ill_formed=turn.ill_formed,
+                    metadata=turn.metadata,
+                )
+                session = sessions._open.setdefault(event.sid, Session())
+                session.turns += 1
+    finally:
+        journal.release()
+    if live:
+        logger.info("journal: rebuilt %d unfinished sessions", len(live))

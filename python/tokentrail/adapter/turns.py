@@ -1,27 +1,34 @@
-"""One turn over HTTP, for one wire protocol: admit the session, translate the request, prepare
-the prompt through the `TurnPipeline`, ask the engine, reply, journal, record.
+"""One turn's way through the adapter, from a request's bytes to a recorded turn: parse, check
+the limits, translate, prepare the prompt, call the engine, check its output, answer, journal,
+record. The HTTP layer (`adapter.server`) reads the request and hands it here.
 
-A turn is journaled before its reply leaves (a crash after the client got it must not lose
-it) and recorded in the session's tree once the reply has reached the client; a reply that
-never arrives retracts the journaled turn again.
+Each CPU-heavy step runs in `Offload`'s workers (a session's steps in its lane, one at a time);
+the loop only awaits them, the engine and the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
 from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
 from tokentrail.adapter.config import AdapterConfig
+from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.metrics import Metrics
+from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import Outcome
 from tokentrail.adapter.sessions import Session, Sessions
+from tokentrail.adapter.validation import check_tree, parse_body, session_key
 from tokentrail.engines.base import (
     Engine,
     GenerateRequest,
@@ -29,16 +36,17 @@ from tokentrail.engines.base import (
     ReplayRequest,
     SamplingParams,
 )
+from tokentrail.engines.validation import check_generation
 from tokentrail.errors import (
     ContextTooLong,
     EngineError,
     EngineLimit,
+    EngineOutputError,
     ReplayError,
     RequestError,
-    RequestTooLarge,
     UpstreamError,
 )
-from tokentrail.kinds import Stage
+from tokentrail.kinds import EngineFault, Stage
 from tokentrail.messages import Conversation
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -57,124 +65,157 @@ logger = logging.getLogger(__name__)
 # journaled, its tokens masked as `excluded` (see `trajectory.side`).
 EXCLUDE_HEADER = "X-Tokentrail-Exclude"
 
+__all__ = ["EXCLUDE_HEADER", "TurnRequest", "Turns", "write_reply"]
 
-class TurnRoute:
-    """The handler of one protocol's turn route (`WireProtocol.turn_path`)."""
+
+@dataclass
+class TurnRequest:
+    """A turn's request after translation: what the pipeline and the engine need."""
+
+    sid: str
+    body: dict[str, Any]
+    conversation: Conversation
+    sampling: SamplingParams
+    stream: bool
+    # Why the request is a side conversation (`EXCLUDE_HEADER`); None when it trains.
+    exclude: str | None = None
+
+
+@dataclass
+class TurnSettings:
+    """What of the adapter's configuration a turn reads."""
+
+    model_name: str
+    default_max_tokens: int
+    # The rollout's context budget: a prompt over it is refused (0: no such budget).
+    max_context_tokens: int
+    # The model's context length from its config (0: unknown).
+    context_tokens: int
+
+
+class Turns:
+    """Runs turns over one pipeline, engine and set of sessions."""
 
     def __init__(
         self,
-        proto: WireProtocol,
         *,
-        engine: Engine,
+        settings: TurnSettings,
+        limits: Limits,
         pipeline: TurnPipeline,
         sessions: Sessions,
+        offload: Offload,
         metrics: Metrics,
-        settings: AdapterConfig,
+        engine: Engine,
+        tokenizer: LoadedTokenizer,
         journal: Journal | None,
-        timings: deque[TurnTiming],
         replay: ReplayRequest | None = None,
     ) -> None:
-        self.proto = proto
-        self.engine = engine
-        self.pipeline = pipeline
-        self.manager = pipeline.manager
-        self.sessions = sessions
-        self.metrics = metrics
         self.settings = settings
+        self.limits = limits
+        self.pipeline = pipeline
+        self.sessions = sessions
+        self.offload = offload
+        self.metrics = metrics
+        self.engine = engine
+        self.tokenizer = tokenizer
         self.journal = journal
-        self.timings = timings
         self.replay = replay or ReplayRequest()
+        self.vocab_size = tokenizer.vocab_size
+        self.timings: deque[TurnTiming] = deque(maxlen=100_000)
+        self._engine_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        """The route's aiohttp handler."""
-        proto = self.proto
-        self.metrics.in_flight(+1)
-        status = 499  # the client went away, unless an answer says otherwise
+    # -- in a worker: bytes to a checked request -----------------------------------------------
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        body = parse_body(raw, self.limits.max_json_depth)
+        self.limits.check_shape(body)
+        return body
+
+    def translate(
+        self, proto: WireProtocol, body: dict[str, Any], sid: str | None = None
+    ) -> Conversation:
+        """The body in tokentrail's terms, held to the same depth and Unicode rules as the
+        body itself (an OpenAI tool call's arguments are JSON inside a string). A request that
+        continues an earlier reply (`previous_response_id`) is that turn's conversation from
+        the session's tree, then the new input."""
         try:
-            response = await self._admitted(request, proto)
-            status = response.status
-            return response
-        except Exception as exc:
-            status = getattr(exc, "status", 500) if not isinstance(exc, EngineError) else 502
-            raise
-        finally:
-            self.metrics.in_flight(-1)
-            self.metrics.request_done(proto.name, status)
+            conversation = continued(proto, body, self.pipeline.manager, sid)
+        except RecursionError:
+            raise RequestError("the request is nested too deep to translate") from None
+        check_tree(
+            {"messages": conversation.messages, "tools": conversation.tools or []},
+            max_depth=self.limits.max_json_depth + 1,
+            surrogates=True,
+        )
+        return conversation
 
-    async def _admitted(self, request: web.Request, proto: WireProtocol) -> web.StreamResponse:
-        timing = TurnTiming()
-        body = parse_json(await read_body(request))
-        sid = proto.session_id(request.headers, body)
-        stream = proto.stream_requested(body)
-        session = self.sessions.admit(sid)
-        try:
-            return await self._run(request, proto, body, sid, session, stream, timing)
-        except ConnectionResetError:
-            logger.debug("session %s: client went away before the reply; turn not recorded", sid)
-            return web.Response(status=499)
-        finally:
-            self.sessions.release(session)
+    def count(self, proto: WireProtocol, raw: bytes) -> int:
+        """count_tokens: the full render's length; nothing is recorded or opened."""
+        return self.pipeline.count_tokens(self.translate(proto, self.parse(raw)))
 
-    async def _run(
+    def request(
+        self, proto: WireProtocol, raw: bytes, sid: str | None, headers: Mapping[str, str]
+    ) -> TurnRequest:
+        """Parse, name the session (from the body only when `sid` is None: the operator
+        trusts bodies), translate and check the sampling."""
+        body = self.parse(raw)
+        if sid is None:
+            sid = session_key(proto.session_id(headers, body, trust_body=True), "the session id")
+        conversation = self.translate(proto, body, sid)
+        opened = self.sessions.get(sid)
+        sampling = (
+            SamplingParams(max_new_tokens=self.settings.default_max_tokens)
+            .merged(opened.sampling_defaults if opened is not None else {})
+            .merged(proto.sampling(body))
+        )
+        self.limits.check_sampling(sampling)
+        header = headers.get(EXCLUDE_HEADER, "")
+        exclude = header if header not in ("", "0") else None
+        return TurnRequest(sid, body, conversation, sampling, proto.stream_requested(body), exclude)
+
+    # -- on the loop: the turn ------------------------------------------------------------------
+
+    async def run(
         self,
         request: web.Request,
         proto: WireProtocol,
-        body: dict[str, Any],
-        sid: str,
+        turn: TurnRequest,
         session: Session,
-        stream: bool,
         timing: TurnTiming,
     ) -> web.StreamResponse:
-        conversation = translate(proto, body, self.manager, sid)
-        sampling = (
-            SamplingParams(max_new_tokens=self.settings.default_max_tokens)
-            .merged(session.sampling_defaults)
-            .merged(proto.sampling(body))
-        )
-        timing.lap(Stage.TRANSLATE)
-        header = request.headers.get(EXCLUDE_HEADER, "")
-        prepared = self.pipeline.prepare(
-            sid,
-            conversation,
-            history=session.history,
-            timing=timing,
-            exclude=header if header not in ("", "0") else None,
-            side_rules=session.side_rules,
+        sid = turn.sid
+        prepared = await self.offload.run(
+            partial(
+                self.pipeline.prepare,
+                sid,
+                turn.conversation,
+                history=session.history,
+                timing=timing,
+                exclude=turn.exclude,
+                side_rules=session.side_rules,
+            ),
+            session=sid,
         )
         self.metrics.restored(prepared.restored_tools)
-        self.metrics.dropped_media(conversation.dropped_media)
+        self.metrics.dropped_media(turn.conversation.dropped_media)
         if prepared.fallback is not None:
             self.metrics.splice_fallback(prepared.fallback)
-        check_can_generate(
-            prepared, session.max_context_tokens or self.settings.max_context_tokens, self.engine
-        )
+
+        prompt_tokens = len(prepared.prompt_ids)
+        self.limits.check_prompt(prompt_tokens, self.settings.context_tokens)
+        budget = session.max_context_tokens or self.settings.max_context_tokens
+        check_can_generate(prepared, budget, self.engine)
+        context = min((c for c in (self.settings.context_tokens, budget) if c), default=0)
+        sampling = self.limits.fit_output(turn.sampling, prompt_tokens, context)
 
         rid = uuid.uuid4().hex
         generation = await self._generate(prepared, sampling, sid, rid)
         timing.lap(Stage.ENGINE)
         timing.engine_reported = generation.engine_time_s
 
-        parsed = self.pipeline.parse(prepared, generation.output_ids)
-        message = parsed.message
-        outcome = Outcome(
-            self.settings.model_name,
-            parsed.reply,
-            [proto.mint_call_id() for _ in parsed.reply.get("tool_calls") or ()],
-            generation.finish_reason,
-            len(prepared.prompt_ids),
-            len(generation.output_ids),
-            cached_tokens=prepared.held_tokens,
-            reasoning_tokens=reasoning_tokens(
-                self.pipeline.tokenizer, generation.output_ids, parsed.reply
-            ),
-            output_ids=list(generation.output_ids),
-            logprobs=list(generation.logprobs),
-            reply_id=proto.mint_reply_id(),
-            body=body,
+        parsed, reply, outcome = await self.offload.run(
+            self._answer, proto, prepared, generation, turn.body
         )
-        if proto.wants_logprobs(body):
-            outcome.token_logprobs = token_logprobs(self.pipeline.tokenizer, generation)
-        reply = proto.reply(outcome)
         metadata = {
             "protocol": proto.name,
             "request_id": rid,
@@ -188,26 +229,70 @@ class TurnRoute:
         # turn. A reply that never reaches the client retracts it again.
         seq = None
         if self.journal is not None:
-            seq = journal_turn(self.journal, prepared, generation, parsed, metadata)
+            seq = await self.offload.journal(
+                partial(journal_turn, self.journal, prepared, generation, parsed, metadata),
+                undo=partial(self.journal.retract, sid),
+            )
         try:
-            response = await write_reply(request, proto, reply, stream, body)
+            response = await write_reply(request, proto, reply, turn.stream, turn.body)
         except (ConnectionResetError, asyncio.CancelledError):
             if seq is not None and self.journal is not None:
-                self.journal.retract(sid, seq)
+                self.offload.journal_soon(self.journal.retract, sid, seq)
             raise
         timing.lap(Stage.RESPOND)
 
-        self.pipeline.record(
-            prepared, generation, message, ill_formed=parsed.ill_formed, metadata=metadata
-        )
+        # Counted before the step: a cancel while it runs (it runs on) must not make the
+        # session look empty and be forgotten.
         session.turns += 1
+        await self.offload.run(
+            partial(
+                self.pipeline.record,
+                prepared,
+                generation,
+                parsed.message,
+                ill_formed=parsed.ill_formed,
+                metadata=metadata,
+            ),
+            session=sid,
+        )
         self.metrics.observe_turn(timing.stages)
         self.timings.append(timing)
         return response
 
+    def _answer(
+        self,
+        proto: WireProtocol,
+        prepared: PreparedTurn,
+        generation: Generation,
+        body: dict[str, Any],
+    ) -> tuple[ParsedTurn, dict[str, Any], Outcome]:
+        """The sampled ids as a message, and the protocol's reply to the harness (the reply
+        to a prefill holds the continuation alone)."""
+        parsed = self.pipeline.parse(prepared, generation.output_ids)
+        reply = parsed.reply
+        outcome = Outcome(
+            self.settings.model_name,
+            reply,
+            [proto.mint_call_id() for _ in reply.get("tool_calls") or ()],
+            generation.finish_reason,
+            len(prepared.prompt_ids),
+            len(generation.output_ids),
+            cached_tokens=prepared.held_tokens,
+            reasoning_tokens=reasoning_tokens(self.tokenizer, generation.output_ids, reply),
+            output_ids=list(generation.output_ids),
+            logprobs=list(generation.logprobs),
+            reply_id=proto.mint_reply_id(),
+            body=body,
+        )
+        if proto.wants_logprobs(body):
+            outcome.token_logprobs = token_logprobs(self.tokenizer, generation)
+        return parsed, proto.reply(outcome), outcome
+
     async def _generate(
         self, prepared: PreparedTurn, sampling: SamplingParams, sid: str, rid: str
     ) -> Generation:
+        """One engine call, its output checked; any failure is a 502 with an abort sent and
+        nothing recorded, counted by fault."""
         request = GenerateRequest(
             input_ids=prepared.prompt_ids,
             sampling=sampling,
@@ -219,11 +304,30 @@ class TurnRoute:
             replay=self.replay.from_position(prepared.replay_start),
         )
         try:
-            generation = await self.engine.generate(request)
+            async with self._engine_slot():
+                generation = await self.engine.generate(request)
+            check_generation(
+                generation,
+                max_new_tokens=sampling.max_new_tokens,
+                vocab_size=self.vocab_size,
+                end_token_ids=self.tokenizer.end_token_ids,
+            )
         except EngineError as exc:
+            fault = exc.fault if isinstance(exc, EngineOutputError) else EngineFault.FAILED
+            self.metrics.engine_error(str(fault))
             await self.engine.abort(rid)
             raise UpstreamError(f"engine error: {exc}") from None
         return generation
+
+    def _engine_slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A place among the engine calls `--engine-concurrency` lets run at once."""
+        n = self.limits.engine_concurrency
+        if not n:
+            return contextlib.nullcontext()
+        loop = asyncio.get_running_loop()
+        if self._engine_slots is None or self._engine_slots[0] is not loop:
+            self._engine_slots = (loop, asyncio.Semaphore(n))
+        return self._engine_slots[1]
 
 
 def journal_turn(
@@ -302,15 +406,15 @@ def token_logprobs(tokenizer: LoadedTokenizer, generation: Generation) -> list[t
     ]
 
 
-def translate(
-    proto: WireProtocol, body: dict[str, Any], manager: TrajectoryManager, sid: str
+def continued(
+    proto: WireProtocol, body: dict[str, Any], manager: TrajectoryManager, sid: str | None
 ) -> Conversation:
     """The request's conversation; one that continues an earlier reply (`previous_response_id`)
     is that turn's conversation from the session's tree, then the new input."""
     ref = proto.continues(body)
     if ref is None:
         return proto.translate(body)
-    found = manager.find_turn(sid, "reply_id", ref)
+    found = manager.find_turn(sid, "reply_id", ref) if sid is not None else None
     if found is None:
         raise RequestError(f"unknown previous response {ref!r} in this session")
     prior, metadata = found
@@ -343,24 +447,3 @@ async def write_reply(
     if transport is None or transport.is_closing():
         raise ConnectionResetError("client disconnected before the response was flushed")
     return response
-
-
-async def read_body(request: web.Request) -> bytes:
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestTooLarge(f"request body too large: {exc.text}") from None
-
-
-def parse_json(raw: bytes) -> dict[str, Any]:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError(f"body is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-    try:
-        body = json.loads(text)
-    except ValueError as exc:
-        raise RequestError(f"body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise RequestError(f"body must be a JSON object, got {type(body).__name__}")
-    return body

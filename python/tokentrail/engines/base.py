@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape, WeightSpan
-from tokentrail.errors import EngineError, SamplingParamsError
-from tokentrail.kinds import FinishReason, ReplayGap
+from tokentrail.errors import EngineOutputError, SamplingParamsError
+from tokentrail.kinds import EngineFault, FinishReason, ReplayGap
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.text.constraints import OutputConstraint
 
@@ -116,11 +116,14 @@ class Generation:
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.logprobs):
-            raise EngineError(
-                f"engine returned {len(self.output_ids)} tokens but {len(self.logprobs)} logprobs"
+            raise EngineOutputError(
+                EngineFault.LOGPROB_COUNT,
+                f"engine returned {len(self.output_ids)} tokens but {len(self.logprobs)} logprobs",
             )
         if self.finish_reason not in FINISH_REASONS:
-            raise EngineError(f"unknown finish reason {self.finish_reason!r}")
+            raise EngineOutputError(
+                EngineFault.FINISH_REASON, f"unknown finish reason {self.finish_reason!r}"
+            )
 
 
 def token_list(ids: Sequence[int] | npt.NDArray[np.integer]) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,9 +19,16 @@ from tokentrail.engines.base import (
     SESSION_HEADER,
     GenerateRequest,
 )
-from tokentrail.errors import EngineError, EngineSpecError
+from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError
+from tokentrail.kinds import EngineFault
 
 logger = logging.getLogger(__name__)
+
+
+def answer_limit(max_new_tokens: int) -> int:
+    """Bytes a generation's answer may take: a megabyte, plus a kilobyte per token asked for
+    (SGLang writes ~30 bytes per token, vLLM with logprobs ~150)."""
+    return 1024 * 1024 + 1024 * max(0, max_new_tokens)
 
 
 def base_url(spec: str, address: str) -> str:
@@ -62,10 +70,11 @@ class HTTPEngine:
         return self._session
 
     def _headers(self, req: GenerateRequest) -> dict[str, str]:
+        sid = header_value(req.session_id)
         return {
-            ROUTING_HEADER: req.session_id,
-            SESSION_HEADER: req.session_id,
-            REQUEST_ID_HEADER: req.request_id,
+            ROUTING_HEADER: sid,
+            SESSION_HEADER: sid,
+            REQUEST_ID_HEADER: header_value(req.request_id),
         }
 
     async def _request_json(
@@ -75,7 +84,10 @@ class HTTPEngine:
         body: Any = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        max_bytes: int | None = None,
     ) -> Any:
+        """The JSON answer of one call; `max_bytes` bounds the answer read (a generation's
+        answer cannot be bigger than its tokens make it)."""
         url = self.base_url + path
         kwargs: dict[str, Any] = {"headers": dict(headers or {})}
         if body is not None:
@@ -84,8 +96,17 @@ class HTTPEngine:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout)
         try:
             async with self._client().request(method, url, **kwargs) as resp:
-                raw = await resp.read()
                 status = resp.status
+                if max_bytes is None:
+                    raw = await resp.read()
+                else:
+                    raw = await resp.content.read(max_bytes + 1)
+                    if len(raw) > max_bytes:
+                        raise EngineOutputError(
+                            EngineFault.TOO_LONG,
+                            f"{self.name} answered {path} with more than {max_bytes} bytes, "
+                            "more than the tokens asked for can take",
+                        )
         except TimeoutError:
             raise EngineError(
                 f"{self.name} did not answer {path} within {timeout or self.timeout:g} s"
@@ -116,6 +137,15 @@ class HTTPEngine:
             if self._loop is asyncio.get_running_loop():
                 await self._session.close()
         self._session = None
+
+
+_UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")
+
+
+def header_value(value: str) -> str:
+    """`value` as a header can carry it: visible ASCII and spaces, anything else (CR and LF
+    above all, which would end the header and start another) replaced by `_`."""
+    return _UNSAFE_IN_HEADER.sub("_", value)
 
 
 def error_message(raw: bytes) -> str:

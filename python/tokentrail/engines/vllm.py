@@ -21,7 +21,7 @@ import numpy as np
 
 from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
-from tokentrail.engines.http import HTTPEngine, base_url
+from tokentrail.engines.http import HTTPEngine, answer_limit, base_url
 from tokentrail.engines.registry import register_engine
 from tokentrail.errors import EngineError
 from tokentrail.kinds import Replay, ReplayGap
@@ -109,7 +109,11 @@ class VLLMEngine(HTTPEngine):
         model = await self.model_name()
         call = asyncio.ensure_future(
             self._request_json(
-                "POST", "/v1/completions", self.request_body(req, model), self._headers(req)
+                "POST",
+                "/v1/completions",
+                self.request_body(req, model),
+                self._headers(req),
+                max_bytes=answer_limit(req.sampling.max_new_tokens),
             )
         )
         self._inflight[req.request_id] = call

@@ -243,8 +243,9 @@ class Journal:
         """The reply of turn `seq` never reached the client: it was not recorded."""
         self._append(sid, RETRACT, {"seq": seq})
 
-    def session_dropped(self, sid: str) -> None:
-        self._append(sid, DROP, {})
+    def session_dropped(self, sid: str, details: dict[str, Any] | None = None) -> None:
+        """The session is gone without samples; `details` say why (an eviction, say)."""
+        self._append(sid, DROP, dict(details or {}))
         self._forget(sid)
 
     def turn(

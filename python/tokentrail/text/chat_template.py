@@ -48,20 +48,23 @@ def render(
     Extra keyword arguments (`enable_thinking`, `eos_token`, ...) are passed to the template.
     """
     compiled = _compile(template)
-    chat = [_normalize_message(m) for m in messages]
     kwargs.setdefault("documents", None)
     try:
+        chat = [_normalize_message(m) for m in messages]
         return compiled.render(
             messages=chat,
             tools=_plain(list(tools)) if tools is not None else None,
             add_generation_prompt=add_generation_prompt,
             **_plain(kwargs),
         )
+    except TemplateError:
+        raise  # the template's own `raise_exception`, or a message it cannot take
     except jinja2.TemplateError as exc:
         raise TemplateError(str(exc)) from exc
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-        # A template applying an operation to data it does not expect (`'a' + {}`).
-        raise TemplateError(f"the chat template failed on these messages: {exc}") from exc
+    except Exception as exc:
+        # A template is code: a range over the sandbox's limit, recursion past Python's, a
+        # type error on an unexpected message. Each is the template refusing this input.
+        raise TemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -312,3 +315,5 @@ def _compile(template: str) -> jinja2.Template:
         raise TemplateError(
             f"chat template syntax error, line {exc.lineno}: {exc.message}"
         ) from exc
+    except Exception as exc:
+        raise TemplateError(f"the chat template cannot be compiled: {exc}") from exc

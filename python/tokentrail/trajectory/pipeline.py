@@ -229,6 +229,8 @@ class TurnPipeline:
             if tokenizer and self._splicer
             else None
         )
+        # count_tokens encodes through an encoder of its own (see there).
+        self._counter: IncrementalEncoder | None = None
 
     def _parser(self, value: str | None, attribute: str, default: str) -> str | None:
         if value != AUTO:
@@ -356,15 +358,23 @@ class TurnPipeline:
 
     def count_tokens(self, conversation: Conversation) -> int:
         """How many tokens the conversation's prompt has, a prefill continued as a turn would
-        continue it (nothing is recorded)."""
+        continue it (nothing is recorded).
+
+        Encoded by the Rust core with the GIL released, through an encoder of its own, so a
+        huge count neither holds the interpreter nor waits on the sessions' encoder.
+        """
         context, prefill = split_prefill(conversation.messages)
         if not context:
             raise RequestError("the request has no messages to render")
         if prefill is not None:
             end = self.tokenizer.eos_token
             text = prefill_text(self.splicer.render, context, prefill, conversation.tools, end)
-            return len(self.tokenizer.encode(text.prompt))
-        return len(self.tokenizer.encode(self.render(context, conversation.tools)))
+            prompt = text.prompt
+        else:
+            prompt = self.render(context, conversation.tools)
+        if self._counter is None:
+            self._counter = IncrementalEncoder(self.tokenizer)
+        return len(self._counter.encode_full(prompt))
 
     # -- after the engine -----------------------------------------------------------------------
 

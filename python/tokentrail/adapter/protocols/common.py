@@ -57,8 +57,14 @@ class WireProtocol(ABC):
     # Paths whose errors are written in this protocol's shape.
     path_prefixes: ClassVar[tuple[str, ...]]
 
-    def session_id(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> str:
-        """The session a request belongs to: the credential it carries (the API key)."""
+    def session_id(
+        self, headers: Mapping[str, str], body: Mapping[str, Any], *, trust_body: bool = False
+    ) -> str:
+        """The session a request belongs to: the credential it carries (the API key).
+
+        A protocol may also name the session in the body, read only when `trust_body` (the
+        operator's `--session-from-body`): otherwise any client could write into any session.
+        """
         sid = bearer(headers) or headers.get("x-api-key")
         if not sid:
             raise AuthenticationError(

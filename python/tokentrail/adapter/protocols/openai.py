@@ -60,7 +60,7 @@ def parse_arguments(raw: object) -> dict[str, Any]:
         raise RequestError("tool call arguments must be a JSON string")
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {"_raw_arguments": raw}
     return value if isinstance(value, dict) else {"_raw_arguments": raw}
 
@@ -249,13 +249,17 @@ class OpenAIChat(WireProtocol):
     turn_path = "/v1/chat/completions"
     path_prefixes = ("/v1/chat", "/v1")
 
-    def session_id(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> str:
-        # Older harnesses name the session in the body; the bearer is the fallback.
-        metadata = body.get("metadata")
-        sid = metadata.get("session_id") if isinstance(metadata, dict) else None
-        sid = sid or (body.get("user") if isinstance(body.get("user"), str) else None)
-        if isinstance(sid, str) and sid:
-            return sid
+    def session_id(
+        self, headers: Mapping[str, str], body: Mapping[str, Any], *, trust_body: bool = False
+    ) -> str:
+        # Older harnesses name the session in the body (`metadata.session_id`, `user`); only
+        # an operator who trusts every client lets that override the bearer.
+        if trust_body:
+            metadata = body.get("metadata")
+            sid = metadata.get("session_id") if isinstance(metadata, dict) else None
+            sid = sid or (body.get("user") if isinstance(body.get("user"), str) else None)
+            if isinstance(sid, str) and sid:
+                return sid
         return super().session_id(headers, body)
 
     def translate(self, body: dict[str, Any]) -> Conversation:

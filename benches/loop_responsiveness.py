@@ -1,0 +1,199 @@
+"""Does the server stay responsive while it works? `/healthz` latency under a heavy load.
+
+The load: 32 sessions whose first prompt is ~64K tokens, each taking 4 turns, all at once, and
+a 20 MB and a 12 MB count_tokens request sent while they run. A prober in a process of its own
+asks `/healthz` every 20 ms throughout and reports its latency. Each configuration serves from
+its own `tokentrail serve` process (scripted engine):
+
+- before: an older source tree (`--before DIR`, a checkout's `python/` folder), every step on
+  the event loop;
+- inline: this tree with `--workers 0` (steps on the loop, the new limits and checks);
+- after: this tree's defaults (steps in worker threads; 20 MB is over `--max-body-bytes`);
+- after, 32 MiB bodies: the same, with the 20 MB count processed instead of refused.
+
+    python benches/loop_responsiveness.py [--before /path/to/old/python] [--sessions 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from served import Served  # noqa: E402
+
+SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi", "pe", "su", "do", "fa"]
+
+
+def words(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(
+        "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(n)
+    )
+
+
+def probe(url: str, stop: Any, out: Any) -> None:
+    """In a process of its own: GET /healthz every 20 ms until `stop` is set; the latencies
+    (ms, inf for a failed probe) go to `out`."""
+
+    async def run() -> list[float]:
+        latencies = []
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while not stop.is_set():
+                start = time.perf_counter()
+                try:
+                    async with http.get(f"{url}/healthz") as resp:
+                        await resp.read()
+                    latencies.append((time.perf_counter() - start) * 1e3)
+                except (aiohttp.ClientError, TimeoutError):
+                    latencies.append(float("inf"))
+                await asyncio.sleep(0.02)
+        return latencies
+
+    out.put(asyncio.run(run()))
+
+
+async def session(http: aiohttp.ClientSession, url: str, sid: str, text: str, turns: int) -> int:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
+    done = 0
+    for _ in range(turns):
+        body = {"model": "m", "max_tokens": 256, "messages": messages}
+        headers = {"Authorization": f"Bearer {sid}", "Content-Type": "application/json"}
+        async with http.post(f"{url}/v1/messages", data=json.dumps(body), headers=headers) as r:
+            reply = await r.json(content_type=None)
+            if r.status != 200:
+                return done
+        messages = [
+            *messages,
+            {"role": "assistant", "content": reply["content"]},
+            {"role": "user", "content": f"go on ({done})"},
+        ]
+        calls = [b for b in reply["content"] if b["type"] == "tool_use"]
+        if calls:
+            messages[-1] = {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": c["id"], "content": "ok"} for c in calls
+                ],
+            }
+        done += 1
+    return done
+
+
+def count_body(megabytes: int) -> bytes:
+    """A count_tokens body of `megabytes` MB (10**6 bytes) of words."""
+    chunk = words(200_000, seed=megabytes) + " "
+    text = (chunk * (megabytes * 10**6 // len(chunk) + 1))[: megabytes * 10**6 - 60]
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
+
+
+async def count(http: aiohttp.ClientSession, url: str, data: bytes) -> str:
+    headers = {"Authorization": "Bearer counter", "Content-Type": "application/json"}
+    start = time.perf_counter()
+    async with http.post(f"{url}/v1/messages/count_tokens", data=data, headers=headers) as r:
+        await r.read()
+        return f"{len(data) / 1e6:.0f} MB -> {r.status} in {time.perf_counter() - start:.1f} s"
+
+
+async def load(url: str, sessions: int, turns: int, context_words: int) -> dict[str, Any]:
+    texts = [words(context_words, seed=k) for k in range(sessions)]
+    bodies = [count_body(mb) for mb in (20, 12)]
+    timeout = aiohttp.ClientTimeout(total=900)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        start = time.perf_counter()
+        runs = [
+            asyncio.create_task(session(http, url, f"s{k}", texts[k], turns))
+            for k in range(sessions)
+        ]
+        await asyncio.sleep(1.0)
+        counts = [asyncio.create_task(count(http, url, data)) for data in bodies]
+        done = sum(await asyncio.gather(*runs))
+        counted = await asyncio.gather(*counts)
+        elapsed = time.perf_counter() - start
+    return {"turns": done, "elapsed": elapsed, "counts": counted}
+
+
+def run_config(name: str, args: list[str], python_dir: Path | None, opts: Any) -> dict[str, Any]:
+    with Served(["--engine", "scripted", *args], python_dir) as served:
+        spawn = multiprocessing.get_context("spawn")
+        queue: Any = spawn.Queue()
+        stop = spawn.Event()
+        prober = spawn.Process(target=probe, args=(served.url, stop, queue))
+        prober.start()
+        time.sleep(1.0)  # probes of the idle server first
+        result = asyncio.run(load(served.url, opts.sessions, opts.turns, opts.context_words))
+        stop.set()
+        latencies = np.array(queue.get())
+        prober.join()
+        result["rss_mb"] = served.rss_mb()
+    finite = latencies[np.isfinite(latencies)]
+    result.update(
+        name=name,
+        probes=len(latencies),
+        failed=int((~np.isfinite(latencies)).sum()),
+        p50=float(np.percentile(finite, 50)),
+        p99=float(np.percentile(finite, 99)),
+        max=float(finite.max()),
+    )
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--before", type=Path, default=None, help="an older tree's python/ dir")
+    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--context-words", type=int, default=32_000, help="~2 tokens each")
+    parser.add_argument("--quick", action="store_true", help="4 sessions, 2 turns, 4K words")
+    opts = parser.parse_args()
+    if opts.quick:
+        opts.sessions, opts.turns, opts.context_words = 4, 2, 4000
+    configs: list[tuple[str, list[str], Path | None]] = []
+    if opts.before is not None:
+        configs.append(("before (--before tree)", [], opts.before))
+    configs += [
+        ("inline (--workers 0)", ["--workers", "0"], None),
+        ("after (defaults)", [], None),
+        ("after, --max-body-bytes 32 MiB", ["--max-body-bytes", str(32 * 1024 * 1024)], None),
+    ]
+    rows = []
+    for name, args, tree in configs:
+        row = run_config(name, args, tree, opts)
+        rows.append(row)
+        print(
+            f"{name}: {row['turns']} turns in {row['elapsed']:.1f} s; counts {row['counts']}",
+            flush=True,
+        )
+    print()
+    print(
+        f"{opts.sessions} sessions x {opts.turns} turns at ~{2 * opts.context_words // 1000}K "
+        "tokens, plus 20 MB and 12 MB count_tokens; /healthz every 20 ms"
+    )
+    print("| server | healthz p50 | p99 | max | probes (failed) | turns done | load time |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['name']} | {r['p50']:.1f} ms | {r['p99']:.1f} ms | {r['max']:.0f} ms | "
+            f"{r['probes']} ({r['failed']}) | {r['turns']} | {r['elapsed']:.1f} s |"
+        )
+    print(
+        f"\nmachine: {platform.machine()}, {multiprocessing.cpu_count()} cores, "
+        f"CPython {platform.python_version()}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

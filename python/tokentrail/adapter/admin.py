@@ -1,0 +1,91 @@
+"""The admin routes: finish a session (its samples and ledger come back) and drop one.
+
+They hand out what harnesses wrote and end other people's sessions, so they are closed unless
+the operator sets an admin token (`--admin-token`, or `TOKENTRAIL_ADMIN_TOKEN`): without one
+they answer 403 over HTTP, and the in-process API (`Adapter.finish_session`, ...) is the way
+in. With one, a request must carry it as `Authorization: Bearer TOKEN`; the comparison takes
+the same time whatever the guess.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from aiohttp import web
+
+from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.offload import Offload
+from tokentrail.adapter.protocols.common import bearer
+from tokentrail.adapter.sessions import Sessions
+from tokentrail.adapter.validation import parse_body, read_body
+from tokentrail.errors import AuthenticationError, PermissionDenied, RequestError, SessionError
+from tokentrail.trajectory.manager import Trajectory
+
+__all__ = ["Admin", "finish_payload"]
+
+FINISH_PATH = "/tokentrail/sessions/{sid}/finish"
+DROP_PATH = "/tokentrail/sessions/{sid}"
+
+
+class Admin:
+    """Finish and drop over HTTP, behind the admin token."""
+
+    def __init__(
+        self, token: str | None, sessions: Sessions, offload: Offload, limits: Limits
+    ) -> None:
+        self.token = token or None
+        self.sessions = sessions
+        self.offload = offload
+        self.limits = limits
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(FINISH_PATH, self.finish), web.delete(DROP_PATH, self.drop)]
+
+    def check(self, request: web.Request) -> None:
+        if self.token is None:
+            raise PermissionDenied(
+                "admin routes are off: start the server with --admin-token (or set "
+                "TOKENTRAIL_ADMIN_TOKEN), or finish sessions through the in-process API"
+            )
+        given = bearer(request.headers) or ""
+        if not hmac.compare_digest(given.encode("utf-8", "replace"), self.token.encode()):
+            raise AuthenticationError("admin token required (Authorization: Bearer TOKEN)")
+
+    async def finish(self, request: web.Request) -> web.StreamResponse:
+        self.check(request)
+        raw = await read_body(
+            request, max_bytes=self.limits.max_body_bytes, timeout_s=self.limits.body_timeout_s
+        )
+        body: dict[str, Any] = {}
+        if raw.strip():
+            body = await self.offload.run(parse_body, raw, self.limits.max_json_depth)
+        reward = body.get("reward", 0.0)
+        metadata = body.get("metadata") or {}
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise RequestError("reward must be a number")
+        if not isinstance(metadata, dict):
+            raise RequestError("metadata must be an object")
+        sid = request.match_info["sid"]
+        trajectory = await self.sessions.finish(sid, reward=float(reward), metadata=metadata)
+        payload = await self.offload.run(finish_payload, trajectory)
+        return web.Response(body=payload, content_type="application/json")
+
+    async def drop(self, request: web.Request) -> web.StreamResponse:
+        self.check(request)
+        sid = request.match_info["sid"]
+        if not await self.sessions.drop_soon(sid):
+            raise SessionError(f"unknown session {sid!r}")
+        return web.json_response({"dropped": sid})
+
+
+def finish_payload(trajectory: Trajectory) -> bytes:
+    """The JSON `/finish` answers: every sample and the ledger."""
+    return json.dumps(
+        {
+            "samples": [s.to_dict() for s in trajectory.samples],
+            "ledger": trajectory.ledger.to_dict(),
+        },
+        ensure_ascii=False,
+    ).encode()
