@@ -1,4 +1,5 @@
-"""The `tokentrail` command: `serve` the adapter, run the `demo`.
+"""The `tokentrail` command: `serve` the adapter, `replay`/`audit`/`journal` its records, run
+the `demo`.
 
 `tokentrail demo` is the main job on built-in defaults: the scripted engine, the Qwen3
 vocabulary and a harness that re-renders echoes as Claude Code does; no GPU, no network.
@@ -16,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.kinds import Backend, DriftPolicy, History, Restore, RewritePolicy
+from tokentrail.kinds import Backend, DriftPolicy, History, Restore, Retry, RewritePolicy
 
 
 def _names(enum: Any) -> list[str]:
@@ -47,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
         restore=Restore(args.restore),
         history=History(args.history),
         splice_verify_every=args.splice_verify_every,
+        retry=Retry(args.retries),
     )
     manager = TrajectoryManager(
         fork_threshold_tokens=args.fork_threshold,
@@ -188,7 +190,7 @@ def _check_template(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from tokentrail.storage.journal import read_journal
+    from tokentrail.storage.journal_read import read_journal
     from tokentrail.storage.replay import Settings, as_recorded, progress_bar, replay, side_by_side
     from tokentrail.text.tokenizer import load_tokenizer
 
@@ -233,7 +235,7 @@ def _audit(args: argparse.Namespace) -> int:
                 record = json.loads(line)
                 ledgers.append(Ledger.from_dict(record.get("ledger", record)))
     else:
-        from tokentrail.storage.journal import read_journal
+        from tokentrail.storage.journal_read import read_journal
         from tokentrail.storage.replay import as_recorded
 
         ledgers = [t.ledger for t in as_recorded(read_journal(path)).values()]
@@ -244,6 +246,43 @@ def _audit(args: argparse.Namespace) -> int:
         return 1
     print(f"ok: masked fraction {fraction:.4f} is within {args.max_masked}")
     return 0
+
+
+def _journal_check(args: argparse.Namespace) -> int:
+    from tokentrail.storage.journal_read import check_journal
+
+    report = check_journal(args.journal)
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+def _journal_compact(args: argparse.Namespace) -> int:
+    from tokentrail.storage.journal_compact import compact
+
+    done = compact(args.journal, export_to=args.export)
+    if done.exported is not None:
+        print(
+            f"wrote {done.exported.samples} samples of {done.exported.sessions} finished "
+            f"sessions to {args.export}"
+        )
+    print(
+        f"compacted {args.journal}: {done.bytes_before / 1e6:.2f} MB -> "
+        f"{done.bytes_after / 1e6:.2f} MB; removed {done.sessions_removed} sessions "
+        f"({done.events_removed} events)"
+    )
+    for damage in done.damaged:
+        print(f"damaged: {damage.describe()}")
+    return 0 if not done.damaged else 1
+
+
+def _journal_export(args: argparse.Namespace) -> int:
+    from tokentrail.storage.journal_compact import export_finished
+
+    done = export_finished(args.journal, args.out)
+    print(f"wrote {done.samples} samples of {done.sessions} finished sessions to {args.out}")
+    for line in done.damaged:
+        print(f"damaged: {line}")
+    return 0 if not done.damaged else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,6 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--admin-token", default=None)
     serve.add_argument("--journal", default=None, help="SQLite journal: recover, then append")
     serve.add_argument("--journal-sync", default="normal", choices=["normal", "full"])
+    serve.add_argument(
+        "--retries",
+        default="replay",
+        choices=_names(Retry),
+        help="a retried request (the prompt of a turn nothing was built on): answer it with "
+        "the recorded reply (replay) or generate again (fresh); the X-Tokentrail-Retry header "
+        "chooses per request",
+    )
     serve.add_argument("--model-name", default="tokentrail")
     serve.add_argument("--backend", default=None, choices=_names(Backend))
     serve.add_argument(
@@ -314,6 +361,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 when the masked fraction of generated tokens is above this",
     )
     aud.set_defaults(func=_audit)
+
+    jour = sub.add_parser("journal", help="check, compact or export a journal")
+    jsub = jour.add_subparsers(dest="journal_command", required=True)
+    jcheck = jsub.add_parser("check", help="read every event; per session, what is intact")
+    jcheck.add_argument("journal")
+    jcheck.set_defaults(func=_journal_check)
+    jcompact = jsub.add_parser(
+        "compact", help="remove finished and dropped sessions (not while a server holds it)"
+    )
+    jcompact.add_argument("journal")
+    jcompact.add_argument(
+        "--export", default=None, help="first write the finished sessions' samples here"
+    )
+    jcompact.set_defaults(func=_journal_compact)
+    jexport = jsub.add_parser("export", help="write the finished sessions' samples to a file")
+    jexport.add_argument("journal")
+    jexport.add_argument("out", help="a .npz, .jsonl or .parquet file")
+    jexport.set_defaults(func=_journal_export)
 
     demo = sub.add_parser("demo", help="run a scripted coding session end to end")
     demo.add_argument("--out", default=DEMO_OUT)

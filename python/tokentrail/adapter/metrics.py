@@ -40,6 +40,8 @@ __all__ = [
 STAGES = tuple(s.value for s in Stage)
 DRIFT_KINDS = tuple(k.value for k in DriftKind)
 MASK_REASONS = tuple(r.value for r in MaskReason)
+# How a retried request was answered.
+RETRY_ANSWERS = ("recorded", "generated")
 # 0.1 ms (a cache hit in `restore`) up to 60 s (a long generation in `engine`).
 LATENCY_BUCKETS = (
     0.0001,
@@ -147,6 +149,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.retries = Counter(
+            "tokentrail_retries_total",
+            "Retried requests (the prompt of a recorded turn nothing was built on), by how they "
+            "were answered: from the record, or generated again (superseding the earlier turn).",
+            ["answer"],
+            registry=r,
+        )
         self.in_flight_requests = Gauge(
             "tokentrail_requests_in_flight",
             "Requests the adapter is serving now.",
@@ -166,6 +175,8 @@ class Metrics:
             self.masked_tokens.labels(reason=reason)
         for fallback in Fallback:
             self.splice_fallbacks.labels(reason=fallback.value)
+        for answer in RETRY_ANSWERS:
+            self.retries.labels(answer=answer)
 
     # -- per request ----------------------------------------------------------------------------
 
@@ -188,6 +199,9 @@ class Metrics:
         """Count one restored echo per tool name (a message with two calls restores both)."""
         for tool in tool_names:
             self.echo_restores.labels(tool=tool).inc()
+
+    def retried(self, *, recorded: bool) -> None:
+        self.retries.labels(answer=RETRY_ANSWERS[0] if recorded else RETRY_ANSWERS[1]).inc()
 
     def splice_fallback(self, reason: Fallback) -> None:
         self.splice_fallbacks.labels(reason=reason.value).inc()
@@ -226,11 +240,12 @@ def masked_tool_turn_warning(sid: str, ledger: Ledger, threshold: float = 0.05) 
 
     The line names the session, the fraction, and per tool the number of turns masked by each
     reason; a turn masked for two reasons counts under both. None when the fraction is at or
-    below the threshold, or the session made no tool calls.
+    below the threshold, or the session made no tool calls (superseded turns do not count).
     """
     if not 0.0 <= threshold <= 1.0:
         raise PolicyError(f"threshold must be in [0, 1], got {threshold}")
-    tool_turns = [t for t in ledger.turns if t.tools]
+    # A superseded turn is a dead end the harness discarded, not lost signal.
+    tool_turns = [t for t in ledger.turns if t.tools and not t.superseded]
     lost = [t for t in tool_turns if t.masked_total > 0]
     if not tool_turns or len(lost) / len(tool_turns) <= threshold:
         return None

@@ -2,13 +2,13 @@
 
 This module is the HTTP layer only: it reads a request, picks the protocol its route belongs
 to, runs the turn through the `TurnPipeline` around one engine call, and writes the reply.
-A turn is journaled before its reply leaves and recorded once the reply has reached the client.
+A turn is journaled and recorded before its reply leaves, and kept whether or not the reply
+reaches the client: a retried request for it is answered from the record (`adapter.answers`).
 Errors become JSON in the protocol's shape in one middleware (`adapter.middleware`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import uuid
@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter.answers import RecordedAnswer, requested_retry, sampling_key
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
 from tokentrail.adapter.protocols import WireProtocol, protocols
@@ -33,8 +34,8 @@ from tokentrail.errors import (
     SessionError,
     UpstreamError,
 )
-from tokentrail.kinds import History, Restore, Stage
-from tokentrail.messages import Message
+from tokentrail.kinds import History, Restore, Retry, Stage
+from tokentrail.messages import Conversation, Message
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import Trajectory, TrajectoryManager
@@ -57,6 +58,8 @@ class AdapterConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY
     restore: Restore = Restore.ON
     history: History = History.SPLICE
+    # What a retried request gets (a session's own rule and the request's header come first).
+    retry: Retry = Retry.REPLAY
     # Check a spliced tail against the full render every this many splices (1: every turn).
     splice_verify_every: int = 8
     default_max_tokens: int = 4096
@@ -141,10 +144,11 @@ class Adapter:
         sampling_defaults: dict[str, Any] | None = None,
         max_context_tokens: int = 0,
         history: History | str | None = None,
+        retry: Retry | str | None = None,
     ) -> None:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` overrides the adapter's for this session."""
-        self.sessions.open(sid, sampling_defaults, max_context_tokens, history)
+        `history` and `retry` override the adapter's for this session."""
+        self.sessions.open(sid, sampling_defaults, max_context_tokens, history, retry)
 
     async def finish_trajectory(
         self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
@@ -247,7 +251,7 @@ class Adapter:
         try:
             return await self._run_turn(request, proto, body, sid, session, stream, timing)
         except ConnectionResetError:
-            logger.debug("session %s: client went away before the reply; turn not recorded", sid)
+            logger.debug("session %s: client went away before the reply", sid)
             return web.Response(status=499)
         finally:
             self.sessions.release(session)
@@ -283,82 +287,117 @@ class Adapter:
             )
             return await write_reply(request, proto, proto.reply(outcome), stream, body)
 
+        key = sampling_key(sampling)
+        retry = requested_retry(request.headers) or session.retry or self.config.retry
+        earlier = self.pipeline.unanswered(prepared)
+        if retry is Retry.REPLAY:
+            answer = session.answers.find(earlier, proto.name, key)
+            if answer is None:
+                answer = await session.answers.wait_in_flight(prepared, proto.name, key)
+            if answer is not None:
+                # Nothing is generated or recorded again: the recorded reply goes out.
+                self.sessions.answered_again(sid, answer)
+                return await write_reply(request, proto, answer.reply, stream, body)
+        if earlier:
+            logger.debug("session %s: a retry generated again; turn %s superseded", sid, earlier)
+            self.metrics.retried(recorded=False)
+        pending = session.answers.start(prepared, proto.name, key)
+        try:
+            answer = await self._generate_and_record(
+                proto, sid, session, conversation, prepared, sampling, key, timing, bool(earlier)
+            )
+        except BaseException:
+            session.answers.done(pending, None)
+            raise
+        session.answers.done(pending, answer)
+        # The turn is kept whether or not this reply arrives: a retry is answered from it.
+        response = await write_reply(request, proto, answer.reply, stream, body)
+        timing.lap(Stage.RESPOND)
+        self.metrics.observe_turn(timing.stages)
+        self.timings.append(timing)
+        return response
+
+    async def _generate_and_record(
+        self,
+        proto: WireProtocol,
+        sid: str,
+        session: Session,
+        conversation: Conversation,
+        prepared: PreparedTurn,
+        sampling: SamplingParams,
+        key: str,
+        timing: TurnTiming,
+        supersede: bool,
+    ) -> RecordedAnswer:
+        """Generate the turn, journal it, record it; returns its reply for the client.
+        With `supersede` it replaces the earlier turns of its prompt (a retry answered fresh)."""
         rid = uuid.uuid4().hex
-        generation = await self._generate(prepared, sampling, sid, rid)
+        generation = await generate(self.engine, prepared, sampling, sid, rid)
         timing.lap(Stage.ENGINE)
         timing.engine_reported = generation.engine_time_s
 
         parsed = self.pipeline.parse(prepared, generation.output_ids)
         message = parsed.message
-        outcome = Outcome(
-            self.config.model_name,
-            message,
-            [proto.mint_call_id() for _ in message.get("tool_calls") or ()],
-            generation.finish_reason,
-            len(prepared.prompt_ids),
-            len(generation.output_ids),
-            output_ids=list(generation.output_ids),
-            logprobs=list(generation.logprobs),
+        reply = proto.reply(
+            outcome_of(proto, self.config.model_name, prepared, generation, message)
         )
-        reply = proto.reply(outcome)
         metadata = {
             "protocol": proto.name,
             "request_id": rid,
             "ill_formed": parsed.reason,
             "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
         }
-        # Journaled before the reply leaves: a crash after the client got it must not lose the
-        # turn. A reply that never reaches the client retracts it again.
-        seq = None
-        if self.journal is not None:
-            seq = self.journal.turn(
-                sid,
-                translated=conversation.messages,
-                prompt_messages=prepared.record_messages,
-                response_message=message,
-                tools=conversation.tools,
-                prompt_ids=prepared.prompt_ids,
-                output_ids=generation.output_ids,
-                logprobs=generation.logprobs,
-                finish_reason=generation.finish_reason,
-                ill_formed=parsed.ill_formed,
-                metadata=metadata,
-                history=prepared.history,
-                fallback=prepared.fallback,
-            )
-        try:
-            response = await write_reply(request, proto, reply, stream, body)
-        except (ConnectionResetError, asyncio.CancelledError):
-            if seq is not None and self.journal is not None:
-                self.journal.retract(sid, seq)
-            raise
-        timing.lap(Stage.RESPOND)
-
-        self.pipeline.record(
-            prepared, generation, message, ill_formed=parsed.ill_formed, metadata=metadata
+        answer = RecordedAnswer(0, 0, proto.name, key, reply)
+        return self.sessions.record(
+            session,
+            conversation,
+            prepared,
+            generation,
+            message,
+            ill_formed=parsed.ill_formed,
+            metadata=metadata,
+            answer=answer,
+            supersede=supersede,
         )
-        session.turns += 1
-        self.metrics.observe_turn(timing.stages)
-        self.timings.append(timing)
-        return response
 
-    async def _generate(
-        self, prepared: PreparedTurn, sampling: SamplingParams, sid: str, rid: str
-    ) -> Generation:
-        request = GenerateRequest(
-            input_ids=prepared.prompt_ids,
-            sampling=sampling,
-            session_id=sid,
-            request_id=rid,
-            messages=prepared.record_messages,
-            tools=prepared.tools,
-        )
-        try:
-            generation = await self.engine.generate(request)
-        except EngineError as exc:
-            await self.engine.abort(rid)
-            raise UpstreamError(f"engine error: {exc}") from None
-        return generation
+
+async def generate(
+    engine: Engine, prepared: PreparedTurn, sampling: SamplingParams, sid: str, rid: str
+) -> Generation:
+    """One engine call for a prepared turn; an engine failure aborts it and is a 502."""
+    request = GenerateRequest(
+        input_ids=prepared.prompt_ids,
+        sampling=sampling,
+        session_id=sid,
+        request_id=rid,
+        messages=prepared.record_messages,
+        tools=prepared.tools,
+    )
+    try:
+        return await engine.generate(request)
+    except EngineError as exc:
+        await engine.abort(rid)
+        raise UpstreamError(f"engine error: {exc}") from None
+
+
+def outcome_of(
+    proto: WireProtocol,
+    model: str,
+    prepared: PreparedTurn,
+    generation: Generation,
+    message: Message,
+) -> Outcome:
+    """A generated turn as its protocol writes it back, with fresh tool-call ids."""
+    return Outcome(
+        model,
+        message,
+        [proto.mint_call_id() for _ in message.get("tool_calls") or ()],
+        generation.finish_reason,
+        len(prepared.prompt_ids),
+        len(generation.output_ids),
+        output_ids=list(generation.output_ids),
+        logprobs=list(generation.logprobs),
+    )
 
 
 async def write_reply(

@@ -31,6 +31,10 @@ class TurnLedger:
     # How the turn's prompt ids were built, and why a splice fell back to a render.
     history: History | None = None
     fallback: Fallback | None = None
+    # A later generation from the same prompt replaced it (see `MaskReason.SUPERSEDED`).
+    superseded: bool = False
+    # Retried requests answered with this turn's recorded reply instead of a new generation.
+    replays: int = 0
 
     @property
     def masked_total(self) -> int:
@@ -52,6 +56,8 @@ class TurnLedger:
             "masked": dict(self.masked),
             "history": self.history_label,
             "fallback": None if self.fallback is None else self.fallback.value,
+            "superseded": self.superseded,
+            "replays": self.replays,
         }
 
 
@@ -85,6 +91,11 @@ class Ledger:
             for reason, n in t.masked.items():
                 out[reason] = out.get(reason, 0) + n
         return dict(sorted(out.items()))
+
+    @property
+    def replays(self) -> int:
+        """Retried requests answered from the record, all turns together."""
+        return sum(t.replays for t in self.turns)
 
     @property
     def splice_fallbacks(self) -> dict[str, int]:
@@ -123,6 +134,8 @@ class Ledger:
                     masked={k: int(v) for k, v in (t.get("masked") or {}).items()},
                     history=history,
                     fallback=fallback,
+                    superseded=bool(t.get("superseded", False)),
+                    replays=int(t.get("replays", 0)),
                 )
             )
         return cls(
@@ -141,10 +154,16 @@ class Ledger:
             "turns": [t.to_dict() for t in self.turns],
             "by_tool": self.by_tool,
             "splice_fallbacks": self.splice_fallbacks,
+            "replays": self.replays,
         }
 
 
 # -- deciding every generated token's fate ---------------------------------------------------
+
+
+def is_superseded(node: Node) -> bool:
+    """A generated turn a later generation from its prompt replaced, and nothing built on."""
+    return node.turn is not None and node.turn.superseded and not node.children
 
 
 def build_ledger(
@@ -153,28 +172,37 @@ def build_ledger(
     *,
     restored_echoes: int,
     restored_by_tool: Mapping[str, int],
+    mask_superseded: bool = True,
 ) -> Ledger:
     """Every generated turn of a session's tree, with its tokens trained or masked.
 
     A turn still in the tree is trained where a sample trains it and masked where linearization
-    realigned or truncated it; a turn a rewrite demoted is masked whole as `merged_rewrite`.
+    realigned or truncated it; a turn a rewrite demoted is masked whole as `merged_rewrite`; a
+    superseded turn, left out of linearization, is masked whole as `superseded`.
     """
     rows: list[TurnLedger] = []
     for node in iter_nodes(root):
         turn = node.turn
         if turn is not None:
             k = turn.id
+            superseded = is_superseded(node)
+            masked = {
+                MaskReason.REALIGNED: lin.realigned.get(k, 0),
+                MaskReason.TRUNCATED: lin.truncated.get(k, 0),
+            }
+            if superseded and mask_superseded:
+                # Left out of every sample: whatever no other reason took.
+                taken = lin.trained.get(k, 0) + sum(masked.values())
+                masked[MaskReason.SUPERSEDED] = turn.output_len - taken
             row = turn_fate(
                 node.turn_index or 0,
                 tool_names(node.message),
                 turn.output_len,
                 lin.trained.get(k, 0),
-                {
-                    MaskReason.REALIGNED: lin.realigned.get(k, 0),
-                    MaskReason.TRUNCATED: lin.truncated.get(k, 0),
-                },
+                masked,
             )
             row.history, row.fallback = turn.history, turn.fallback
+            row.superseded, row.replays = superseded, turn.replays
             rows.append(row)
         for demoted in node.demoted:
             rows.append(

@@ -12,11 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike, load_backend
 from tokentrail.errors import MessageError, PolicyError, SessionError
 from tokentrail.kinds import Backend, DriftKind, DriftPolicy, RewritePolicy
 from tokentrail.messages import Message, ToolSchema, tool_names
-from tokentrail.trajectory.ledger import Ledger, build_ledger
+from tokentrail.trajectory import retry
+from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
 from tokentrail.trajectory.restore import restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
@@ -65,6 +68,8 @@ class _Session:
     turns: int = 0
     restored: int = 0
     restored_by_tool: Counter[str] = field(default_factory=Counter)
+    # The node holding each generated turn, by turn index.
+    by_index: dict[int, Node] = field(default_factory=dict)
 
 
 def _policy(enum: type[DriftPolicy] | type[RewritePolicy], value: object, what: str) -> Any:
@@ -88,6 +93,7 @@ class TrajectoryManager:
         drift_policy: DriftPolicy | str = DriftPolicy.MINIMAL,
         rewrite_policy: RewritePolicy | str = RewritePolicy.FORK,
         backend: Backend | str | None = None,
+        train_superseded: bool = False,
     ) -> None:
         self.drift_policy: DriftPolicy = _policy(DriftPolicy, drift_policy, "drift_policy")
         self.rewrite_policy: RewritePolicy = _policy(
@@ -98,6 +104,9 @@ class TrajectoryManager:
         if fork_threshold_tokens < 0:
             raise PolicyError(f"fork_threshold_tokens must be >= 0, got {fork_threshold_tokens}")
         self.fork_threshold_tokens = fork_threshold_tokens
+        # A superseded generation (see `record_turn`) is masked as `superseded` unless this is
+        # set: then it trains as a dead-end sample of its own, as any other leaf would.
+        self.train_superseded = bool(train_superseded)
         self.core = load_backend(backend)
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
@@ -137,12 +146,17 @@ class TrajectoryManager:
         metadata: dict[str, Any] | None = None,
         tools: list[ToolSchema] | None = None,
         keys: list[MessageKey] | None = None,
+        supersede: bool = False,
     ) -> int:
         """Route one turn into the session's tree; return its turn index (1-based).
 
         Everything is validated before the tree changes, so a bad turn leaves it as it was.
         `keys` are the messages' routing keys if the caller already has them (`restore_keyed`).
         An empty `prompt_messages` is refused: a turn needs a prompt to route by.
+
+        With `supersede`, the turn replaces the earlier turns generated from the same prompt
+        (same path, same prompt ids) that nothing was built on (`unanswered_turns`): the
+        harness asked again and got a fresh answer, and they are masked as `superseded`.
         """
         _check_sid(sid)
         keys = _checked_keys(prompt_messages, keys, "prompt_messages")
@@ -161,6 +175,10 @@ class TrajectoryManager:
             if session is None:
                 session = self._sessions[sid] = _Session(self.core.TurnStore())
             node, i = walk(session.root, keys)
+            if supersede and i == len(keys):
+                retry.supersede(
+                    retry.unanswered(node, checked.prompt_ids, session.store.prompt_ids)
+                )
             node, i = merge_rewrite(
                 self.rewrite_policy, self.fork_threshold_tokens, node, prompt_messages, keys, i
             )
@@ -190,7 +208,39 @@ class TrajectoryManager:
             if metadata:
                 leaf.metadata = dict(metadata)
             node.add_child(leaf)
+            session.by_index[session.turns] = leaf
             return session.turns
+
+    # -- retries ------------------------------------------------------------------------------
+
+    def unanswered_turns(
+        self,
+        sid: str,
+        prompt_messages: Sequence[Message],
+        prompt_ids: Any,
+        keys: list[MessageKey] | None = None,
+    ) -> list[int]:
+        """Turns a request with this prompt repeats (see `trajectory.retry`), latest first."""
+        keys = _checked_keys(prompt_messages, keys, "prompt_messages")
+        prompt = np.asarray(prompt_ids, dtype=np.uint32)
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                return []
+            node, i = walk(session.root, keys)
+            found = (
+                retry.unanswered(node, prompt, session.store.prompt_ids) if i == len(keys) else []
+            )
+            return sorted((n.turn_index or 0 for n in found), reverse=True)
+
+    def answered_again(self, sid: str, turn_index: int) -> None:
+        """Count one retried request answered with this turn's recorded reply."""
+        with self._lock:
+            session = self._sessions.get(sid)
+            node = session.by_index.get(turn_index) if session is not None else None
+            if node is None or node.turn is None:
+                raise SessionError(f"session {sid!r} has no generated turn {turn_index}")
+            retry.answered_again(node)
 
     # -- echo restore -------------------------------------------------------------------------
 
@@ -295,7 +345,7 @@ class TrajectoryManager:
             session = self._sessions.pop(sid, None)
         if session is None:
             return Trajectory([], Ledger())
-        return self._linearize(sid, session, float(reward), extra_metadata, max_sample_tokens)
+        return _linearize(self, sid, session, float(reward), extra_metadata, max_sample_tokens)
 
     def get_trajectory(
         self,
@@ -309,41 +359,51 @@ class TrajectoryManager:
             sid, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=max_sample_tokens
         ).samples
 
-    def _linearize(
-        self,
-        sid: str,
-        session: _Session,
-        reward: float,
-        extra_metadata: dict[str, Any] | None,
-        max_sample_tokens: int,
-    ) -> Trajectory:
-        # Store ids are turn indices - 1: a turn is pushed when it is recorded.
-        generated: dict[int, Node] = {
-            n.turn.id: n for n in iter_nodes(session.root) if n.turn is not None
-        }
-        chains = []
-        for leaf in leaves(session.root):
-            chain = [n.turn.id for n in leaf.path() if n.turn is not None]
-            if chain:
-                chains.append(chain)
-        lin = session.store.linearize(
-            chains,
-            policy=self.drift_policy.value,
-            fork_threshold=self.fork_threshold_tokens,
-            max_sample_tokens=max_sample_tokens,
-        )
-        samples = [_sample(sid, built, generated, reward, extra_metadata) for built in lin.samples]
-        ledger = build_ledger(
-            session.root,
-            lin,
-            restored_echoes=session.restored,
-            restored_by_tool=session.restored_by_tool,
-        )
-        drifts = [
-            DriftRecord(generated[d.turn].turn_index or 0, DriftKind(d.kind), d.at, d.drifted)
-            for d in lin.drifts
-        ]
-        return Trajectory(samples, ledger, drifts)
+
+def _linearize(
+    manager: TrajectoryManager,
+    sid: str,
+    session: _Session,
+    reward: float,
+    extra_metadata: dict[str, Any] | None,
+    max_sample_tokens: int,
+) -> Trajectory:
+    # Store ids are turn indices - 1: a turn is pushed when it is recorded.
+    generated: dict[int, Node] = {
+        n.turn.id: n for n in iter_nodes(session.root) if n.turn is not None
+    }
+    lin = session.store.linearize(
+        _chains(session.root, manager.train_superseded),
+        policy=manager.drift_policy.value,
+        fork_threshold=manager.fork_threshold_tokens,
+        max_sample_tokens=max_sample_tokens,
+    )
+    samples = [_sample(sid, built, generated, reward, extra_metadata) for built in lin.samples]
+    ledger = build_ledger(
+        session.root,
+        lin,
+        restored_echoes=session.restored,
+        restored_by_tool=session.restored_by_tool,
+        mask_superseded=not manager.train_superseded,
+    )
+    drifts = [
+        DriftRecord(generated[d.turn].turn_index or 0, DriftKind(d.kind), d.at, d.drifted)
+        for d in lin.drifts
+    ]
+    return Trajectory(samples, ledger, drifts)
+
+
+def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
+    """Each leaf's chain of generated turns (store ids), superseded leaves left out unless
+    they train."""
+    chains = []
+    for leaf in leaves(root):
+        if is_superseded(leaf) and not train_superseded:
+            continue
+        chain = [n.turn.id for n in leaf.path() if n.turn is not None]
+        if chain:
+            chains.append(chain)
+    return chains
 
 
 def _sample(

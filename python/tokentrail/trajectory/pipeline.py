@@ -308,6 +308,13 @@ class TurnPipeline:
             raise RequestError("the request has no messages to render")
         return len(self.tokenizer.encode(self.render(conversation.messages, conversation.tools)))
 
+    def unanswered(self, prepared: PreparedTurn) -> list[int]:
+        """Recorded turns this prepared turn would retry (same prompt, nothing built on them),
+        latest first; see `TrajectoryManager.unanswered_turns`."""
+        return self.manager.unanswered_turns(
+            prepared.sid, prepared.record_messages, prepared.prompt_ids, prepared.keys
+        )
+
     # -- after the engine -----------------------------------------------------------------------
 
     def parse(self, prepared: PreparedTurn, output_ids: TokenIds) -> ParsedOutput:
@@ -334,8 +341,10 @@ class TurnPipeline:
         *,
         ill_formed: bool = False,
         metadata: dict[str, Any] | None = None,
+        supersede: bool = False,
     ) -> int:
-        """Record the turn in the session's tree; returns its turn index."""
+        """Record the turn in the session's tree; returns its turn index. With `supersede` it
+        replaces the turns it retries (`unanswered`)."""
         index = self.manager.record_turn(
             prepared.sid,
             turn=TurnRecord(
@@ -352,6 +361,7 @@ class TurnPipeline:
             tools=prepared.tools,
             metadata=metadata,
             keys=prepared.keys,
+            supersede=supersede,
         )
         prepared.timing.lap(Stage.RECORD)
         return index

@@ -83,3 +83,7 @@ class StoredTurn:
     # How its prompt ids were built (None: recorded by a caller that did not say).
     history: History | None = None
     fallback: Fallback | None = None
+    # A later generation from the same prompt replaced it (a retry answered fresh).
+    superseded: bool = False
+    # How often a retried request was answered with this turn's recorded reply.
+    replays: int = 0
