@@ -46,9 +46,10 @@ def _turn(journal: Journal, sid: str, messages: list[dict], prompt, output, k: i
 def _grow(journal: Journal, sid: str, turns: int, width: int = 500, text: int = 4000) -> list:
     """A session whose every turn adds a tool result and extends the previous prompt."""
     made, held, messages = [], [], [{"role": "system", "content": "s" * text}]
-    rng = np.random.default_rng(len(sid))
+    rng = np.random.default_rng([ord(c) for c in sid])
     for k in range(turns):
-        messages = [*messages, {"role": "tool", "content": f"<{sid}{k}>" + "r" * text}]
+        noise = rng.bytes(text // 2).hex()  # as hard to deflate as a real file
+        messages = [*messages, {"role": "tool", "content": f"<{sid}{k}>" + noise}]
         prompt = held + rng.integers(0, 150_000, width).tolist()
         output = [9, 8, 7, k]
         _turn(journal, sid, list(messages), prompt, output, k)
@@ -236,7 +237,13 @@ def test_flipped_bytes_in_the_file_keep_every_intact_session(tmp_path: Path) -> 
         _grow(journal, sid, 3, text=3000)
     journal._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     journal.close()
-    _flip(path, b"<c1>")  # inside the payload of c's second turn
+    db = sqlite3.connect(path)
+    (payload,) = db.execute(
+        "SELECT payload FROM events WHERE sid = 'c' AND sess_seq = 2"
+    ).fetchone()
+    db.close()
+    middle = len(payload) // 2
+    _flip(path, payload[middle : middle + 32])  # inside the payload of c's second turn
     report = check_journal(path)
     assert [s.sid for s in report.damaged] == ["c"] and report.sessions["c"].first_bad == 2
     reopened = Journal(path)
@@ -251,6 +258,25 @@ def test_flipped_bytes_in_the_file_keep_every_intact_session(tmp_path: Path) -> 
         "e": 3,
         "f": 3,
     }
+
+
+def test_a_file_cut_short_keeps_what_is_left(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    journal = Journal(path)
+    for sid in "abcd":
+        _grow(journal, sid, 3, text=3000)
+    journal._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    journal.close()
+    os.truncate(path, path.stat().st_size * 2 // 3)
+    reopened = Journal(path)
+    turns = _live(reopened)
+    reopened.close()
+    damaged = {d.sid for d in reopened.recovery.damaged}
+    assert damaged and "a" not in damaged  # the first session lies before the cut
+    assert len(turns["a"]) == 3
+    assert all(len(turns.get(sid, [])) < 3 for sid in damaged)
+    assert any(p.name.startswith("j.db.damaged-") for p in reopened.recovery.moved_to)
+    assert check_journal(path).ok
 
 
 def test_schema_1_journals_are_read_and_migrated(tmp_path: Path) -> None:
@@ -297,6 +323,10 @@ def test_journal_check_and_compact_commands(tmp_path: Path, capsys) -> None:
     assert "done" in out and "finished" in out and "ok: every event is intact" in out
     before = path.stat().st_size
     samples = tmp_path / "done.jsonl"
+    holder = Journal(path)
+    assert main(["journal", "compact", str(path)]) == 1  # not while a server holds it
+    assert f"in use by process {os.getpid()}" in capsys.readouterr().err
+    holder.close()
     assert main(["journal", "compact", str(path), "--export", str(samples)]) == 0
     out = capsys.readouterr().out
     assert "removed 1 sessions" in out and samples.exists()

@@ -254,3 +254,25 @@ def test_a_reply_lost_after_journaling_is_answered_after_a_restart(
     assert second.engine.calls == 0
     (turn,) = done["ledger"]["turns"]
     assert turn["replays"] == 1 and turn["trained"] == turn["generated"]
+
+
+def test_an_empty_answer_is_never_answered_again(tokenizer) -> None:
+    """Qwen Code resends the same body when it got an answer with no text and no tool call."""
+    from tokentrail.engines.scripted import ScriptedEngine
+
+    class EmptyFirst(ScriptedEngine):
+        calls = 0
+
+        def choose(self, req):
+            EmptyFirst.calls += 1
+            return [] if EmptyFirst.calls == 1 else [{"type": "text", "text": "Done now."}]
+
+    adapter = Adapter(engine=EmptyFirst(tokenizer), tokenizer=tokenizer)
+
+    async def body(url: str):
+        return await send(url, BODY), await send(url, BODY), await finished(url)
+
+    (_, empty), (_, again), done = serve(adapter, body)
+    assert json.loads(empty)["content"] == [] and EmptyFirst.calls == 2
+    assert json.loads(again)["content"][0]["text"] == "Done now."
+    assert [t["superseded"] for t in done["ledger"]["turns"]] == [True, False]

@@ -388,9 +388,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tokentrail.errors import JournalError
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except JournalError as exc:
+        # A journal another process holds, or one this version cannot read: say so, plainly.
+        print(f"tokentrail: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ same holds for a duplicate that arrives while the first is still generating: it 
 
 A harness that wants a fresh sample says so with `X-Tokentrail-Retry: fresh` (or a session or
 adapter default of `Retry.FRESH`); the new generation then supersedes the earlier one, which
-the ledger masks as `superseded`. The match is on the translated prompt (its prompt ids and
-routing path), the protocol and the sampling parameters: a retry that changes `max_tokens`
-(Qwen Code does, after a truncated tool call) is a new request.
+the ledger masks as `superseded`. An empty answer (no text, no tool call) is never answered
+again: a harness asks again because it got one (Qwen Code retries an empty answer with the
+same body), so that retry is generated afresh too. The match is on the translated prompt (its
+prompt ids and routing path), the protocol and the sampling parameters: a retry that changes
+`max_tokens` (Qwen Code does, after a truncated tool call) is a new request.
 """
 
 from __future__ import annotations
@@ -46,18 +48,38 @@ class RecordedAnswer:
     protocol: str
     sampling: str
     reply: dict[str, Any]
+    # No text and no tool call: not answered again (see the module docstring).
+    empty: bool = False
 
     def journaled(self) -> dict[str, Any]:
         """What the journal keeps of it, with the turn."""
-        return {"protocol": self.protocol, "sampling": self.sampling, "reply": self.reply}
+        return {
+            "protocol": self.protocol,
+            "sampling": self.sampling,
+            "reply": self.reply,
+            "empty": self.empty,
+        }
 
     @classmethod
     def from_journal(
         cls, turn: int, seq: int, data: Mapping[str, Any] | None
     ) -> RecordedAnswer | None:
-        if not data:
+        if not data or not {"protocol", "sampling", "reply"} <= set(data):
             return None
-        return cls(turn, seq, str(data["protocol"]), str(data["sampling"]), dict(data["reply"]))
+        return cls(
+            turn,
+            seq,
+            str(data["protocol"]),
+            str(data["sampling"]),
+            dict(data["reply"]),
+            bool(data.get("empty", False)),
+        )
+
+
+def is_empty(message: Mapping[str, Any]) -> bool:
+    """An answer with no text and no tool call (reasoning alone does not count)."""
+    content = message.get("content")
+    return not message.get("tool_calls") and not (isinstance(content, str) and content.strip())
 
 
 def sampling_key(sampling: SamplingParams) -> str:
@@ -115,11 +137,13 @@ class Answers:
             self._by_turn.popitem(last=False)
 
     def find(self, turns: list[int], protocol: str, sampling: str) -> RecordedAnswer | None:
-        """The first of `turns` whose reply is kept and was made for this protocol and
-        sampling."""
+        """The first of `turns` whose reply is kept, was made for this protocol and sampling,
+        and is not empty."""
         for turn in turns:
             answer = self._by_turn.get(turn)
-            if answer is not None and answer.protocol == protocol and answer.sampling == sampling:
+            if answer is None or answer.empty:
+                continue
+            if answer.protocol == protocol and answer.sampling == sampling:
                 return answer
         return None
 
@@ -130,7 +154,8 @@ class Answers:
         there is none, or it failed)."""
         for pending in self._in_flight:
             if pending.matches(prepared, protocol, sampling):
-                return await asyncio.shield(pending.answer)
+                answer = await asyncio.shield(pending.answer)
+                return None if answer is None or answer.empty else answer
         return None
 
     def start(self, prepared: PreparedTurn, protocol: str, sampling: str) -> InFlight:

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter.answers import RecordedAnswer, requested_retry, sampling_key
+from tokentrail.adapter.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
 from tokentrail.adapter.protocols import WireProtocol, protocols
@@ -347,7 +347,7 @@ class Adapter:
             "ill_formed": parsed.reason,
             "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
         }
-        answer = RecordedAnswer(0, 0, proto.name, key, reply)
+        answer = RecordedAnswer(0, 0, proto.name, key, reply, is_empty(message))
         return self.sessions.record(
             session,
             conversation,

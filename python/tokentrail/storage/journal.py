@@ -115,11 +115,13 @@ class Journal:
 
     def _open(self) -> Lost:
         lost = prepare(self.path, self.sync, self.receipts, self.recovery)
-        db = connect(self.path, self.sync)
+        db = None
         try:
+            db = connect(self.path, self.sync)
             live = load_live(db)
         except (sqlite3.DatabaseError, JournalError) as exc:
-            db.close()
+            if db is not None:
+                db.close()
             self.recovery.rebuild(self.path, f"session index unreadable: {exc}")
             db = connect(self.path, self.sync)
             live = load_live(db)
@@ -149,7 +151,10 @@ class Journal:
             self.lost(sid, first, len(events), damage.reason)
             ends = [kind for _, kind in events if kind in END_STATES]
             if ends:
+                # It had ended: so it stays, though its end was lost with the rest.
                 self._append(sid, JournalEvent(ends[-1]), dump({"lost": True}))
+                if sid in self.recovery.live:
+                    self.recovery.live.remove(sid)
             elif sid not in self.recovery.live:
                 self.recovery.live.append(sid)
 
@@ -176,13 +181,7 @@ class Journal:
             for event in decode_events(sid, rows, writer.last, blobs, damage, decoder):
                 good = event.seq
                 yield event
-            writer.bases = Bases(
-                [
-                    Base(b.seq, b.tokens, [digest(m) for m in b.messages])
-                    for b in decoder.bases.items
-                ]
-            )
-            writer.tools = decoder.tools_ref
+            writer.bases, writer.tools = decoder.bases.digested(), decoder.tools_ref
             if damage:
                 self.recovery.damaged.extend(damage)
                 for d in damage:
@@ -343,7 +342,12 @@ class Journal:
             answer=answer,
             supersedes=supersedes,
         )
-        n = self._append(sid, JournalEvent.TURN, encoded.payload, encoded.ids, blob)
+        try:
+            n = self._append(sid, JournalEvent.TURN, encoded.payload, encoded.ids, blob)
+        except JournalError:
+            if blob is not None:
+                self._tool_lists.pop(blob[0], None)  # it never reached `blobs`
+            raise
         writer.bases.add(Base(n, np.concatenate([prompt, output]), digests), shared)
         writer.tools = ref
         return n

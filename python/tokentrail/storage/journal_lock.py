@@ -44,7 +44,10 @@ class JournalLock:
 
     def _flock(self) -> None:
         assert fcntl is not None
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise JournalError(f"journal {self.journal}: cannot open {self.path} ({exc})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -210,6 +210,9 @@ def _check_v2(db: sqlite3.Connection, path: Path, report: CheckReport) -> None:
     scan = Scan()
     damaged_rows: list[int] = []
     top = 0
+    receipts = receipts_path(path)
+    # Receipts written from now on belong to events a running writer commits after this read.
+    upto = receipts.stat().st_size if receipts.exists() else 0
     for values in scan_rows(db, ROW_COLUMNS, scan):
         row = Row(*values)
         top = row.seq
@@ -235,7 +238,7 @@ def _check_v2(db: sqlite3.Connection, path: Path, report: CheckReport) -> None:
         if s.expected and s._next <= s.expected:
             s.bad(s._next, f"events #{s._next}-#{s.expected} are missing")
     # Events committed past the file's end: their WAL tail was lost.
-    for sid, events in lost_events(receipts_path(path), top).items():
+    for sid, events in lost_events(receipts, top, upto).items():
         s = sessions.setdefault(sid, SessionCheck(sid))
         first = min(n for n, _ in events)
         s.bad(first, f"{len(events)} events past the file's end (the WAL tail was lost)")

@@ -9,9 +9,12 @@ name past the file's last one is known lost, with its session. Lines are in `seq
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 # How much of the file's end is read at a time when looking for the first lost line.
 CHUNK = 1 << 16
@@ -27,14 +30,22 @@ class Receipts:
     def __init__(self, journal: Path) -> None:
         self.path = receipts_path(journal)
         self._fd: int | None = None
+        self._failed = False
 
     def open(self) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, seq: int, sess_seq: int, kind: str, sid: str) -> None:
-        if self._fd is not None:
+        if self._fd is None:
+            return
+        try:
             os.write(self._fd, receipt_line(seq, sess_seq, kind, sid))
+        except OSError as exc:
+            # The event is committed; only the check for a lost WAL tail is weaker.
+            if not self._failed:
+                logger.warning("journal receipts %s cannot be written (%s)", self.path, exc)
+            self._failed = True
 
     def close(self) -> None:
         if self._fd is not None:
@@ -61,18 +72,19 @@ def parse_line(line: bytes) -> tuple[int, int, str, str] | None:
         return None
 
 
-def _first_line_after(path: Path, top: int) -> int | None:
+def _first_line_after(path: Path, top: int, upto: int | None = None) -> int | None:
     """The byte offset of the first line whose seq is past `top`, or of a torn or garbled
-    line (None: every line is at or before `top`). Reads only as much of the end as needed."""
+    line (None: every line is at or before `top`), in the first `upto` bytes (all when None).
+    Reads only as much of the end as needed."""
     if not path.exists():
         return None
-    size = path.stat().st_size
+    size = path.stat().st_size if upto is None else min(upto, path.stat().st_size)
     span = CHUNK
     with open(path, "rb") as f:
         while True:
             start = max(0, size - span)
             f.seek(start)
-            block = f.read()
+            block = f.read(size - start)
             pos = 0
             if start > 0:
                 # Skip the line the block starts inside of; widen until the block begins at
@@ -92,15 +104,19 @@ def _first_line_after(path: Path, top: int) -> int | None:
             return None
 
 
-def lost_events(path: Path, top: int) -> dict[str, list[tuple[int, str]]]:
-    """Per session, (sess_seq, kind) of every event the receipts name past `top`."""
-    offset = _first_line_after(path, top)
+def lost_events(path: Path, top: int, upto: int | None = None) -> dict[str, list[tuple[int, str]]]:
+    """Per session, (sess_seq, kind) of every event the receipts name past `top`, in their
+    first `upto` bytes (all when None: a reader of a journal being written passes the size
+    the receipts had before it read the file, so events committed since are not taken for
+    lost)."""
+    offset = _first_line_after(path, top, upto)
     lost: dict[str, list[tuple[int, str]]] = {}
     if offset is None:
         return lost
     with open(path, "rb") as f:
         f.seek(offset)
-        for line in f:
+        end = path.stat().st_size if upto is None else upto
+        for line in f.read(end - offset).splitlines(keepends=True):
             parsed = parse_line(line)
             if parsed is not None and parsed[0] > top:
                 lost.setdefault(parsed[3], []).append((parsed[1], parsed[2]))

@@ -140,7 +140,7 @@ def decode_events(
                 turn = None
                 if kind is JournalEvent.TURN:
                     turn = decoder.decode(row.sess_seq, data, row.ids, tools_of)
-            except (ValueError, KeyError, TypeError, JournalError) as exc:
+            except (ValueError, KeyError, TypeError, JournalError, zlib.error) as exc:
                 raise _Bad(nxt, f"event #{nxt} cannot be decoded ({exc})") from None
             yield Event(sid, row.sess_seq, kind, data, turn)
             nxt += 1
