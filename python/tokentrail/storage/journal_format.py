@@ -11,6 +11,7 @@ translated messages after the ones it shares with the base, and the prompt ids a
 it shares with the base's prompt + output. Bases are the session's last few conversation
 branches (`Bases`), so a sub-agent's turns and the main conversation's each continue their own.
 Writer and reader keep `Bases` by the same rule, so the base an event names is always there.
+A turn's payload and ids are deflated when that makes them smaller (`shrink`).
 """
 
 from __future__ import annotations

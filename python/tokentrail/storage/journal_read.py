@@ -47,10 +47,18 @@ class JournalContents:
         if self.version == 1:
             yield from read_v1(self.path)[1]
             return
+        receipts = receipts_path(self.path)
+        upto = receipts.stat().st_size if receipts.exists() else 0
         with readable(self.path) as (db, _):
+            (top,) = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
+            # Events committed past the file's end (a lost WAL tail no server has reported yet).
+            lost = lost_events(receipts, int(top), upto)
             blobs = Blobs(db)
             for sid, state, last in _sessions(db):
                 record = read_record(db, sid, state, last, blobs)
+                if sid in lost and record.damage is None:
+                    n = len(lost[sid])
+                    record.damage = f"session {sid}: {n} events past the file's end were lost"
                 if record.damage:
                     logger.warning("journal %s: %s", self.path, record.damage)
                 yield record
