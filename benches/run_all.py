@@ -3,8 +3,9 @@
     python benches/run_all.py [--quick]
 
 `--quick` passes each bench its smallest setting (a smoke run that checks they all work);
-without it each runs its defaults, the settings the README's tables were measured with. The
-Criterion bench of the Rust core runs with `cargo bench --bench core`.
+without it each runs its defaults, the settings the README's tables were measured with (the
+kill sweep then takes about half an hour and the recovery bench writes a 1 GB journal under
+/tmp). The Criterion bench of the Rust core runs with `cargo bench --bench core`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("echo_restore_table.py", []),
     ("harness_behaviours.py", ["--sessions", "1", "--steps", "4"]),
     ("splice_vs_render.py", ["--sessions", "1", "--steps", "4"]),
-    ("journal_durability.py", ["--turns", "40"]),
+    ("journal_durability.py", ["--turns", "10", "--contexts", "16000"]),
+    ("journal_damage.py", []),
+    ("journal_recovery.py", ["--gb", "0.02", "--path", "/tmp/tokentrail-recovery-quick.db"]),
+    ("kill_sweep.py", ["--turns", "1", "--quick"]),
     ("adapter_load.py", ["--sessions", "2", "--turns", "8"]),
     ("session_scaling.py", ["--quick"]),
     ("routing_replay.py", ["--sessions", "1", "--steps", "4"]),

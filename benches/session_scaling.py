@@ -35,7 +35,9 @@ from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.messages import Conversation
 from tokentrail.sim.harness import Behaviour, HarnessSim, SessionSpec
 from tokentrail.sim.model import SimulatedEngine
-from tokentrail.storage.journal import Journal, JournaledTurn, read_journal
+from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal_format import JournaledTurn
+from tokentrail.storage.journal_read import read_journal
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tokentrail.engines.http import header_value
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.errors import TemplateError
-from tokentrail.storage.journal import Journal, read_journal
+from tokentrail.storage.journal import Journal
 
 ADMIN = "admin-secret"
 GOOD = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
@@ -84,9 +85,10 @@ def test_body_fields_never_move_a_request_into_another_session(tokenizer) -> Non
                 status, _, _ = await c.post("/v1/chat/completions", {**GOOD, **hijack}, "mallory")
                 assert status == 200
             status, carol = await c.finish("carol")
-            assert status == 200 and len(carol["ledger"]["turns"]) == 1
+            assert status == 200 and [t["retries"] for t in carol["ledger"]["turns"]] == [0]
+            # Both landed in mallory's session: the second is a retry of the first there.
             status, mallory = await c.finish("mallory")
-            assert status == 200 and len(mallory["ledger"]["turns"]) == 2
+            assert status == 200 and [t["retries"] for t in mallory["ledger"]["turns"]] == [1]
 
     asyncio.run(body())
 
@@ -376,8 +378,15 @@ def test_idle_sessions_are_evicted_journaled_and_reported(tokenizer, tmp_path: P
 
     asyncio.run(body())
     journal.close()
-    drops = [e for e in read_journal(tmp_path / "j.db").recovery.events if e.kind == "drop"]
-    assert [(e.sid, e.data["evicted"]["turns"]) for e in drops] == [("idle", 1)]
+    drops = _events(tmp_path / "j.db", "drop")
+    assert [(sid, data["evicted"]["turns"]) for sid, data in drops] == [("idle", 1)]
+
+
+def _events(path, kind: str) -> list[tuple[str, dict]]:
+    """The journal's events of one kind, as committed: (session, data)."""
+    with closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT sid, payload FROM events WHERE kind = ? ORDER BY seq", (kind,))
+        return [(sid, json.loads(payload)) for sid, payload in rows]
 
 
 def test_finish_is_idempotent_then_410_and_refuses_bad_rewards(tokenizer, tmp_path) -> None:
@@ -405,8 +414,7 @@ def test_finish_is_idempotent_then_410_and_refuses_bad_rewards(tokenizer, tmp_pa
 
     asyncio.run(body())
     journal.close()
-    finishes = [e for e in read_journal(tmp_path / "j.db").recovery.events if e.kind == "finish"]
-    assert len(finishes) == 1
+    assert len(_events(tmp_path / "j.db", "finish")) == 1
 
 
 def test_open_sessions_are_capped_with_a_retry_after(tokenizer) -> None:

@@ -85,6 +85,7 @@ def test_session_finished_adds_the_ledger() -> None:
         "merged_rewrite": 7,
         "realigned": 3,
         "truncated": 2,
+        "superseded": 0,
         "unaccounted": 0,
     }
     assert labelled(s, "tokentrail_drift_decisions_total", "kind") == {

@@ -126,9 +126,11 @@ def test_an_empty_prefill_is_no_prefill(tokenizer, trailing: list[dict]) -> None
         return plain, again
 
     engine, (plain, again), trajectory = session(tokenizer, turns)
-    # The same prompt as without it: no closed empty assistant turn is rendered.
-    assert engine.prompts[0] == engine.prompts[1]
-    assert tokenizer.decode(engine.prompts[1]).endswith(
+    # The same prompt ids as without it (no closed empty assistant turn is rendered), so the
+    # second request is a retry of the first, answered from the record.
+    assert len(engine.prompts) == 1
+    assert [t.retries for t in trajectory.ledger.turns] == [1]
+    assert tokenizer.decode(engine.prompts[0]).endswith(
         "Say hello.<|im_end|>\n<|im_start|>assistant\n"
     )
     assert again.choices[0].message.content == plain.choices[0].message.content == " world."

@@ -29,12 +29,14 @@ from support.fake_engines import IM_END, FakeSGLang, indexer_rows
 from tokens import assistant, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord, cli
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.cli.serve import replay_shapes
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.engines import ScriptedEngine, SGLangEngine
 from tokentrail.errors import ReplayError
 from tokentrail.kinds import History
 from tokentrail.sim.moe import KVRouting
-from tokentrail.storage.journal import Journal, read_journal
+from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal_read import read_journal
 from tokentrail.storage.replay import Settings, as_recorded, replay
 
 SHAPE = RoutingShape(4, 2, 16)
@@ -291,6 +293,7 @@ def test_a_journal_keeps_the_rows_through_recovery_and_replay(tokenizer, tmp_pat
                 await runner.cleanup()
 
         asyncio.run(go())
+        adapter.journal.close()  # the process ends
         # A restart: the unfinished session is rebuilt from the journal, rows included.
         restarted = adapter_for(SGLangEngine(url, tokenizer), tokenizer, journal=Journal(path))
         return asyncio.run(restarted.finish_trajectory("s1"))
@@ -320,8 +323,9 @@ def test_journaled_rows_of_another_shape_are_a_mismatch_not_a_crash(tokenizer, t
     path = tmp_path / "run.db"
 
     def run(url: str):
+        adapter = adapter_for(SGLangEngine(url, tokenizer), tokenizer, journal=Journal(path))
+
         async def go():
-            adapter = adapter_for(SGLangEngine(url, tokenizer), tokenizer, journal=Journal(path))
             runner, url_ = await start_server(adapter)
             try:
                 await converse(url_, "s1", "go", 2)
@@ -329,6 +333,7 @@ def test_journaled_rows_of_another_shape_are_a_mismatch_not_a_crash(tokenizer, t
                 await runner.cleanup()
 
         asyncio.run(go())
+        adapter.journal.close()  # the process ends
         # Restarted for a model of another shape.
         other = Adapter(
             engine=SGLangEngine(url, tokenizer),
@@ -372,14 +377,14 @@ def test_serve_reads_the_shapes_from_the_model_config(tmp_path) -> None:
     )
     parse = cli.build_parser().parse_args
     args = parse(["serve", "--routed-experts", "--model-config", str(tmp_path)])
-    assert cli._replay_shapes(args) == (RoutingShape(48, 8, 128), None)
+    assert replay_shapes(args) == (RoutingShape(48, 8, 128), None)
     args = parse(["serve", "--routed-experts", "--routing-shape", "2,1,4"])
-    assert cli._replay_shapes(args) == (RoutingShape(2, 1, 4), None)
-    assert cli._replay_shapes(parse(["serve"])) == (None, None)
+    assert replay_shapes(args) == (RoutingShape(2, 1, 4), None)
+    assert replay_shapes(parse(["serve"])) == (None, None)
     with pytest.raises(SystemExit, match="need the model's shape"):
-        cli._replay_shapes(parse(["serve", "--routed-experts"]))
+        replay_shapes(parse(["serve", "--routed-experts"]))
     with pytest.raises(SystemExit, match="has no indexer top-k"):
-        cli._replay_shapes(parse(["serve", "--indexer-topk", "--model-config", str(tmp_path)]))
+        replay_shapes(parse(["serve", "--indexer-topk", "--model-config", str(tmp_path)]))
 
 
 # --- the property, over random sessions -------------------------------------------------------

@@ -320,7 +320,9 @@ def test_bad_input_is_a_clear_4xx_and_harms_no_one(tokenizer) -> None:
             status, payload = await post(url, "/v1/messages", json.dumps(GOOD), sid="")
             assert status == 401
             # The healthy session goes on untouched.
-            await client.messages.create(**GOOD)
+            await client.messages.create(
+                **{**GOOD, "messages": [{"role": "user", "content": "yo"}]}
+            )
             status, result = await finish(url, "healthy")
         assert status == 200
         assert len(result["ledger"]["turns"]) == 2

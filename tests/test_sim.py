@@ -101,10 +101,20 @@ def test_subagents_compaction_and_retries(tokenizer) -> None:
     assert run.result.compactions == 1 and run.result.dropped_responses == 1
     first_user = run.result.messages[0]["content"][0]["text"]
     assert "[progress: 3 steps]" in first_user
-    # the main line, the sub-agent's conversation, the pre-compaction history, the dropped reply
-    assert len(run.trajectory.samples) >= 4
+    # The main line, the sub-agent's conversation, the pre-compaction history: the resent
+    # request is answered with the reply it lost, so it adds no dead-end sample.
+    assert len(run.trajectory.samples) == 3
     ledger = run.trajectory.ledger
-    assert ledger.trained_tokens == ledger.generated_tokens
+    assert ledger.trained_tokens == ledger.generated_tokens and ledger.retries == 1
+
+
+def test_a_retry_asking_for_a_fresh_sample_supersedes_the_first(tokenizer) -> None:
+    run = play(tokenizer, Behaviour(retries=True, fresh_retries=True), seed=4, steps=3)
+    ledger = run.trajectory.ledger
+    (superseded,) = [t for t in ledger.turns if t.superseded]
+    assert superseded.trained == 0 and superseded.masked == {"superseded": superseded.generated}
+    assert ledger.trained_tokens == ledger.generated_tokens - superseded.generated
+    assert len(run.trajectory.samples) == 1 and ledger.retries == 0
 
 
 def test_reasoning_stripped_from_earlier_turns(tokenizer) -> None:

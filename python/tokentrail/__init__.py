@@ -22,6 +22,7 @@ from tokentrail.kinds import (
     History,
     MaskReason,
     Restore,
+    Retry,
     RewritePolicy,
     Stage,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "PreparedTurn",
     "RequestError",
     "Restore",
+    "Retry",
     "RewritePolicy",
     "Sample",
     "SessionError",

@@ -55,6 +55,9 @@ class MaskReason(StrEnum):
     # training by a system-prompt pattern or the exclusion header: served and journaled, never
     # trained.
     EXCLUDED = "excluded"
+    # A generation the harness asked for again from the same prompt and got a fresh one for
+    # (nothing was built on it): a dead end the harness discarded, kept out of training.
+    SUPERSEDED = "superseded"
     # Never expected: a token no reason accounts for. Logged as an error when it happens.
     UNACCOUNTED = "unaccounted"
 
@@ -97,6 +100,35 @@ class ReplayGap(StrEnum):
     RERENDERED_PREFIX = "rerendered_prefix"
     # The engine has no way to report it (the scripted engine; vLLM for the indexer).
     NOT_SUPPORTED = "not_supported"
+
+
+class Retry(StrEnum):
+    """What a request does whose prompt equals that of a recorded turn nothing was built on yet:
+    a harness asking again because it never got (or lost) the reply."""
+
+    # Answered with the recorded reply, the same output ids and bytes; nothing is generated or
+    # recorded again (the default).
+    REPLAY = "replay"
+    # Generated again; the earlier generation is superseded (masked as `superseded`).
+    FRESH = "fresh"
+
+
+class JournalEvent(StrEnum):
+    """The kinds of event a journal holds, one row each."""
+
+    # A session opened with settings of its own.
+    OPEN = "open"
+    # A generated turn: what is new since the session's previous turn, and the reply sent.
+    TURN = "turn"
+    # A recorded turn answered again to a retried request.
+    REPLAY = "replay"
+    # Events of the session that recovery found lost or damaged; the session goes on from
+    # what was intact.
+    LOST = "lost"
+    FINISH = "finish"
+    DROP = "drop"
+    # Schema 1 only: the reply of a turn never reached the client.
+    RETRACT = "retract"
 
 
 class Restore(StrEnum):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.offload import DEFAULT_WORKERS
-from tokentrail.kinds import History, Restore
+from tokentrail.kinds import History, Restore, Retry
 from tokentrail.trajectory.side import KNOWN_SIDE_PROMPTS
 
 
@@ -34,6 +34,8 @@ class AdapterConfig:
     finish_retention_s: float = 300.0
     restore: Restore = Restore.ON
     history: History = History.SPLICE
+    # What a retried request gets (a session's own rule and the request's header come first).
+    retry: Retry = Retry.REPLAY
     # Check a spliced tail against the full render every this many splices (1: every turn).
     splice_verify_every: int = 8
     default_max_tokens: int = 4096

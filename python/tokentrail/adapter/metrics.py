@@ -41,6 +41,8 @@ __all__ = [
 STAGES = tuple(s.value for s in Stage)
 DRIFT_KINDS = tuple(k.value for k in DriftKind)
 MASK_REASONS = tuple(r.value for r in MaskReason)
+# How a retried request was answered.
+RETRY_ANSWERS = ("recorded", "generated")
 # 0.1 ms (a cache hit in `restore`) up to 60 s (a long generation in `engine`).
 LATENCY_BUCKETS = (
     0.0001,
@@ -177,6 +179,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.retries = Counter(
+            "tokentrail_retries_total",
+            "Retried requests (the prompt of a recorded turn nothing was built on), by how they "
+            "were answered: from the record, or generated again (superseding the earlier turn).",
+            ["answer"],
+            registry=r,
+        )
         self.in_flight_requests = Gauge(
             "tokentrail_requests_in_flight",
             "Requests the adapter is serving now.",
@@ -198,6 +207,8 @@ class Metrics:
             self.splice_fallbacks.labels(reason=fallback.value)
         for fault in EngineFault:
             self.engine_errors.labels(fault=fault.value)
+        for answer in RETRY_ANSWERS:
+            self.retries.labels(answer=answer)
 
     # -- per request ----------------------------------------------------------------------------
 
@@ -225,6 +236,9 @@ class Metrics:
         """Count the media a request's translation replaced with a placeholder."""
         for kind, n in counts.items():
             self.dropped_media_total.labels(kind=kind).inc(n)
+
+    def retried(self, *, recorded: bool) -> None:
+        self.retries.labels(answer=RETRY_ANSWERS[0] if recorded else RETRY_ANSWERS[1]).inc()
 
     def splice_fallback(self, reason: Fallback) -> None:
         self.splice_fallbacks.labels(reason=reason.value).inc()
@@ -276,11 +290,12 @@ def masked_tool_turn_warning(sid: str, ledger: Ledger, threshold: float = 0.05) 
 
     The line names the session, the fraction, and per tool the number of turns masked by each
     reason; a turn masked for two reasons counts under both. None when the fraction is at or
-    below the threshold, or the session made no tool calls.
+    below the threshold, or the session made no tool calls (superseded turns do not count).
     """
     if not 0.0 <= threshold <= 1.0:
         raise PolicyError(f"threshold must be in [0, 1], got {threshold}")
-    tool_turns = [t for t in ledger.turns if t.tools]
+    # A superseded turn is a dead end the harness discarded, not lost signal.
+    tool_turns = [t for t in ledger.turns if t.tools and not t.superseded]
     lost = [t for t in tool_turns if t.masked_total > 0]
     if not tool_turns or len(lost) / len(tool_turns) <= threshold:
         return None

@@ -87,27 +87,17 @@ class Offload:
         if lane.users == 0 and self._lanes.get(session) is lane:
             del self._lanes[session]
 
-    async def journal(
-        self, fn: Callable[..., T], *args: Any, undo: Callable[[T], Any] | None = None
-    ) -> T:
-        """A journal write, in the one journal thread, after every earlier one.
-
-        If the caller is cancelled while it runs, the write still completes, and `undo` (given
-        its result) is queued right behind it: a turn journaled for a reply that will never
-        leave is retracted.
-        """
+    async def journal(self, fn: Callable[..., T], *args: Any) -> T:
+        """A journal write, in the one journal thread, after every earlier one. If the caller
+        is cancelled while it runs, the write still completes: what the journal holds does not
+        depend on whether the client stayed."""
         if self._journal is None:
             return fn(*args)
         done = self._journal.submit(fn, *args)
-        try:
-            return await asyncio.shield(asyncio.wrap_future(done))
-        except asyncio.CancelledError:
-            if undo is not None:
-                self.journal_soon(lambda: undo(done.result()))
-            raise
+        return await asyncio.shield(asyncio.wrap_future(done))
 
     def journal_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """A journal write nobody waits for (a retraction, a drop), in order with the others;
+        """A journal write nobody waits for (an open, a replay, a drop), in order with the others;
         from any thread, with or without a running loop."""
         if self._journal is None:
             fn(*args)

@@ -6,7 +6,9 @@ This module is the HTTP layer only: it reads a request within the admission limi
 CPU-heavy step (parsing, translating, rendering, tokenizing, parsing the output, recording,
 journal writes) runs off the event loop (`adapter.offload`), so `/healthz` and every other
 session stay responsive while one request is heavy. A request refused before its turn is
-journaled leaves no session behind. Errors become JSON in the protocol's shape in one
+journaled leaves no session behind; a turn is journaled and recorded before its reply leaves,
+and kept whether or not the reply reaches the client: a retried request for it is answered
+from the record (`adapter.answers`). Errors become JSON in the protocol's shape in one
 middleware (`adapter.middleware`).
 """
 
@@ -38,7 +40,7 @@ from tokentrail.adapter.validation import (
 )
 from tokentrail.engines.base import Engine
 from tokentrail.errors import EngineError
-from tokentrail.kinds import History, Stage
+from tokentrail.kinds import History, Retry, Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.linearize import Trajectory
@@ -106,6 +108,7 @@ class Adapter:
                 default_max_tokens=config.default_max_tokens,
                 max_context_tokens=config.max_context_tokens,
                 context_tokens=model_context_length(tokenizer),
+                retry=config.retry,
             ),
             limits=limits,
             pipeline=self.pipeline,
@@ -163,11 +166,14 @@ class Adapter:
         max_context_tokens: int = 0,
         history: History | str | None = None,
         exclude_patterns: list[str] | None = None,
+        retry: Retry | str | None = None,
     ) -> None:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` overrides the adapter's for this session, `exclude_patterns` exclude its
-        side conversations (beside the adapter's own patterns)."""
-        self.sessions.open(sid, sampling_defaults, max_context_tokens, history, exclude_patterns)
+        `history` and `retry` override the adapter's for this session, `exclude_patterns`
+        exclude its side conversations (beside the adapter's own patterns)."""
+        self.sessions.open(
+            sid, sampling_defaults, max_context_tokens, history, exclude_patterns, retry
+        )
 
     async def finish_trajectory(
         self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None

@@ -20,6 +20,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokentrail.adapter.answers import Answers, RecordedAnswer
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.errors import (
@@ -28,10 +29,12 @@ from tokentrail.errors import (
     RequestError,
     SessionClosed,
     SessionError,
+    TokentrailError,
 )
-from tokentrail.kinds import Closed, History
+from tokentrail.kinds import Closed, History, JournalEvent, Retry
 from tokentrail.messages import Conversation
-from tokentrail.storage.journal import DROP, FINISH, OPEN, TURN, Journal, decode_turn
+from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal_format import DROPPED, JournaledTurn
 from tokentrail.storage.replay import fit_replay
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
@@ -51,6 +54,10 @@ class Session:
     history: History | None = None
     # The session's own side-conversation patterns (beside the adapter's).
     side_rules: SideRules = field(default_factory=SideRules)
+    # The session's own rule for retried requests (None: the adapter's).
+    retry: Retry | None = None
+    # Its recent recorded replies, for retries, and its turns in flight.
+    answers: Answers = field(default_factory=Answers)
     in_flight: int = 0
     turns: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -141,21 +148,6 @@ class Tombstones:
             what = f"session {sid!r} was {tomb.kind.value} {tomb.when()}"
         return f"{what}; a finished or dropped session takes no more turns, open a new session"
 
-    def recovered(self, sid: str, kind: str, data: dict[str, Any]) -> None:
-        """A journal event of a session the journal says is closed."""
-        if kind == FINISH:
-            self.remember(sid, Tombstone(Closed.FINISHED, None))
-        elif kind == DROP:
-            evicted = data.get("evicted")
-            if isinstance(evicted, dict):
-                turns = evicted.get("turns", 0)
-                tomb = Tombstone(Closed.EVICTED, None, turns if isinstance(turns, int) else 0)
-                self.remember(sid, tomb)
-            else:
-                self.remember(sid, Tombstone(Closed.DROPPED, None))
-        elif sid not in self._by_sid:
-            self.remember(sid, Tombstone(Closed.FINISHED, None))
-
 
 class Sessions:
     """Every open session of one adapter, over its pipeline, journal and metrics."""
@@ -203,12 +195,13 @@ class Sessions:
         max_context_tokens: int = 0,
         history: History | str | None = None,
         exclude_patterns: list[str] | None = None,
+        retry: Retry | str | None = None,
         *,
         journaled: bool = True,
     ) -> Session:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` overrides the adapter's for this session, `exclude_patterns` exclude its
-        side conversations from training."""
+        `history` and `retry` override the adapter's for this session, `exclude_patterns`
+        exclude its side conversations from training."""
         if not isinstance(sid, str) or not sid:
             raise SessionError("session id must be a non-empty string")
         rules = SideRules.compile(exclude_patterns)
@@ -218,12 +211,14 @@ class Sessions:
             int(max_context_tokens),
             History(history) if history is not None else None,
             rules,
+            Retry(retry) if retry is not None else None,
         )
         if self.journal is not None and journaled:
             settings: dict[str, Any] = {
                 "sampling_defaults": dict(sampling_defaults or {}),
                 "max_context_tokens": int(max_context_tokens),
                 "history": str(history) if history is not None else None,
+                "retry": str(retry) if retry is not None else None,
             }
             if exclude_patterns:
                 settings["exclude_patterns"] = list(exclude_patterns)
@@ -233,7 +228,13 @@ class Sessions:
     # -- turns ----------------------------------------------------------------------------------
 
     def check_open(self, sid: str) -> None:
-        """Refuse a turn for a closed session before any of its request is read."""
+        """Refuse a turn for a closed session before any of its request is read (after a
+        restart too: the journal knows which sessions ended)."""
+        if sid not in self._open and self.journal is not None and self._closed.get(sid) is None:
+            ended = self.journal.ended(sid)
+            if ended is not None:
+                closed = Closed.DROPPED if ended == DROPPED else Closed.FINISHED
+                self._closed.remember(sid, Tombstone(closed, None))
         tomb = self._closed.get(sid)
         if tomb is not None:
             raise SessionClosed(self._closed.message(sid, tomb))
@@ -274,6 +275,15 @@ class Sessions:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def answered_again(self, sid: str, answer: RecordedAnswer) -> None:
+        """A retried request is answered with `answer`: counted in the ledger, the journal
+        and the metrics."""
+        logger.debug("session %s: a retry answered with turn %d's reply", sid, answer.turn)
+        self.manager.answered_again(sid, answer.turn)
+        if self.journal is not None and answer.seq:
+            self.offload.journal_soon(self.journal.replayed, sid, answer.seq)
+        self.metrics.retried(recorded=True)
 
     # -- finishing ------------------------------------------------------------------------------
 
@@ -433,42 +443,63 @@ class Sessions:
 
 
 def recover(sessions: Sessions, journal: Journal) -> None:
-    """Rebuild the unfinished sessions of a journal: every served turn runs through the
-    pipeline again with its recorded prompt ids and output."""
-    live = set(journal.recovery.unfinished_sessions())
-    retracted = journal.recovery.retracted()
-    try:
-        for event in journal.events():
-            if event.sid not in live:
-                sessions._closed.recovered(event.sid, event.kind, event.data)
-                continue
-            if event.kind == OPEN:
-                settings = event.data
-                sessions.open(
-                    event.sid,
-                    settings.get("sampling_defaults"),
-                    settings.get("max_context_tokens", 0),
-                    settings.get("history"),
-                    settings.get("exclude_patterns"),
-                    journaled=False,
-                )
-            elif event.kind == TURN and event.seq not in retracted:
-                turn = fit_replay(decode_turn(journal, event), sessions.manager)
-                prepared = sessions.pipeline.prepare(
-                    turn.sid,
-                    Conversation(turn.translated, turn.tools),
-                    recorded=RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback),
-                )
-                sessions.pipeline.record(
-                    prepared,
-                    turn,
-                    turn.response_message,
-                    ill_formed=turn.ill_formed,
-                    metadata=turn.metadata,
-                )
-                session = sessions._open.setdefault(event.sid, Session())
-                session.turns += 1
-    finally:
-        journal.release()
+    """Rebuild the unfinished sessions of a journal: every turn runs through the pipeline again
+    with its recorded prompt ids and output, and keeps its reply for retries. Finished sessions
+    are not read (`Journal.ended` answers for them when asked)."""
+    turn_of: dict[int, int] = {}  # session sequence number -> turn index, per session
+    current = None
+    for event in journal.live_events():
+        if event.sid != current:
+            current, turn_of = event.sid, {}
+            sessions._open.setdefault(event.sid, Session())
+        if event.kind is JournalEvent.OPEN:
+            settings = event.data
+            sessions.open(
+                event.sid,
+                settings.get("sampling_defaults"),
+                settings.get("max_context_tokens", 0),
+                settings.get("history"),
+                settings.get("exclude_patterns"),
+                settings.get("retry"),
+                journaled=False,
+            )
+        elif event.kind is JournalEvent.TURN and event.turn is not None:
+            index = _recover_turn(sessions, event.turn)
+            if index is not None:
+                turn_of[event.seq] = index
+        elif event.kind is JournalEvent.REPLAY and int(event.data["turn"]) in turn_of:
+            sessions.manager.answered_again(event.sid, turn_of[int(event.data["turn"])])
+    live = journal.recovery.live
     if live:
         logger.info("journal: rebuilt %d unfinished sessions", len(live))
+
+
+def _recover_turn(sessions: Sessions, turn: JournaledTurn) -> int | None:
+    try:
+        prepared = sessions.pipeline.prepare(
+            turn.sid,
+            Conversation(turn.translated, turn.tools),
+            recorded=RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback),
+        )
+        index = sessions.pipeline.record(
+            prepared,
+            fit_replay(turn, sessions.manager),
+            turn.response_message,
+            ill_formed=turn.ill_formed,
+            metadata=turn.metadata,
+            supersede=turn.supersedes,
+        )
+    except TokentrailError as exc:
+        logger.warning(
+            "journal: session %s, turn #%d cannot be recorded again (%s); skipped",
+            turn.sid,
+            turn.seq,
+            exc,
+        )
+        return None
+    session = sessions._open.setdefault(turn.sid, Session())
+    session.turns += 1
+    answer = RecordedAnswer.from_journal(index, turn.seq, turn.answer)
+    if answer is not None:
+        session.answers.remember(answer)
+    return index

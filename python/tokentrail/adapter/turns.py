@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import uuid
@@ -21,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.metrics import Metrics
@@ -46,7 +48,7 @@ from tokentrail.errors import (
     RequestError,
     UpstreamError,
 )
-from tokentrail.kinds import EngineFault, Stage
+from tokentrail.kinds import EngineFault, Retry, Stage
 from tokentrail.messages import Conversation
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -91,6 +93,8 @@ class TurnSettings:
     max_context_tokens: int
     # The model's context length from its config (0: unknown).
     context_tokens: int
+    # What a retried request gets unless the session or the request says otherwise.
+    retry: Retry = Retry.REPLAY
 
 
 class Turns:
@@ -208,6 +212,51 @@ class Turns:
         context = min((c for c in (self.settings.context_tokens, budget) if c), default=0)
         sampling = self.limits.fit_output(turn.sampling, prompt_tokens, context)
 
+        key = sampling_key(sampling)
+        retry = requested_retry(request.headers) or session.retry or self.settings.retry
+        earlier = self.pipeline.unanswered(prepared)
+        if retry is Retry.REPLAY:
+            answer = session.answers.find(earlier, proto.name, key)
+            if answer is None:
+                answer = await session.answers.wait_in_flight(prepared, proto.name, key)
+            if answer is not None:
+                # Nothing is generated or recorded again: the recorded reply goes out.
+                self.sessions.answered_again(sid, answer)
+                return await write_reply(request, proto, answer.reply, turn.stream, turn.body)
+        if earlier:
+            logger.debug("session %s: a retry generated again; turn %s superseded", sid, earlier)
+            self.metrics.retried(recorded=False)
+        pending = session.answers.start(prepared, proto.name, key)
+        try:
+            answer = await self._generate_and_keep(
+                proto, turn, session, prepared, sampling, key, timing, bool(earlier)
+            )
+        except BaseException:
+            session.answers.done(pending, None)
+            raise
+        session.answers.done(pending, answer)
+        # The turn is kept whether or not this reply arrives: a retry is answered from it.
+        response = await write_reply(request, proto, answer.reply, turn.stream, turn.body)
+        timing.lap(Stage.RESPOND)
+        self.metrics.observe_turn(timing.stages)
+        self.timings.append(timing)
+        return response
+
+    async def _generate_and_keep(
+        self,
+        proto: WireProtocol,
+        turn: TurnRequest,
+        session: Session,
+        prepared: PreparedTurn,
+        sampling: SamplingParams,
+        key: str,
+        timing: TurnTiming,
+        supersede: bool,
+    ) -> RecordedAnswer:
+        """Generate the turn, then journal and record it before its reply leaves (a crash from
+        there on must not lose it); returns the reply as kept for retries. With `supersede` it
+        replaces the earlier turns of its prompt (a retry answered fresh)."""
+        sid = turn.sid
         rid = uuid.uuid4().hex
         generation = await self._generate(prepared, sampling, sid, rid)
         timing.lap(Stage.ENGINE)
@@ -225,26 +274,43 @@ class Turns:
             "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
             **prepared.tags,
         }
-        # Journaled before the reply leaves: a crash after the client got it must not lose the
-        # turn. A reply that never reaches the client retracts it again.
-        seq = None
-        if self.journal is not None:
-            seq = await self.offload.journal(
-                partial(journal_turn, self.journal, prepared, generation, parsed, metadata),
-                undo=partial(self.journal.retract, sid),
-            )
-        try:
-            response = await write_reply(request, proto, reply, turn.stream, turn.body)
-        except (ConnectionResetError, asyncio.CancelledError):
-            if seq is not None and self.journal is not None:
-                self.offload.journal_soon(self.journal.retract, sid, seq)
-            raise
-        timing.lap(Stage.RESPOND)
+        answer = RecordedAnswer(0, 0, proto.name, key, reply, is_empty(parsed.message))
+        # Shielded: once generated, the turn is journaled and recorded even if the client
+        # goes away meanwhile (a retry of it is then answered from the record).
+        keep = asyncio.ensure_future(
+            self._keep(session, prepared, generation, parsed, metadata, answer, supersede)
+        )
+        return await asyncio.shield(keep)
 
-        # Counted before the step: a cancel while it runs (it runs on) must not make the
-        # session look empty and be forgotten.
+    async def _keep(
+        self,
+        session: Session,
+        prepared: PreparedTurn,
+        generation: Generation,
+        parsed: ParsedTurn,
+        metadata: dict[str, Any],
+        answer: RecordedAnswer,
+        supersede: bool,
+    ) -> RecordedAnswer:
+        sid = prepared.sid
+        seq = 0
+        if self.journal is not None:
+            journaled = answer.journaled()
+            seq = await self.offload.journal(
+                partial(
+                    journal_turn,
+                    self.journal,
+                    prepared,
+                    generation,
+                    parsed,
+                    metadata,
+                    answer=journaled,
+                    supersedes=supersede,
+                )
+            )
+        # Counted before the step: the session must not look empty and be forgotten.
         session.turns += 1
-        await self.offload.run(
+        index = await self.offload.run(
             partial(
                 self.pipeline.record,
                 prepared,
@@ -252,12 +318,13 @@ class Turns:
                 parsed.message,
                 ill_formed=parsed.ill_formed,
                 metadata=metadata,
+                supersede=supersede,
             ),
             session=sid,
         )
-        self.metrics.observe_turn(timing.stages)
-        self.timings.append(timing)
-        return response
+        kept = dataclasses.replace(answer, turn=index, seq=seq)
+        session.answers.remember(kept)
+        return kept
 
     def _answer(
         self,
@@ -336,12 +403,14 @@ def journal_turn(
     generation: Generation,
     parsed: ParsedTurn,
     metadata: dict[str, Any],
+    *,
+    answer: dict[str, Any] | None = None,
+    supersedes: bool = False,
 ) -> int:
-    """Journal a served turn (before its reply leaves); returns its sequence number."""
+    """Journal a served turn (before its reply leaves); returns its session sequence number."""
     return journal.turn(
         prepared.sid,
         translated=prepared.conversation.messages,
-        prompt_messages=prepared.record_messages,
         response_message=parsed.message,
         tools=prepared.conversation.tools,
         prompt_ids=prepared.prompt_ids,
@@ -355,6 +424,8 @@ def journal_turn(
         routed_experts=generation.routed_experts,
         indexer_topk=generation.indexer_topk,
         weight_versions=generation.weight_versions,
+        answer=answer,
+        supersedes=supersedes,
     )
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import aiohttp
 
+from tokentrail.adapter.answers import RETRY_HEADER
+from tokentrail.kinds import Retry
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
 from tokentrail.sim.wire import from_openai, from_responses, to_openai, to_responses, wire_tools
 from tokentrail.trajectory.linearize import Trajectory
@@ -121,6 +123,8 @@ class Behaviour:
     compaction: bool = False
     # Drop one response (as a client timeout would) and send the same request again.
     retries: bool = False
+    # That resent request asks for a fresh sample (`X-Tokentrail-Retry: fresh`).
+    fresh_retries: bool = False
     # Send earlier assistant turns without their thinking blocks.
     strip_reasoning: bool = False
 
@@ -324,7 +328,7 @@ class HarnessSim:
                 # The harness lost this response (a client-side timeout) and asks again.
                 self._retried = True
                 self._result.dropped_responses += 1
-                content = await self._request(http, system, messages)
+                content = await self._request(http, system, messages, fresh=b.fresh_retries)
             echoed, results = await self._run_tools(http, content)
             if results:
                 messages += [
@@ -427,11 +431,18 @@ class HarnessSim:
         return wire
 
     async def _request(
-        self, http: aiohttp.ClientSession, system: str, messages: list[dict[str, Any]]
+        self,
+        http: aiohttp.ClientSession,
+        system: str,
+        messages: list[dict[str, Any]],
+        *,
+        fresh: bool = False,
     ) -> list[dict[str, Any]]:
         self._result.requests += 1
         wire = self._wire_messages(messages)
         headers = {"Authorization": f"Bearer {self.session_id}"}
+        if fresh:
+            headers[RETRY_HEADER] = Retry.FRESH.value
         if self.protocol == "anthropic":
             url = f"{self.base_url}/v1/messages?beta=true"
             body: dict[str, Any] = {

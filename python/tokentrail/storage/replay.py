@@ -18,7 +18,9 @@ import numpy as np
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.kinds import DriftPolicy, History, ReplayGap, Restore, RewritePolicy
 from tokentrail.messages import Conversation
-from tokentrail.storage.journal import FINISH, Contents, JournaledTurn
+from tokentrail.storage.journal_format import JournaledTurn
+from tokentrail.storage.journal_read import JournalContents
+from tokentrail.storage.journal_session import SessionRecord
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.ledger import Ledger, ReplayCoverage
 from tokentrail.trajectory.linearize import Trajectory
@@ -93,23 +95,19 @@ def fit_replay(turn: JournaledTurn, manager: TrajectoryManager) -> JournaledTurn
     )
 
 
-def _rewards(contents: Contents) -> dict[str, float]:
-    return {
-        e.sid: float(e.data.get("reward", 0.0))
-        for e in contents.recovery.events
-        if e.kind == FINISH
-    }
-
-
-def _run(
-    contents: Contents,
+def linearize_record(
+    record: SessionRecord,
     pipeline: TurnPipeline,
     *,
-    as_recorded: bool,
-    progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Trajectory]:
-    turns = contents.served_turns()
-    for done, turn in enumerate(turns, 1):
+    as_recorded: bool = True,
+) -> Trajectory:
+    """One journaled session run through `pipeline` and linearized.
+
+    `as_recorded` runs its turns with their journaled prompt ids; otherwise restore, render
+    and prompt ids are made anew by the pipeline's settings.
+    """
+    by_seq: dict[int, int] = {}
+    for turn in record.turns:
         recorded = None
         if as_recorded:
             recorded = RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback)
@@ -130,21 +128,41 @@ def _run(
                     routed_experts=None if generated.routed_experts is None else rerendered,
                     indexer_topk=None if generated.indexer_topk is None else rerendered,
                 )
-        pipeline.record(
+        by_seq[turn.seq] = pipeline.record(
             prepared,
             generated,
             turn.response_message,
             ill_formed=turn.ill_formed,
             metadata=metadata,
+            supersede=turn.supersedes,
         )
-        if progress is not None:
-            progress(done, len(turns))
-    rewards = _rewards(contents)
     manager = pipeline.manager
-    return {sid: manager.finish(sid, reward=rewards.get(sid, 0.0)) for sid in contents.sessions()}
+    for seq in record.replays:
+        if seq in by_seq:
+            manager.answered_again(record.sid, by_seq[seq])
+    trajectory = manager.finish(record.sid, reward=record.reward)
+    pipeline.forget(record.sid)
+    return trajectory
 
 
-def as_recorded(contents: Contents) -> dict[str, Trajectory]:
+def _run(
+    contents: JournalContents,
+    pipeline: TurnPipeline,
+    *,
+    as_recorded: bool,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Trajectory]:
+    """Every session, one at a time (a large journal is never held whole)."""
+    states = contents.states()
+    out = {}
+    for done, record in enumerate(contents.records(), 1):
+        out[record.sid] = linearize_record(record, pipeline, as_recorded=as_recorded)
+        if progress is not None:
+            progress(done, len(states))
+    return out
+
+
+def as_recorded(contents: JournalContents) -> dict[str, Trajectory]:
     """Every session linearized exactly as recorded: the journaled prompt ids (no tokenizer
     is needed)."""
     settings = Settings.recorded(contents.meta)
@@ -152,7 +170,7 @@ def as_recorded(contents: Contents) -> dict[str, Trajectory]:
 
 
 def replay(
-    contents: Contents,
+    contents: JournalContents,
     settings: Settings,
     tokenizer: LoadedTokenizer,
     template: str | None = None,

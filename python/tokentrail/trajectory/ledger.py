@@ -40,6 +40,10 @@ class TurnLedger:
     excluded: str | None = None
     # Images/documents the turn's prompt held as placeholders, by kind.
     dropped_media: dict[str, int] = field(default_factory=dict)
+    # A later generation from the same prompt replaced it (see `MaskReason.SUPERSEDED`).
+    superseded: bool = False
+    # Retried requests answered with this turn's recorded reply instead of a new generation.
+    retries: int = 0
 
     @property
     def masked_total(self) -> int:
@@ -63,6 +67,8 @@ class TurnLedger:
             "fallback": None if self.fallback is None else self.fallback.value,
             "excluded": self.excluded,
             "dropped_media": dict(self.dropped_media),
+            "superseded": self.superseded,
+            "retries": self.retries,
         }
 
 
@@ -161,6 +167,11 @@ class Ledger:
         return sum(1 for t in self.turns if t.excluded is not None)
 
     @property
+    def retries(self) -> int:
+        """Retried requests answered from the record, all turns together."""
+        return sum(t.retries for t in self.turns)
+
+    @property
     def splice_fallbacks(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for t in self.turns:
@@ -199,6 +210,8 @@ class Ledger:
                     fallback=fallback,
                     excluded=t.get("excluded"),
                     dropped_media={k: int(v) for k, v in (t.get("dropped_media") or {}).items()},
+                    superseded=bool(t.get("superseded", False)),
+                    retries=int(t.get("retries", 0)),
                 )
             )
         return cls(
@@ -228,10 +241,16 @@ class Ledger:
             "splice_fallbacks": self.splice_fallbacks,
             "replay": {k: v.to_dict() for k, v in self.replay.items()},
             "weight_versions": dict(sorted(self.weight_versions.items())),
+            "retries": self.retries,
         }
 
 
 # -- deciding every generated token's fate ---------------------------------------------------
+
+
+def is_superseded(node: Node) -> bool:
+    """A generated turn a later generation from its prompt replaced, and nothing built on."""
+    return node.turn is not None and node.turn.superseded and not node.children
 
 
 def build_ledger(
@@ -242,14 +261,16 @@ def build_ledger(
     restored_by_tool: Mapping[str, int],
     samples: Sequence[Mapping[str, Any]] = (),
     replays: Sequence[str] = (),
+    mask_superseded: bool = True,
 ) -> Ledger:
     """Every generated turn of a session's tree, with its tokens trained or masked.
 
     A turn still in the tree is trained where a sample trains it and masked where linearization
     realigned or truncated it; an excluded turn (in no sample) is masked whole as `excluded`; a
-    turn a rewrite demoted is masked whole as `merged_rewrite`. From the samples' metadata: the
-    coverage of each replay channel kept (`replays`) and the trained tokens per weight version;
-    the tokens each version generated come from every turn.
+    turn a rewrite demoted is masked whole as `merged_rewrite`; a superseded turn, left out of
+    linearization (unless `mask_superseded` is off), is masked whole as `superseded`. From the
+    samples' metadata: the coverage of each replay channel kept (`replays`) and the trained
+    tokens per weight version; the tokens each version generated come from every turn.
     """
     rows: list[TurnLedger] = []
     coverage = {str(channel): ReplayCoverage() for channel in replays}
@@ -269,7 +290,9 @@ def build_ledger(
         if turn is not None:
             k = turn.id
             excluded = node.metadata.get("excluded")
-            masked = (
+            superseded = is_superseded(node)
+            trained_k = 0 if excluded else lin.trained.get(k, 0)
+            masked: dict[MaskReason, int] = (
                 {MaskReason.EXCLUDED: turn.output_len}
                 if excluded
                 else {
@@ -277,16 +300,16 @@ def build_ledger(
                     MaskReason.TRUNCATED: lin.truncated.get(k, 0),
                 }
             )
+            if superseded and mask_superseded and not excluded:
+                # Left out of every sample: whatever no other reason took.
+                masked[MaskReason.SUPERSEDED] = turn.output_len - trained_k - sum(masked.values())
             row = turn_fate(
-                node.turn_index or 0,
-                tool_names(node.message),
-                turn.output_len,
-                0 if excluded else lin.trained.get(k, 0),
-                masked,
+                node.turn_index or 0, tool_names(node.message), turn.output_len, trained_k, masked
             )
             row.history, row.fallback = turn.history, turn.fallback
             row.excluded = str(excluded) if excluded else None
             row.dropped_media = dict(node.metadata.get("dropped_media") or {})
+            row.superseded, row.retries = superseded, turn.retries
             rows.append(row)
         for demoted in node.demoted:
             row = turn_fate(

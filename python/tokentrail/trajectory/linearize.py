@@ -12,7 +12,7 @@ from typing import Any
 from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
 from tokentrail.kinds import DriftKind, DriftPolicy, Replay
 from tokentrail.messages import tool_names
-from tokentrail.trajectory.ledger import Ledger, build_ledger
+from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tree import Node, iter_nodes, leaves
@@ -54,12 +54,13 @@ def linearize_session(
     restored_by_tool: Mapping[str, int],
     replays: tuple[Replay, ...],
     status: Any,
+    train_superseded: bool = False,
 ) -> Trajectory:
     """Every sample of the session's chains, the ledger of every generated token, the drifts."""
     # Store ids are turn indices - 1: a turn is pushed when it is recorded.
     generated: dict[int, Node] = {n.turn.id: n for n in iter_nodes(root) if n.turn is not None}
     lin = store.linearize(
-        _chains(root),
+        _chains(root, train_superseded),
         policy=policy.value,
         fork_threshold=fork_threshold,
         max_sample_tokens=max_sample_tokens,
@@ -78,6 +79,7 @@ def linearize_session(
         restored_by_tool=restored_by_tool,
         samples=[s.metadata for s in samples],
         replays=replays,
+        mask_superseded=not train_superseded,
     )
     drifts = [
         DriftRecord(generated[d.turn].turn_index or 0, DriftKind(d.kind), d.at, d.drifted)
@@ -86,14 +88,17 @@ def linearize_session(
     return Trajectory(samples, ledger, drifts)
 
 
-def _chains(root: Node) -> list[list[int]]:
+def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
     """Every root-to-leaf path's generated turns, as store ids.
 
     Excluded turns (side conversations) stay in the tree and the ledger but in no chain: a
-    later turn that builds on one holds its tokens as prompt.
+    later turn that builds on one holds its tokens as prompt. A superseded leaf (a retry was
+    answered fresh) is left out unless superseded turns train.
     """
     chains = []
     for leaf in leaves(root):
+        if is_superseded(leaf) and not train_superseded:
+            continue
         chain = [
             n.turn.id for n in leaf.path() if n.turn is not None and not n.metadata.get("excluded")
         ]

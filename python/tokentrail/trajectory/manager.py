@@ -12,18 +12,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tokentrail.core.backend import TurnStoreLike, load_backend
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
 from tokentrail.kinds import Backend, DriftPolicy, Replay, RewritePolicy
 from tokentrail.messages import Message, ToolSchema, tool_names
+from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
 from tokentrail.trajectory.linearize import Trajectory, linearize_session
 from tokentrail.trajectory.restore import restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key, walk
-from tokentrail.trajectory.turn import StoredTurn, TurnRecord, validate_turn
+from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, validate_turn
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,8 @@ class _Session:
     turns: int = 0
     restored: int = 0
     restored_by_tool: Counter[str] = field(default_factory=Counter)
+    # The node holding each generated turn, by turn index.
+    by_index: dict[int, Node] = field(default_factory=dict)
 
 
 def _policy(enum: type[DriftPolicy] | type[RewritePolicy], value: object, what: str) -> Any:
@@ -54,6 +59,14 @@ def _policy(enum: type[DriftPolicy] | type[RewritePolicy], value: object, what: 
     except ValueError:
         known = tuple(p.value for p in enum)
         raise PolicyError(f"unknown {what} {value!r}; expected {known}") from None
+
+
+def _count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PolicyError(f"{what} must be an int")
+    if value < 0:
+        raise PolicyError(f"{what} must be >= 0, got {value}")
+    return value
 
 
 class TrajectoryManager:
@@ -74,18 +87,18 @@ class TrajectoryManager:
         backend: Backend | str | None = None,
         routing: RoutingShape | None = None,
         indexer: IndexerShape | None = None,
+        train_superseded: bool = False,
     ) -> None:
         self.drift_policy: DriftPolicy = _policy(DriftPolicy, drift_policy, "drift_policy")
         self.rewrite_policy: RewritePolicy = _policy(
             RewritePolicy, rewrite_policy, "rewrite_policy"
         )
-        if isinstance(fork_threshold_tokens, bool) or not isinstance(fork_threshold_tokens, int):
-            raise PolicyError("fork_threshold_tokens must be an int")
-        if fork_threshold_tokens < 0:
-            raise PolicyError(f"fork_threshold_tokens must be >= 0, got {fork_threshold_tokens}")
-        self.fork_threshold_tokens = fork_threshold_tokens
+        self.fork_threshold_tokens = _count(fork_threshold_tokens, "fork_threshold_tokens")
         self.routing, self.indexer = routing, indexer
-        self.replays = _channels(routing, indexer)  # the replay channels every session keeps
+        self.replay_channels = _channels(routing, indexer)  # what every session keeps
+        # A superseded generation (see `record_turn`) is masked as `superseded` unless this is
+        # set: then it trains as a dead-end sample of its own, as any other leaf would.
+        self.train_superseded = bool(train_superseded)
         self.core = load_backend(backend)
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
@@ -130,21 +143,21 @@ class TrajectoryManager:
         metadata: dict[str, Any] | None = None,
         tools: list[ToolSchema] | None = None,
         keys: list[MessageKey] | None = None,
+        supersede: bool = False,
     ) -> int:
         """Route one turn into the session's tree; return its turn index (1-based).
 
         Everything is validated before the tree changes, so a bad turn leaves it as it was.
         `keys` are the messages' routing keys if the caller already has them (`restore_keyed`).
         An empty `prompt_messages` is refused: a turn needs a prompt to route by.
+
+        With `supersede`, the turn replaces the earlier turns generated from the same prompt
+        (same path, same prompt ids) that nothing was built on (`unanswered_turns`): the
+        harness asked again and got a fresh answer, and they are masked as `superseded`.
         """
         _check_sid(sid)
         keys = _checked_keys(prompt_messages, keys, "prompt_messages")
-        if response_message is not None:
-            if not isinstance(response_message, dict):
-                raise MessageError("response_message must be a dict or None")
-            response_key = message_key(response_message)
-        else:
-            response_key = None
+        response_key = _response_key(response_message)
         checked = validate_turn(turn)
         if not keys:
             raise MessageError("prompt_messages must not be empty")
@@ -154,6 +167,10 @@ class TrajectoryManager:
             if session is None:
                 session = self._sessions[sid] = _Session(_new_store(self))
             node, i = walk(session.root, keys)
+            if supersede and i == len(keys):
+                retry.supersede(
+                    retry.unanswered(node, checked.prompt_ids, session.store.prompt_ids)
+                )
             node, i = merge_rewrite(
                 self.rewrite_policy, self.fork_threshold_tokens, node, prompt_messages, keys, i
             )
@@ -170,22 +187,44 @@ class TrajectoryManager:
             for message, key in zip(prompt_messages[i:], keys[i:], strict=True):
                 node = node.add_child(Node(message, key=key, keep_message=False))
             session.turns += 1
-            leaf = Node(response_message, key=response_key)
-            leaf.role = "assistant"
-            leaf.turn = StoredTurn(
-                stored,
-                len(checked.output_ids),
-                checked.finish_reason,
-                checked.ill_formed,
-                checked.history,
-                checked.fallback,
-                checked.weight_versions,
-            )
+            leaf = _generated_leaf(response_message, response_key, stored, checked)
             leaf.turn_index, leaf.tools = session.turns, tools
             if metadata:
                 leaf.metadata = dict(metadata)
             node.add_child(leaf)
+            session.by_index[session.turns] = leaf
             return session.turns
+
+    # -- retries ------------------------------------------------------------------------------
+
+    def unanswered_turns(
+        self,
+        sid: str,
+        prompt_messages: Sequence[Message],
+        prompt_ids: Any,
+        keys: list[MessageKey] | None = None,
+    ) -> list[int]:
+        """Turns a request with this prompt repeats (see `trajectory.retry`), latest first."""
+        keys = _checked_keys(prompt_messages, keys, "prompt_messages")
+        prompt = np.asarray(prompt_ids, dtype=np.uint32)
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                return []
+            node, i = walk(session.root, keys)
+            found = (
+                retry.unanswered(node, prompt, session.store.prompt_ids) if i == len(keys) else []
+            )
+            return sorted((n.turn_index or 0 for n in found), reverse=True)
+
+    def answered_again(self, sid: str, turn_index: int) -> None:
+        """Count one retried request answered with this turn's recorded reply."""
+        with self._lock:
+            session = self._sessions.get(sid)
+            node = session.by_index.get(turn_index) if session is not None else None
+            if node is None or node.turn is None:
+                raise SessionError(f"session {sid!r} has no generated turn {turn_index}")
+            retry.answered_again(node)
 
     # -- echo restore -------------------------------------------------------------------------
 
@@ -195,11 +234,8 @@ class TrajectoryManager:
         messages: list[Message],
         tools: list[ToolSchema] | None = None,
     ) -> list[Message]:
-        """Replace every recognized echo of a generated message with the message we stored.
-
-        See `tokentrail.trajectory.restore`. Returns a new list; the caller's list and dicts
-        are left alone.
-        """
+        """Every recognized echo of a generated message replaced with the message we stored
+        (see `tokentrail.trajectory.restore`), in a new list; the caller's are left alone."""
         restored, _ = self.restore_keyed(sid, messages, tools)
         # The restored dicts are the tree's own: hand out copies.
         return [
@@ -235,24 +271,13 @@ class TrajectoryManager:
         messages: Sequence[Message],
         keys: list[MessageKey] | None = None,
     ) -> SpliceAnchor | None:
-        """The last generated turn on the exact path of `messages`, its tokens and position.
-
-        A splice builds the next prompt on that turn's tokens; the messages after it are new.
-        """
+        """The last generated turn on the exact path of `messages`, its tokens and position:
+        a splice builds the next prompt on them; the messages after it are new."""
         keys = _checked_keys(messages, keys, "messages")
         with self._lock:
             session = self._sessions.get(sid)
-            if session is None:
-                return None
-            node, found = session.root, None
-            for i, key in enumerate(keys):
-                nxt = node.child(key)
-                if nxt is None:
-                    break
-                node = nxt
-                if node.turn is not None and node.message is not None:
-                    found = (node.turn, node.message, i)
-            if found is None:
+            found = None if session is None else _last_generated(session.root, keys)
+            if session is None or found is None:
                 return None
             turn, message, at = found
             return SpliceAnchor(
@@ -270,13 +295,11 @@ class TrajectoryManager:
         its prompt messages then its response, with that metadata; None if there is none."""
         with self._lock:
             session = self._sessions.get(sid)
-            if session is None:
+            node = None if session is None else _turn_with(session.root, key, value)
+            if node is None:
                 return None
-            for node in iter_nodes(session.root):
-                if node.turn is not None and node.metadata.get(key) == value:
-                    path = [n.message for n in node.path()]
-                    return [m for m in path if m is not None], dict(node.metadata)
-        return None
+            path = [n.message for n in node.path()]
+            return [m for m in path if m is not None], dict(node.metadata)
 
     def replay_start(
         self, sid: str, messages: Sequence[Message], prompt_ids: Any, keys: list[MessageKey] | None
@@ -312,10 +335,7 @@ class TrajectoryManager:
         max_sample_tokens: int = 0,
     ) -> Trajectory:
         """Linearize and consume the session: samples, ledger and the drift decisions."""
-        if isinstance(max_sample_tokens, bool) or not isinstance(max_sample_tokens, int):
-            raise PolicyError("max_sample_tokens must be an int")
-        if max_sample_tokens < 0:
-            raise PolicyError(f"max_sample_tokens must be >= 0, got {max_sample_tokens}")
+        max_sample_tokens = _count(max_sample_tokens, "max_sample_tokens")
         with self._lock:
             session = self._sessions.pop(sid, None)
         if session is None:
@@ -331,8 +351,9 @@ class TrajectoryManager:
             extra_metadata=extra_metadata,
             restored=session.restored,
             restored_by_tool=session.restored_by_tool,
-            replays=self.replays,
+            replays=self.replay_channels,
             status=self.core.REPLAY_STATUS,
+            train_superseded=self.train_superseded,
         )
 
     def get_trajectory(
@@ -346,6 +367,54 @@ class TrajectoryManager:
         return self.finish(
             sid, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=max_sample_tokens
         ).samples
+
+
+def _response_key(response_message: object) -> MessageKey | None:
+    if response_message is None:
+        return None
+    if not isinstance(response_message, dict):
+        raise MessageError("response_message must be a dict or None")
+    return message_key(response_message)
+
+
+def _generated_leaf(
+    message: Message | None, key: MessageKey | None, stored: int, turn: CheckedTurn
+) -> Node:
+    leaf = Node(message, key=key)
+    leaf.role = "assistant"
+    leaf.turn = StoredTurn(
+        stored,
+        len(turn.output_ids),
+        turn.finish_reason,
+        turn.ill_formed,
+        turn.history,
+        turn.fallback,
+        turn.weight_versions,
+    )
+    return leaf
+
+
+def _last_generated(
+    root: Node, keys: Sequence[MessageKey]
+) -> tuple[StoredTurn, Message, int] | None:
+    """The last generated turn on the exact path of `keys`: its turn, message and position."""
+    node, found = root, None
+    for i, key in enumerate(keys):
+        nxt = node.child(key)
+        if nxt is None:
+            break
+        node = nxt
+        if node.turn is not None and node.message is not None:
+            found = (node.turn, node.message, i)
+    return found
+
+
+def _turn_with(root: Node, key: str, value: object) -> Node | None:
+    """The generated turn whose metadata has `key == value`."""
+    for node in iter_nodes(root):
+        if node.turn is not None and node.metadata.get(key) == value:
+            return node
+    return None
 
 
 def _channels(routing: RoutingShape | None, indexer: IndexerShape | None) -> tuple[Replay, ...]:

@@ -320,7 +320,7 @@ class TurnPipeline:
             built = self.prompts.build(sid, render_messages, conversation.tools, anchor, timing)
             ids, used, fallback, held = built.ids, built.history, built.fallback, built.held
         replay_start = 0
-        if self.manager.replays:
+        if self.manager.replay_channels:
             replay_start = self.manager.replay_start(sid, record_messages, ids, keys)
         timing.lap(Stage.TOKENIZE)
         rules = [self.side_rules] + ([side_rules] if side_rules else [])
@@ -376,6 +376,13 @@ class TurnPipeline:
             self._counter = IncrementalEncoder(self.tokenizer)
         return len(self._counter.encode_full(prompt))
 
+    def unanswered(self, prepared: PreparedTurn) -> list[int]:
+        """Recorded turns this prepared turn would retry (same prompt, nothing built on them),
+        latest first; see `TrajectoryManager.unanswered_turns`."""
+        return self.manager.unanswered_turns(
+            prepared.sid, prepared.record_messages, prepared.prompt_ids, prepared.keys
+        )
+
     # -- after the engine -----------------------------------------------------------------------
 
     def parse(self, prepared: PreparedTurn, output_ids: TokenIds) -> ParsedTurn:
@@ -410,8 +417,10 @@ class TurnPipeline:
         *,
         ill_formed: bool = False,
         metadata: dict[str, Any] | None = None,
+        supersede: bool = False,
     ) -> int:
-        """Record the turn in the session's tree; returns its turn index."""
+        """Record the turn in the session's tree; returns its turn index. With `supersede` it
+        replaces the turns it retries (`unanswered`)."""
         index = self.manager.record_turn(
             prepared.sid,
             turn=TurnRecord(
@@ -431,6 +440,7 @@ class TurnPipeline:
             tools=prepared.tools,
             metadata=metadata,
             keys=prepared.keys,
+            supersede=supersede,
         )
         prepared.timing.lap(Stage.RECORD)
         return index

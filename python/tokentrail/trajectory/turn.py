@@ -105,3 +105,7 @@ class StoredTurn:
     fallback: Fallback | None = None
     # Which weights sampled which of its output tokens (none: the engine did not say).
     weight_versions: tuple[WeightSpan, ...] = ()
+    # A later generation from the same prompt replaced it (a retry answered fresh).
+    superseded: bool = False
+    # How often a retried request was answered with this turn's recorded reply.
+    retries: int = 0

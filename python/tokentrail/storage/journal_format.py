@@ -1,0 +1,374 @@
+"""How a journal's events are laid out: tables, checksums, and turns stored as what is new.
+
+Schema 2. Every event is one row of `events` with its session's own sequence number
+(`sess_seq`, 1, 2, 3, ... per session) and a CRC32 over its session, number, kind, payload and
+ids, so each event can be checked on its own and a missing one shows as a gap. `sessions` holds
+each session's state and last sequence number (what a reader expects to find), `blobs` holds
+each distinct tool list once.
+
+A turn stores only what is new since a turn of its session it continues (its *base*): the
+translated messages after the ones it shares with the base, and the prompt ids after the prefix
+it shares with the base's prompt + output. Bases are the session's last few conversation
+branches (`Bases`), so a sub-agent's turns and the main conversation's each continue their own.
+Writer and reader keep `Bases` by the same rule, so the base an event names is always there.
+A turn's payload and ids are deflated when that makes them smaller (`shrink`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tokentrail import _core
+from tokentrail.core.replay import ReplayRows, WeightSpan
+from tokentrail.errors import JournalError
+from tokentrail.kinds import Fallback, History, JournalEvent, ReplayGap
+from tokentrail.messages import Message, ToolSchema
+from tokentrail.trajectory.tree import message_key
+
+SCHEMA_VERSION = 2
+# How many conversation branches of a session a turn may take as its base.
+MAX_BASES = 4
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
+    "sid TEXT NOT NULL, sess_seq INTEGER NOT NULL, kind TEXT NOT NULL, payload BLOB NOT NULL, "
+    "ids BLOB NOT NULL, crc INTEGER NOT NULL)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS events_by_session ON events (sid, sess_seq)",
+    "CREATE TABLE IF NOT EXISTS sessions (sid TEXT PRIMARY KEY, state TEXT NOT NULL, "
+    "last INTEGER NOT NULL, first INTEGER NOT NULL, crc INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS blobs (hash TEXT PRIMARY KEY, data BLOB NOT NULL, "
+    "crc INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+)
+
+LIVE, FINISHED, DROPPED = "live", "finished", "dropped"
+END_STATES = {JournalEvent.FINISH: FINISHED, JournalEvent.DROP: DROPPED}
+
+
+def event_crc(sid: str, sess_seq: int, kind: str, payload: bytes, ids: bytes) -> int:
+    head = f"{sid}\x00{sess_seq}\x00{kind}\x00".encode()
+    return zlib.crc32(ids, zlib.crc32(payload, zlib.crc32(head)))
+
+
+def session_crc(sid: str, state: str, last: int, first: int) -> int:
+    return zlib.crc32(f"{sid}\x00{state}\x00{last}\x00{first}".encode())
+
+
+def blob_hash(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def dump(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def tools_bytes(tools: Sequence[ToolSchema]) -> bytes:
+    # Key order kept: a template renders the schemas as they are, in their order.
+    return dump(tools)
+
+
+def prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    return int(_core.common_prefix_len(a, b))
+
+
+def digest(message: Message) -> tuple[int, int]:
+    """A message's identity for finding what a turn shares with its base (writer side only:
+    Python's string hash is per process). Key order is ignored, as in routing."""
+    key = message_key(message)
+    return hash(key), len(key[1])
+
+
+@dataclass
+class Base:
+    """One conversation branch a later turn may continue: its latest turn."""
+
+    seq: int
+    tokens: np.ndarray  # prompt + output ids
+    # The writer keeps message digests, a reader the messages themselves.
+    messages: list[Any]
+
+
+@dataclass
+class Bases:
+    """A session's last few branches; the writer and every reader update them the same way."""
+
+    items: list[Base] = field(default_factory=list)
+
+    def get(self, seq: int) -> Base:
+        for base in self.items:
+            if base.seq == seq:
+                return base
+        raise JournalError(f"turn base #{seq} is not one of the session's last branches")
+
+    def token_base(self, prompt: np.ndarray) -> tuple[int, int, list[int]]:
+        """(base seq, shared prefix) of the branch sharing the longest prefix, and every
+        branch's shared prefix (for `add`)."""
+        shared = [prefix_len(b.tokens, prompt) for b in self.items]
+        best, at = 0, 0
+        for base, n in zip(self.items, shared, strict=True):
+            if n > at or (n == at and n):
+                best, at = base.seq, n
+        return best, at, shared
+
+    def message_base(self, digests: list[Any]) -> tuple[int, int]:
+        """(base seq, shared messages) of the branch sharing the most leading messages."""
+        best, keep = 0, 0
+        for base in self.items:
+            n = 0
+            for mine, theirs in zip(base.messages, digests, strict=False):
+                if mine != theirs:
+                    break
+                n += 1
+            if n > keep or (n == keep and n):
+                best, keep = base.seq, n
+        return best, keep
+
+    def digested(self) -> Bases:
+        """A reader's branches as a writer keeps them: messages as digests."""
+        return Bases([Base(b.seq, b.tokens, list(map(digest, b.messages))) for b in self.items])
+
+    def add(self, base: Base, shared: list[int]) -> None:
+        """A new turn: it replaces the branches its prompt contains; the oldest go beyond
+        `MAX_BASES`. `shared` is each branch's prefix with the new prompt."""
+        kept = [b for b, n in zip(self.items, shared, strict=True) if n < len(b.tokens)]
+        self.items = [*kept, base][-MAX_BASES:]
+
+
+@dataclass
+class EncodedTurn:
+    payload: bytes
+    ids: bytes
+
+
+def encode_turn(
+    *,
+    mbase: int,
+    keep: int,
+    new: list[Message],
+    tools_ref: str | None,
+    tbase: int,
+    prefix: int,
+    tail: np.ndarray,
+    output: np.ndarray,
+    logprobs: np.ndarray | None,
+    response: Message | None,
+    finish_reason: str | None,
+    ill_formed: bool,
+    metadata: dict[str, Any],
+    history: History | None,
+    fallback: Fallback | None,
+    answer: dict[str, Any] | None,
+    supersedes: bool,
+    routed_experts: ReplayRows | None = None,
+    indexer_topk: ReplayRows | None = None,
+    weight_versions: Sequence[WeightSpan] = (),
+) -> EncodedTurn:
+    data = {
+        "mbase": mbase,
+        "keep": keep,
+        "new": new,
+        "tools": tools_ref,
+        "tbase": tbase,
+        "prefix": prefix,
+        "tail": len(tail),
+        "output": len(output),
+        "logprobs": logprobs is not None,
+        "response": response,
+        "finish_reason": finish_reason,
+        "ill_formed": ill_formed,
+        "metadata": metadata,
+        "history": None if history is None else history.value,
+        "fallback": None if fallback is None else fallback.value,
+        "answer": answer,
+        "supersedes": supersedes,
+    }
+    # Replay data, only when the engine reported some (most turns carry none).
+    if routed_experts is not None:
+        data["routed_experts"] = replay_json(routed_experts)
+    if indexer_topk is not None:
+        data["indexer_topk"] = replay_json(indexer_topk)
+    if weight_versions:
+        data["weight_versions"] = [span.to_dict() for span in weight_versions]
+    parts = [tail.astype("<u4", copy=False).tobytes(), output.astype("<u4", copy=False).tobytes()]
+    if logprobs is not None:
+        parts.append(logprobs.astype("<f4", copy=False).tobytes())
+    ids = shrink(b"".join(parts))
+    data["zipped_ids"] = ids[:1] == ZLIB_HEAD
+    return EncodedTurn(shrink(dump(data)), ids)
+
+
+def replay_json(rows: ReplayRows) -> dict[str, Any]:
+    """A turn's replay rows for the journal: the gap, or the start and the rows in the
+    smallest integer type that holds them, base64 of little-endian bytes."""
+    if rows.rows is None:
+        return {"gap": str(rows.gap or ReplayGap.ENGINE_RETURNED_NONE)}
+    values = rows.rows
+    dtype: np.dtype = np.dtype("<i4")
+    if values.size == 0 or values.min() >= 0:
+        top = int(values.max()) if values.size else 0
+        dtype = np.dtype("<u1" if top < 2**8 else "<u2" if top < 2**16 else "<u4")
+    data = base64.b64encode(values.astype(dtype).tobytes()).decode("ascii")
+    return {"start": rows.start, "dtype": dtype.str, "shape": list(values.shape), "data": data}
+
+
+def replay_from_json(d: dict[str, Any] | None) -> ReplayRows | None:
+    if d is None:
+        return None
+    if "gap" in d:
+        return ReplayRows.missing(ReplayGap(d["gap"]))
+    values = np.frombuffer(base64.b64decode(d["data"]), dtype=np.dtype(d["dtype"]))
+    return ReplayRows(values.reshape(tuple(d["shape"])), int(d["start"]))
+
+
+def weight_spans(data: Sequence[dict[str, Any]] | None) -> tuple[WeightSpan, ...]:
+    return tuple(WeightSpan(str(w["version"]), int(w["start"]), int(w["end"])) for w in data or ())
+
+
+# A turn's payload (JSON, which starts with "{") and ids are stored deflated when that makes
+# them smaller: token ids and text both shrink several times, at level 1 in well under a
+# millisecond per turn. A deflate stream at this level starts with this byte.
+ZLIB_HEAD = b"\x78"
+
+
+def shrink(data: bytes) -> bytes:
+    packed = zlib.compress(data, 1)
+    return packed if len(packed) < len(data) else data
+
+
+def payload_bytes(payload: bytes) -> bytes:
+    """A stored payload as JSON bytes."""
+    return zlib.decompress(payload) if payload[:1] == ZLIB_HEAD else payload
+
+
+@dataclass
+class DecodedIds:
+    tail: np.ndarray
+    output: np.ndarray
+    logprobs: np.ndarray | None
+
+
+def decode_ids(data: dict[str, Any], ids: bytes) -> DecodedIds:
+    if data.get("zipped_ids"):
+        ids = zlib.decompress(ids)
+    n_tail, n_out = int(data["tail"]), int(data["output"])
+    words = np.frombuffer(ids, dtype="<u4", count=n_tail + n_out)
+    lps = None
+    if data["logprobs"]:
+        lps = np.frombuffer(ids, dtype="<f4", offset=4 * (n_tail + n_out), count=n_out)
+        lps = lps.astype(np.float32)
+    return DecodedIds(words[:n_tail].astype(np.uint32), words[n_tail:].astype(np.uint32), lps)
+
+
+@dataclass
+class JournaledTurn:
+    """One turn event, decoded."""
+
+    sid: str
+    seq: int  # the session's sequence number of the event
+    translated: list[Message]
+    response_message: Message | None
+    tools: list[ToolSchema] | None
+    prompt_ids: np.ndarray
+    output_ids: np.ndarray
+    logprobs: np.ndarray | None
+    finish_reason: str | None
+    ill_formed: bool
+    metadata: dict[str, Any]
+    history: History | None = None
+    fallback: Fallback | None = None
+    # What the adapter needs to answer a retry of this turn again (its reply), if recorded.
+    answer: dict[str, Any] | None = None
+    # It was generated for a retry and replaces the earlier turns of the same prompt.
+    supersedes: bool = False
+    # What the engine reported beyond ids (MoE routing, indexer top-k, weight versions).
+    routed_experts: ReplayRows | None = None
+    indexer_topk: ReplayRows | None = None
+    weight_versions: tuple[WeightSpan, ...] = ()
+
+
+@dataclass
+class TurnDecoder:
+    """A reader's state for one session: the branches its turns are stored against."""
+
+    sid: str
+    bases: Bases = field(default_factory=Bases)
+    # The hash of the last turn's tool list.
+    tools_ref: str | None = None
+
+    def decode(
+        self,
+        seq: int,
+        data: dict[str, Any],
+        ids: bytes,
+        tools_of: Any,
+    ) -> JournaledTurn:
+        """The turn `data`/`ids` describe; `tools_of(hash)` reads a tool list from `blobs`."""
+        decoded = decode_ids(data, ids)
+        base_messages = self.bases.get(data["mbase"]).messages if data["mbase"] else []
+        translated = [*base_messages[: data["keep"]], *data["new"]]
+        if data["tbase"]:
+            held = self.bases.get(data["tbase"]).tokens
+            prompt = np.concatenate([held[: data["prefix"]], decoded.tail])
+        else:
+            prompt = decoded.tail
+        ref = data["tools"]
+        tools = None if ref is None else tools_of(ref)
+        _, _, shared = self.bases.token_base(prompt)
+        self.bases.add(Base(seq, np.concatenate([prompt, decoded.output]), translated), shared)
+        self.tools_ref = ref
+        return JournaledTurn(
+            sid=self.sid,
+            seq=seq,
+            translated=translated,
+            response_message=data["response"],
+            tools=tools,
+            prompt_ids=prompt,
+            output_ids=decoded.output,
+            logprobs=decoded.logprobs,
+            finish_reason=data["finish_reason"],
+            ill_formed=data["ill_formed"],
+            metadata=data["metadata"],
+            history=None if data["history"] is None else History(data["history"]),
+            fallback=None if data["fallback"] is None else Fallback(data["fallback"]),
+            answer=data.get("answer"),
+            supersedes=bool(data.get("supersedes", False)),
+            routed_experts=replay_from_json(data.get("routed_experts")),
+            indexer_topk=replay_from_json(data.get("indexer_topk")),
+            weight_versions=weight_spans(data.get("weight_versions")),
+        )
+
+
+@dataclass
+class Row:
+    """One event row as read, checked against its CRC by `verify`."""
+
+    seq: int
+    sid: str
+    sess_seq: int
+    kind: str
+    payload: bytes
+    ids: bytes
+    crc: int
+
+    def verify(self) -> bool:
+        return event_crc(self.sid, self.sess_seq, self.kind, self.payload, self.ids) == self.crc
+
+    def data(self) -> dict[str, Any]:
+        try:
+            value = json.loads(payload_bytes(self.payload))
+        except zlib.error as exc:
+            raise ValueError(f"payload cannot be inflated ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError("payload is not an object")
+        return value
+
+
+ROW_COLUMNS = "seq, sid, sess_seq, kind, payload, ids, crc"

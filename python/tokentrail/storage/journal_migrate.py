@@ -1,0 +1,74 @@
+"""Migrating a schema-1 journal to schema 2 when a server opens it to append.
+
+Every session is written again through a schema-2 `Journal` (its settings, its served turns,
+its end), the schema-1 file is moved aside (never deleted), and the new file takes its place.
+Turns from schema 1 carry no recorded reply, so a retry of one of them is generated again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from tokentrail.storage.journal_format import DROPPED, FINISHED
+from tokentrail.storage.journal_v1 import read_v1
+
+logger = logging.getLogger(__name__)
+
+
+def migrate_v1(path: Path, sync: str = "normal") -> Path:
+    """Rewrite the schema-1 journal at `path` as schema 2; returns where the old file went."""
+    from tokentrail.storage.journal import Journal
+
+    meta, records = read_v1(path)
+    fresh = path.with_name(f"{path.name}.schema2")
+    for suffix in ("", "-wal", "-shm", "-receipts", "-lock"):
+        Path(f"{fresh}{suffix}").unlink(missing_ok=True)
+    journal = Journal(fresh, sync=sync)
+    try:
+        journal.set_meta(**{k: v for k, v in meta.items() if k != "schema_version"})
+        for record in records:
+            if record.settings is not None:
+                journal.session_opened(record.sid, record.settings)
+            for turn in record.turns:
+                journal.turn(
+                    record.sid,
+                    translated=turn.translated,
+                    response_message=turn.response_message,
+                    tools=turn.tools,
+                    prompt_ids=turn.prompt_ids,
+                    output_ids=turn.output_ids,
+                    logprobs=turn.logprobs,
+                    finish_reason=turn.finish_reason,
+                    ill_formed=turn.ill_formed,
+                    metadata=turn.metadata,
+                    history=turn.history,
+                    fallback=turn.fallback,
+                )
+            if record.damage is not None:
+                journal.lost(record.sid, len(record.turns) + 1, -1, record.damage)
+            if record.state == FINISHED:
+                journal.session_finished(record.sid, record.reward, record.metadata)
+            elif record.state == DROPPED:
+                journal.session_dropped(record.sid)
+    finally:
+        journal.close()
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    aside = path.with_name(f"{path.name}.schema1-{stamp}-{os.getpid()}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(f"{path}{suffix}")
+        if src.exists():
+            shutil.move(src, Path(f"{aside}{suffix}"))
+    os.replace(fresh, path)
+    os.replace(Path(f"{fresh}-receipts"), Path(f"{path}-receipts"))
+    Path(f"{fresh}-lock").unlink(missing_ok=True)
+    logger.info(
+        "journal %s: migrated from schema 1 (%d sessions); the schema-1 file is kept at %s",
+        path,
+        len(records),
+        aside,
+    )
+    return aside
