@@ -62,6 +62,8 @@ class AdapterConfig:
     default_max_tokens: int = 4096
     # Warn once per finished session whose tool-call turns lost more than this share.
     masked_warning_threshold: float = 0.05
+    # Refuse turns for sessions not opened with `open_session` (an adapter behind a pool).
+    open_sessions_only: bool = False
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -102,6 +104,7 @@ class Adapter:
             journal=journal,
             max_turns_per_session=config.max_turns_per_session,
             masked_warning_threshold=config.masked_warning_threshold,
+            open_sessions_only=config.open_sessions_only,
         )
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
         self.app = web.Application(

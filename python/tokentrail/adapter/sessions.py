@@ -48,6 +48,7 @@ class Sessions:
         journal: Journal | None = None,
         max_turns_per_session: int = 0,
         masked_warning_threshold: float = 0.05,
+        open_sessions_only: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.manager = pipeline.manager
@@ -55,6 +56,10 @@ class Sessions:
         self.journal = journal
         self.max_turns_per_session = max_turns_per_session
         self.masked_warning_threshold = masked_warning_threshold
+        # Refuse a turn for a session nobody opened, instead of opening it: behind a pool that
+        # places sessions, a turn sent to the wrong adapter (or to one whose journal lost the
+        # session) must fail loudly, never start a second, partial session of the same name.
+        self.open_sessions_only = open_sessions_only
         self._open: dict[str, Session] = {}
         self._closed: set[str] = set()
 
@@ -63,6 +68,10 @@ class Sessions:
 
     def get(self, sid: str) -> Session | None:
         return self._open.get(sid)
+
+    def open_ids(self) -> list[str]:
+        """The sessions open now (opened, or recovered from the journal), oldest first."""
+        return list(self._open)
 
     def open(
         self,
@@ -100,6 +109,8 @@ class Sessions:
             raise SessionClosed(f"session {sid!r} was finished or dropped; open a new session")
         session = self._open.get(sid)
         if session is None:
+            if self.open_sessions_only:
+                raise SessionError(f"session {sid!r} was not opened on this adapter")
             session = self._open[sid] = Session()
         cap = self.max_turns_per_session
         if cap and session.turns + session.in_flight >= cap:
