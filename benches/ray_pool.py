@@ -43,10 +43,12 @@ from ray.cluster_utils import Cluster
 sys.path.insert(0, str(Path(__file__).parent))
 from adapter_load import long_script  # noqa: E402
 
-from tokentrail.adapter.server import start_server  # noqa: E402
+from tokentrail.adapter.server import Adapter, start_server  # noqa: E402
 from tokentrail.engines.scripted import ScriptedEngine  # noqa: E402
 from tokentrail.scale import ActorSpec, AdapterPool, ShippedBatch  # noqa: E402
 from tokentrail.sim.harness import HarnessSim, Workspace  # noqa: E402
+from tokentrail.storage.journal import Journal  # noqa: E402
+from tokentrail.text.tokenizer import load_tokenizer  # noqa: E402
 from tokentrail.trajectory.manager import Trajectory  # noqa: E402
 from tokentrail.trajectory.sample import Sample  # noqa: E402
 
@@ -116,7 +118,9 @@ def pooled(actors: int, sessions: int, turns: int, journals: Path) -> dict[str, 
 
 def failover(sessions: int, turns: int, journals: Path, rounds: int) -> list[dict[str, float]]:
     rows = []
-    with AdapterPool(spec(turns), 1, journal_dir=journals, node_resource="rollout") as pool:
+    with AdapterPool(
+        spec(turns), 1, journal_dir=journals, node_resource="rollout", max_restarts=rounds
+    ) as pool:
         for r in range(rounds):
             placed = [pool.open_session(f"r{r}-s{i}") for i in range(sessions)]
             # Half the turns of each session, then the kill: the sessions are open.
@@ -132,6 +136,9 @@ def failover(sessions: int, turns: int, journals: Path, rounds: int) -> list[dic
                 os.kill(old.pid, signal.SIGKILL)
             else:
                 ray.kill(pool.actor_handle(0), no_restart=False)
+            # `ray.kill` returns at once; until the process is gone it may still answer.
+            while pid_alive(old.pid):
+                time.sleep(0.005)
             (new,) = pool.check()  # waits through the restart
             ray_s = time.perf_counter() - start
             probe.join()
@@ -141,7 +148,7 @@ def failover(sessions: int, turns: int, journals: Path, rounds: int) -> list[dic
                     "how": how,
                     "sessions": len(new.recovered),
                     "turns": sum(new.sessions.values()),
-                    "http_s": http_s[0],
+                    "http_s": http_s[0] if http_s else float("nan"),
                     "ray_s": ray_s,
                     "startup_s": new.startup_s,
                 }
@@ -150,16 +157,56 @@ def failover(sessions: int, turns: int, journals: Path, rounds: int) -> list[dic
     return rows
 
 
+async def journal_of_open_sessions(path: Path, sessions: int, turns: int) -> int:
+    """Record `sessions` half-done sessions into the journal at `path`; the turns recorded."""
+    adapter = spec(turns).build(path)
+    runner, url = await start_server(adapter)
+    try:
+        sids = [f"s{i}" for i in range(sessions)]
+        for sid in sids:
+            adapter.open_session(sid)
+        return await drive([url] * sessions, sids, max(2, turns // 2))
+    finally:
+        await runner.cleanup()
+
+
+def recovery(sessions: int, turns: int, repeats: int = 3) -> dict[str, float]:
+    """Seconds to build an adapter over a journal of open sessions, and over an empty one
+    (the same tokenizer, best of `repeats`): the difference is the journal's recovery."""
+    folder = Path(tempfile.mkdtemp())
+    recorded = asyncio.run(journal_of_open_sessions(folder / "open.db", sessions, turns))
+    tokenizer = load_tokenizer()
+    times = {}
+    for name in ("open", "empty"):
+        best = float("inf")
+        for k in range(repeats):
+            path = folder / (f"{name}.db" if name == "open" else f"empty-{k}.db")
+            start = time.perf_counter()
+            adapter = Adapter(
+                engine=ScriptedEngine(tokenizer, long_script(turns)),
+                tokenizer=tokenizer,
+                journal=Journal(path),
+            )
+            best = min(best, time.perf_counter() - start)
+            assert len(adapter.sessions) == (sessions if name == "open" else 0)
+            adapter.journal.close()  # type: ignore[union-attr]
+        times[name] = best
+    return {"turns": recorded, "recover_s": times["open"] - times["empty"], **times}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_http(url: str, old_pid: int, start: float, out: list[float]) -> None:
     """Append the seconds from `start` until `url` answers from a process other than
-    `old_pid`."""
-    while True:
-        try:
-            os.kill(old_pid, 0)
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        if not alive:
+    `old_pid` (nothing after 120 s)."""
+    while time.perf_counter() - start < 120:
+        if not pid_alive(old_pid):
             try:
                 with urllib.request.urlopen(f"{url}/healthz", timeout=1):
                     out.append(time.perf_counter() - start)
@@ -185,8 +232,9 @@ class Holder:
 
 def transfer(tokens: int, journals: Path, repeats: int) -> dict[str, Any]:
     steps = 16
-    # Tool results of about tokens/steps tokens each (the padding tokenizes at ~2 chars/token).
-    chars = 2 * tokens // steps
+    # Tool results of about tokens/steps tokens each (the padding tokenizes at ~2.16 chars a
+    # token, measured).
+    chars = int(2.16 * tokens / steps)
     out: dict[str, Any] = {}
     with AdapterPool(spec(steps), 1, journal_dir=journals, node_resource="rollout") as pool:
         for sid in ("ray", "http"):
@@ -291,6 +339,13 @@ def report(args: argparse.Namespace, journals: Path) -> None:
         print(
             f"{r['how']:<10}{r['sessions']:>9}{r['turns']:>7}{r['http_s']:>13.2f}"
             f"{r['ray_s']:>12.2f}{r['startup_s']:>17.2f}"
+        )
+    for turns in (t, 4 * t):
+        rec = recovery(n, turns)
+        print(
+            f"journal recovery, {n} open sessions of {rec['turns'] // n} turns: "
+            f"{rec['recover_s']:.3f} s (adapter over that journal {rec['open']:.3f} s, over an "
+            f"empty one {rec['empty']:.3f} s; one process, tokenizer already loaded)"
         )
     print()
 

@@ -25,6 +25,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("journal_durability.py", ["--turns", "40"]),
     ("adapter_load.py", ["--sessions", "2", "--turns", "8"]),
     ("session_scaling.py", ["--quick"]),
+    ("ray_pool.py", ["--quick"]),
 ]
 
 

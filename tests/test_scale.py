@@ -33,7 +33,7 @@ from tokentrail.adapter.metrics import Metrics  # noqa: E402
 from tokentrail.adapter.server import start_server  # noqa: E402
 from tokentrail.errors import EngineSpecError, JournalError, SessionLost  # noqa: E402
 from tokentrail.kinds import LostReason  # noqa: E402
-from tokentrail.scale import ActorSpec, AdapterPool  # noqa: E402
+from tokentrail.scale import ActorHealth, ActorSpec, AdapterPool, FinishedBatch  # noqa: E402
 from tokentrail.scale.actor import state_path  # noqa: E402
 from tokentrail.scale.metrics import summed  # noqa: E402
 from tokentrail.sim.harness import (  # noqa: E402
@@ -145,7 +145,7 @@ class Stepper:
             max_tokens=2048,
             system=self.system,
             messages=copy.deepcopy(self.messages),
-            tools=CLAUDE_CODE_TOOLS,  # type: ignore[arg-type]
+            tools=CLAUDE_CODE_TOOLS,
         )
         blocks, results = [], []
         for block in reply.content:
@@ -197,6 +197,13 @@ def wait_gone(pid: int) -> None:
     raise TimeoutError(f"process {pid} is still alive")
 
 
+def alive(pool: AdapterPool) -> list[ActorHealth]:
+    """Every actor's health, all of them answering."""
+    health = pool.check()
+    assert all(h is not None for h in health)
+    return [h for h in health if h is not None]
+
+
 def metric(families: list, sample_name: str, **labels: str) -> float:
     """The sum of the samples named `sample_name` whose labels include `labels`."""
     return sum(
@@ -211,8 +218,7 @@ def metric(families: list, sample_name: str, **labels: str) -> float:
 
 
 def test_eight_sessions_on_two_actors_equal_one_process(pool: AdapterPool, tmp_path: Path) -> None:
-    health = pool.check()
-    assert len({h.node_id for h in health if h is not None}) == 2, "one actor per node"
+    assert len({h.node_id for h in alive(pool)}) == 2, "one actor per node"
 
     sids = [f"rollout-{i}" for i in range(8)]
     placed = {sid: pool.open_session(sid) for sid in sids}
@@ -221,7 +227,7 @@ def test_eight_sessions_on_two_actors_equal_one_process(pool: AdapterPool, tmp_p
     requests = asyncio.run(run_harnesses({sid: p.url for sid, p in placed.items()}))
 
     # Stickiness: every turn of a session reached its actor, and no other actor knows it.
-    by_actor = {h.index: h.sessions for h in pool.check() if h is not None}
+    by_actor = {h.index: h.sessions for h in alive(pool)}
     for sid in sids:
         mine = placed[sid].actor
         assert by_actor[mine][sid] == requests[sid]
@@ -262,15 +268,28 @@ def test_eight_sessions_on_two_actors_equal_one_process(pool: AdapterPool, tmp_p
 
 def test_a_turn_sent_to_another_actor_is_refused(pool: AdapterPool) -> None:
     session = pool.open_session("sticky")
-    (wrong,) = [h for h in pool.check() if h is not None and h.index != session.actor]
+    (wrong,) = [h for h in alive(pool) if h.index != session.actor]
     client = anthropic.Anthropic(base_url=wrong.url, api_key="sticky", max_retries=0)
     # Not a second, partial session of the same name on the wrong actor: a 404.
     with pytest.raises(anthropic.NotFoundError, match="not opened on this adapter"):
         client.messages.create(
             model="tokentrail", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
         )
-    assert "sticky" not in pool.check()[wrong.index].sessions  # type: ignore[union-attr]
+    assert "sticky" not in alive(pool)[wrong.index].sessions
     assert pool.drop_session("sticky")
+
+
+def test_a_finish_whose_samples_never_arrived_is_reported_so(pool: AdapterPool) -> None:
+    session = pool.open_session("finished-elsewhere")
+    asyncio.run(step_all([Stepper(session.url, session.sid, 0)], steps=1))
+    # The actor finishes it, but the answer never reaches the pool (as when a connection
+    # breaks after the actor journaled the finish).
+    handle = pool.actor_handle(session.actor)
+    ray.get(handle.finish.remote([(session.sid, 1.0, {})]))
+    with pytest.raises(SessionLost) as caught:
+        pool.finish(session.sid)
+    assert caught.value.reason == LostReason.FINISH_LOST
+    assert "records the finish" in caught.value.detail
 
 
 def test_killed_actors_recover_their_sessions_from_their_journals(
@@ -278,35 +297,41 @@ def test_killed_actors_recover_their_sessions_from_their_journals(
 ) -> None:
     sids = [f"failover-{i}" for i in range(4)]
     placed = [pool.open_session(sid) for sid in sids]
-    steppers = [Stepper(p.url, p.sid, i) for i, p in enumerate(placed)]
-    before = pool.check()
+    steppers = {p.sid: Stepper(p.url, p.sid, i) for i, p in enumerate(placed)}
+    on = {i: [p.sid for p in placed if p.actor == i] for i in (0, 1)}
+    before = alive(pool)
     restarts = metric(pool.metrics(), "tokentrail_pool_actor_restarts_total")
 
-    async def drive() -> None:
-        await step_all(steppers, steps=3)
-        # Mid-session, between turns: SIGKILL actor 1's process. The harnesses' next requests
-        # are refused until Ray has restarted it on its node; the SDK retries them.
-        os.kill(before[1].pid, signal.SIGKILL)  # type: ignore[union-attr]
-        await step_all(steppers)
+    async def drive() -> FinishedBatch:
+        # One event loop for every client: an SDK client's connections belong to its loop.
+        await step_all(list(steppers.values()), steps=3)
+        await step_all([steppers[sid] for sid in on[0]])  # actor 0's sessions are done
+        # Both actors die at once, their sessions unfinished: actor 1's process by SIGKILL
+        # in the middle of its sessions, actor 0 by `ray.kill`.
+        os.kill(before[1].pid, signal.SIGKILL)
+        ray.kill(pool.actor_handle(0), no_restart=False)
+        await asyncio.to_thread(wait_gone, before[0].pid)
+        # The pool finishes actor 0's sessions, waiting for its restart; meanwhile actor 1's
+        # harnesses carry on: their requests are refused until Ray has restarted it on its
+        # node, and the SDK retries them.
+        finishing = asyncio.to_thread(pool.finish_many, dict.fromkeys(on[0], 1.0))
+        batch, _ = await asyncio.gather(finishing, step_all([steppers[s] for s in on[1]]))
+        return batch
 
-    asyncio.run(drive())
-    # And actor 0 with `ray.kill`: the finish below waits for its restart.
-    ray.kill(pool.actor_handle(0), no_restart=False)
-    wait_gone(before[0].pid)  # type: ignore[union-attr]
-    batch = pool.finish_many(dict.fromkeys(sids, 1.0))
+    batch = asyncio.run(drive())
+    later = pool.finish_many(dict.fromkeys(on[1], 1.0))
 
-    assert batch.lost == {}
+    assert batch.lost == later.lost == {}
+    finished = {**batch.sessions, **later.sessions}
     reference = asyncio.run(stepped_one_process(sids, tmp_path))
     for sid in sids:
-        finished = batch.sessions[sid]
-        assert (as_dicts(finished.samples), finished.ledger.to_dict()) == reference[sid]
-    after = pool.check()
+        assert steppers[sid].done
+        assert (as_dicts(finished[sid].samples), finished[sid].ledger.to_dict()) == reference[sid]
+    after = alive(pool)
     for old, new in zip(before, after, strict=True):
-        assert new is not None and old is not None
         assert new.starts == old.starts + 1 and new.pid != old.pid
         assert new.url == old.url, "the restarted actor serves on the port it had"
-    for p in placed:
-        assert p.sid in after[p.actor].recovered  # type: ignore[union-attr]
+        assert sorted(new.recovered) == on[new.index]
     assert metric(pool.metrics(), "tokentrail_pool_actor_restarts_total") == restarts + 2
 
 
@@ -314,16 +339,16 @@ def test_sessions_that_cannot_come_back_are_reported_lost(pool: AdapterPool) -> 
     sids = [f"doomed-{i}" for i in range(4)]
     placed = {sid: pool.open_session(sid) for sid in sids}
     asyncio.run(step_all([Stepper(p.url, sid, 1) for sid, p in placed.items()], steps=1))
-    health = pool.check()
+    health = alive(pool)
     # Actor 0 loses its disk (journal removed), then its process: it restarts empty.
     journal = pool.journal_of(0)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{journal}{suffix}").unlink(missing_ok=True)
     assert state_path(journal).exists()
-    os.kill(health[0].pid, signal.SIGKILL)  # type: ignore[union-attr]
+    os.kill(health[0].pid, signal.SIGKILL)
     # Actor 1 is killed for good.
     ray.kill(pool.actor_handle(1), no_restart=True)
-    wait_gone(health[1].pid)  # type: ignore[union-attr]
+    wait_gone(health[1].pid)
 
     batch = pool.finish_many(sids)
     assert batch.sessions == {}

@@ -90,7 +90,7 @@ class Supervisor:
                 if time.monotonic() > deadline:
                     raise self.unavailable(slot) from None
                 time.sleep(delay)
-                delay = min(1.0, delay * 2)
+                delay = min(0.25, delay * 2)
                 continue
             if isinstance(result, ActorHealth):
                 self.seen(slot, result)
