@@ -30,7 +30,7 @@ class ActorSpec:
     """One adapter of a pool: its engine, vocabulary, adapter settings and journal mode.
 
     `engine` is an engine spec as `tokentrail serve --engine` takes it ("scripted",
-    "sglang:http://host:30000", ...) or a callable that builds an `Engine` from the tokenizer.
+    "sglang://10.0.0.5:30000", ...) or a callable that builds an `Engine` from the tokenizer.
     `host` is the address the HTTP adapter binds and advertises; None means the node's IP.
     """
 
