@@ -19,8 +19,8 @@ test-python:
 	HYPOTHESIS_PROFILE=ci $(PYTHON) -m pytest -q
 
 lint:
-	ruff check python tests benches
-	ruff format --check python tests benches
+	ruff check python tests benches examples
+	ruff format --check python tests benches examples
 	$(PYTHON) -m mypy
 	$(PYTHON) -m mypy.stubtest tokentrail._core
 	cargo clippy --all-targets -- -D warnings

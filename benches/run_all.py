@@ -33,6 +33,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("families.py", ["--sessions", "1", "--steps", "3", "--messages", "50"]),
     ("loop_responsiveness.py", ["--quick"]),
     ("hostile_requests.py", ["--quick"]),
+    ("ray_pool.py", ["--quick"]),
 ]
 
 

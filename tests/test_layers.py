@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tokentrail.storage", "tokentrail.engines"),
     ("tokentrail.adapter",),
     ("tokentrail.sim",),
+    ("tokentrail.scale",),
     ("tokentrail.cli", "tokentrail.__main__", "tokentrail"),
 ]
 

@@ -395,6 +395,23 @@ def test_in_process_sessions(tokenizer) -> None:
     run(body)
 
 
+def test_open_sessions_only_refuses_a_session_nobody_opened(tokenizer) -> None:
+    # An adapter behind a pool: a turn for a session placed elsewhere must not start a
+    # second, partial session of the same name here.
+    adapter = scripted(tokenizer, open_sessions_only=True)
+
+    async def body() -> None:
+        async with serving(adapter) as url:
+            with pytest.raises(anthropic.NotFoundError, match="not opened on this adapter"):
+                await anthropic_client(url, "elsewhere").messages.create(**GOOD)
+            adapter.open_session("here")
+            await anthropic_client(url, "here").messages.create(**GOOD)
+        assert adapter.sessions.open_ids() == ["here"]
+        assert adapter.manager.turn_count("elsewhere") == 0
+
+    run(body)
+
+
 def test_finish_waits_for_in_flight_turns(tokenizer) -> None:
     adapter = scripted(tokenizer)
     engine = adapter.engine

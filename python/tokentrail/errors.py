@@ -215,3 +215,29 @@ class UpstreamError(TokentrailError):
 
     status = 502
     kind = "api_error"
+
+
+# -- the adapter pool (tokentrail.scale) ----------------------------------------------------------
+
+
+class PoolError(TokentrailError):
+    """An adapter pool cannot be placed or used as asked: no node fits, an unknown session."""
+
+
+class SessionLost(TokentrailError):
+    """A pool cannot deliver a session's samples; `reason` (a `LostReason`) says why.
+
+    Never an empty result in its place: the trainer learns which session's signal is gone.
+    """
+
+    status = 410
+    kind = "invalid_request_error"
+
+    def __init__(self, sid: str, reason: str, detail: str = "") -> None:
+        self.sid = sid
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"session {sid!r} lost ({reason}){': ' + detail if detail else ''}")
+
+    def __reduce__(self) -> tuple[type[SessionLost], tuple[str, str, str]]:
+        return type(self), (self.sid, self.reason, self.detail)

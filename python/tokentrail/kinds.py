@@ -234,3 +234,21 @@ class Backend(StrEnum):
 
     RUST = "rust"
     PYTHON = "python"
+
+
+class LostReason(StrEnum):
+    """Why an adapter pool cannot deliver a session's samples (`tokentrail.scale`)."""
+
+    # The session's actor died and Ray will not restart it (restarts used up, or killed for
+    # good); its journal may still be on its node's disk, for `tokentrail replay`.
+    ACTOR_DIED = "actor_died"
+    # The node that held the session's actor and journal is gone.
+    NODE_DIED = "node_died"
+    # The actor restarted, but its journal did not hold the session (lost or damaged disk).
+    NOT_RECOVERED = "not_recovered"
+    # The actor died while finishing the session: its journal records the finish, but the
+    # samples never reached the pool.
+    FINISH_LOST = "finish_lost"
+    # The actor is restarting and did not come back in time; the pool still holds the session,
+    # and a later finish may succeed.
+    UNAVAILABLE = "unavailable"

@@ -50,6 +50,8 @@ class AdapterConfig:
     # (off by default); the manager's shapes check what comes back and size the store.
     routed_experts: bool = False
     indexer_topk: bool = False
+    # Refuse turns for sessions not opened with `open_session` (an adapter behind a pool).
+    open_sessions_only: bool = False
 
     def side_patterns(self) -> list[str]:
         known = list(KNOWN_SIDE_PROMPTS.values()) if self.exclude_known_side_requests else []

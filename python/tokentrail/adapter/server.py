@@ -101,6 +101,7 @@ class Adapter:
             max_sessions=config.max_sessions,
             idle_ttl_s=config.session_idle_ttl_s,
             finish_retention_s=config.finish_retention_s,
+            open_sessions_only=config.open_sessions_only,
         )
         self.turns = Turns(
             settings=TurnSettings(

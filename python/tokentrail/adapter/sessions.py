@@ -149,6 +149,20 @@ class Tombstones:
         return f"{what}; a finished or dropped session takes no more turns, open a new session"
 
 
+def _checked_finish(reward: object, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """A finish's metadata, once its reward and metadata are known to be ones a sample holds."""
+    if isinstance(reward, bool) or not isinstance(reward, int | float):
+        raise RequestError("reward must be a number")
+    if not math.isfinite(reward):
+        raise RequestError(f"reward must be a finite number, got {reward!r}")
+    out = dict(metadata or {})
+    try:
+        json.dumps(out, ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        raise RequestError(f"metadata must be JSON without NaN or lone surrogates: {exc}") from None
+    return out
+
+
 class Sessions:
     """Every open session of one adapter, over its pipeline, journal and metrics."""
 
@@ -164,6 +178,7 @@ class Sessions:
         max_sessions: int = 0,
         idle_ttl_s: float = 0.0,
         finish_retention_s: float = 300.0,
+        open_sessions_only: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.manager = pipeline.manager
@@ -175,6 +190,10 @@ class Sessions:
         self.max_sessions = max_sessions
         self.idle_ttl_s = idle_ttl_s
         self.finish_retention_s = finish_retention_s
+        # Refuse a turn for a session nobody opened, instead of opening it: behind a pool that
+        # places sessions, a turn sent to the wrong adapter (or to one whose journal lost the
+        # session) must fail loudly, never start a second, partial session of the same name.
+        self.open_sessions_only = open_sessions_only
         self._open: dict[str, Session] = {}
         self._closed = Tombstones(finish_retention_s)
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -185,8 +204,9 @@ class Sessions:
     def get(self, sid: str) -> Session | None:
         return self._open.get(sid)
 
-    def closed(self, sid: str) -> Tombstone | None:
-        return self._closed.get(sid)
+    def open_ids(self) -> list[str]:
+        """The sessions open now (opened, or recovered from the journal), oldest first."""
+        return list(self._open)
 
     def open(
         self,
@@ -244,6 +264,8 @@ class Sessions:
         self.check_open(sid)
         session = self._open.get(sid)
         if session is None:
+            if self.open_sessions_only:
+                raise SessionError(f"session {sid!r} was not opened on this adapter")
             if self.max_sessions and len(self._open) >= self.max_sessions:
                 raise Overloaded(
                     f"{len(self._open)} sessions are open, the adapter's limit "
@@ -292,17 +314,7 @@ class Sessions:
     ) -> Trajectory:
         """Wait for the session's in-flight turns, close it and linearize it; a repeated
         finish within the retention window returns the same trajectory."""
-        if isinstance(reward, bool) or not isinstance(reward, int | float):
-            raise RequestError("reward must be a number")
-        if not math.isfinite(reward):
-            raise RequestError(f"reward must be a finite number, got {reward!r}")
-        metadata = dict(metadata or {})
-        try:
-            json.dumps(metadata, ensure_ascii=False, allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
-            raise RequestError(
-                f"metadata must be JSON without NaN or lone surrogates: {exc}"
-            ) from None
+        metadata = _checked_finish(reward, metadata)
         tomb = self._closed.get(sid)
         if tomb is None:
             session = self._open.get(sid)

@@ -32,6 +32,8 @@ __all__ = [
     "PackedBatch",
     "pack_samples",
     "read_samples",
+    "sample_columns",
+    "samples_from_columns",
     "write_samples",
 ]
 
@@ -254,6 +256,19 @@ def _check_columns(columns: dict[str, np.ndarray], path: Path) -> dict[str, np.n
                 f"{path}: column {name} is {rows.dtype}{rows.shape}, not a row per token ({tokens})"
             )
     return columns
+
+
+def sample_columns(samples: Iterable[Sample]) -> dict[str, np.ndarray]:
+    """Samples as the flat numpy columns a .npz file holds (each array field concatenated, with
+    `<field>_offsets`): a few large arrays, for shipping through shared memory (Ray's object
+    store) without a copy or a per-sample object."""
+    return _columns(list(samples))
+
+
+def samples_from_columns(columns: dict[str, np.ndarray], where: str = "columns") -> list[Sample]:
+    """The samples of `sample_columns`, checked; each sample's arrays are views of the column
+    arrays (read-only ones stay read-only). `where` names the source in errors."""
+    return _samples(_check_columns(columns, Path(where)), Path(where))
 
 
 # --- .npz ----------------------------------------------------------------------------------------
