@@ -9,11 +9,14 @@ Per turn, both sides start from the body bytes and end with the turn recorded:
   `apply_chat_template(tokenize=True)` (jinja render and a full encode with the same
   `tokenizers` vocabulary), then slime's `TrajectoryManager.record_turn`; finish is its
   `get_trajectory`. This is slime's agent-adapter path (`slime/agent/adapters/common.py`).
-- tokentrail: `json.loads`, the protocol's translation, `TurnPipeline.prepare` (echo restore,
-  splice or incremental render) and `.record`; finish is `TrajectoryManager.finish`.
+- tokentrail: the adapter's own steps in process (`sessions.replay_in_process`): its request
+  reader (the body parsed and translated where it differs from the session's previous one),
+  `TurnPipeline.prepare` (echo restore, splice or incremental render) and `.record`; finish is
+  `TrajectoryManager.finish`. The splice checks the adapter defers until after the reply are
+  timed apart ("after reply").
 The sampled outputs and their parsed messages are computed once, outside the timings.
 Memory is what the session holds before finish (Python allocations, tracemalloc, plus the Rust
-store's buffers).
+store's buffers); for tokentrail that includes the adapter's copy of the session's latest request.
 
     python benches/against_slime.py --slime PATH_TO_A_SLIME_CHECKOUT [--turns 128 --context 65536]
 
@@ -31,50 +34,33 @@ import platform
 import sys
 import time
 import tracemalloc
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sessions import RecordedTurn, claude_code_tools, record_session
+from sessions import (
+    RecordedTurn,
+    claude_code_tools,
+    parsed_replies,
+    record_session,
+    replay_in_process,
+)
 
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
-from tokentrail.text.parsing import parse_output
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
-from tokentrail.trajectory.manager import TrajectoryManager
-from tokentrail.trajectory.pipeline import TurnPipeline
 
 PROTOCOL = AnthropicMessages()
 
 
-@dataclass
-class Sampled:
-    output_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-
-
-def parsed_replies(tokenizer: LoadedTokenizer, turns: list[RecordedTurn]) -> list[dict[str, Any]]:
-    end = tokenizer.end_token_ids
-    out = []
-    for t in turns:
-        ids = [i for i in t.output_ids if i not in end]
-        out.append(dict(parse_output(tokenizer.decode(ids)).message))
-    return out
-
-
 def run_tokentrail(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: list) -> dict:
-    manager = TrajectoryManager()
-    pipeline = TurnPipeline(manager, tokenizer)
-    times = []
-    for turn, reply in zip(turns, replies, strict=True):
-        start = time.perf_counter()
-        conversation = PROTOCOL.translate(json.loads(turn.body))
-        prepared = pipeline.prepare("s", conversation)
-        pipeline.record(
-            prepared, Sampled(turn.output_ids, turn.logprobs, turn.finish_reason), reply
-        )
-        times.append(time.perf_counter() - start)
-    return {"times": times, "finish": lambda: manager.finish("s"), "manager": manager}
+    costs = replay_in_process(tokenizer, turns, replies)
+    manager = costs.adapter.manager
+    return {
+        "times": costs.totals(),
+        "after": costs.after,
+        "finish": lambda: manager.finish("s"),
+        "manager": manager,
+        "adapter": costs.adapter,
+    }
 
 
 def run_slime(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: list) -> dict:
@@ -113,7 +99,7 @@ def run_slime(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: li
     return {"times": times, "finish": finish, "manager": manager}
 
 
-def held_bytes(run: Any, name: str, tokenizer: LoadedTokenizer, turns: list, replies: list) -> int:
+def _traced(run: Any, tokenizer: LoadedTokenizer, turns: list, replies: list) -> tuple[int, Any]:
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -121,6 +107,13 @@ def held_bytes(run: Any, name: str, tokenizer: LoadedTokenizer, turns: list, rep
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
+    return held, result
+
+
+def held_bytes(run: Any, name: str, tokenizer: LoadedTokenizer, turns: list, replies: list) -> int:
+    held, result = _traced(run, tokenizer, turns, replies)
+    # What either side allocates with no session at all (a loaded template, caches).
+    held -= _traced(run, tokenizer, [], [])[0]
     if name == "tokentrail":
         held += result["manager"]._sessions["s"].store.heap_bytes()  # noqa: SLF001 - measuring
     return held
@@ -141,6 +134,7 @@ def measure(name: str, run: Any, tokenizer: LoadedTokenizer, turns: list, replie
         "finish": finish_ms,
         "memory": held_bytes(run, name, tokenizer, turns, replies),
         "samples": len(samples),
+        "after": float(np.percentile(np.array(result.get("after", [0.0])) * 1e3, 50)),
     }
 
 
@@ -182,6 +176,7 @@ def main() -> int:
         a, b = slime[key] * scale, tt[key] * scale
         print(f"{label + ' ' + unit:<14}{a:>12.2f}{b:>12.2f}{a / b:>8.1f}x")
     print(f"{'samples':<14}{slime['samples']:>12}{tt['samples']:>12}")
+    print(f"tokentrail's deferred splice check after the reply: p50 {tt['after']:.2f} ms")
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, "
         f"{platform.python_implementation()} {platform.python_version()}"

@@ -4,8 +4,9 @@ Simulated coding sessions (32 and 128 turns; 16K, 64K and 128K-token final conte
 vocabulary) are recorded once through the adapter into a journal, then every turn is prepared
 again in one process by both paths, on the same sessions:
 
-- reference: restore, jinja render, full `tokenizers` encode of the prompt, the Python tree and
-  the pure-Python store and builder (`backend="python"`);
+- reference: restore, jinja render, full `tokenizers` encode of the prompt, each turn's ids
+  kept as Python lists, and a finish that merges turns by comparing list slices in C (a turn
+  whose prompt starts with the sample so far extends it), as slime's `get_trajectory` does;
 - tokentrail: restore, render, splice (only the new messages are tokenized, incrementally when a
   turn falls back to a full render), the Rust store and builder.
 
@@ -41,7 +42,6 @@ from tokentrail.storage.journal_read import read_journal
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline
-from tokentrail.trajectory.turn import TurnRecord
 
 GRID = [(32, 16_384), (32, 65_536), (32, 131_072), (128, 16_384), (128, 65_536), (128, 131_072)]
 
@@ -70,9 +70,39 @@ def record_session(tokenizer: LoadedTokenizer, turns: int, context: int) -> list
         return read_journal(path).served_turns()
 
 
+class SliceSessions:
+    """The reference's record and finish: token lists per turn, merged by slice compares."""
+
+    def __init__(self) -> None:
+        self.turns: dict[str, list[tuple[list[int], list[int]]]] = {}
+
+    def record(self, sid: str, prompt_ids: list[int], output_ids: list[int]) -> None:
+        self.turns.setdefault(sid, []).append((list(prompt_ids), list(output_ids)))
+
+    def finish(self, sid: str) -> list[tuple[list[int], list[int]]]:
+        """Samples as (tokens, loss mask): a turn extends the current sample when its prompt
+        starts with it, else starts a new one."""
+        samples: list[tuple[list[int], list[int]]] = []
+        tokens: list[int] = []
+        mask: list[int] = []
+        for prompt, output in self.turns.pop(sid, []):
+            if not tokens or prompt[: len(tokens)] != tokens:
+                if tokens:
+                    samples.append((tokens, mask))
+                tokens, mask = [], []
+            new = prompt[len(tokens) :]
+            tokens = tokens + new + output
+            mask = mask + [0] * len(new) + [1] * len(output)
+        if tokens:
+            samples.append((tokens, mask))
+        return samples
+
+
 def _build(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) -> tuple[Any, list]:
-    """Prepare and record every turn as the path would; return the manager and turn times."""
-    manager = TrajectoryManager(backend="rust" if name == "tokentrail" else "python")
+    """Prepare and record every turn as the path would; return what holds the session (the
+    manager, or the reference's token lists) and the turn times."""
+    manager = TrajectoryManager()
+    reference = SliceSessions()
     # tokentrail: the adapter's own pipeline (restore, splice or incremental render, record).
     pipeline = TurnPipeline(manager, tokenizer)
     times = []
@@ -86,24 +116,18 @@ def _build(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) ->
             # The reference: restore, jinja render and a full encode of every prompt.
             restored = pipeline.restored(turn.sid, conversation)
             ids = tokenizer.encode(pipeline.render(restored.render, turn.tools))
-            manager.record_turn(
-                turn.sid,
-                turn=TurnRecord(ids, turn.output_ids, turn.finish_reason, turn.logprobs),
-                prompt_messages=restored.record,
-                response_message=turn.response_message,
-                tools=turn.tools,
-                keys=restored.keys,
-            )
+            reference.record(turn.sid, ids, list(turn.output_ids))
         times.append(time.perf_counter() - start)
-    return manager, times
+    return (manager if name == "tokentrail" else reference), times
 
 
 def run_path(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) -> dict[str, float]:
     sid = turns[0].sid
     manager, times = _build(name, tokenizer, turns)
     start = time.perf_counter()
-    trajectory = manager.finish(sid)
+    finished = manager.finish(sid)
     finish = time.perf_counter() - start
+    samples = finished.samples if name == "tokentrail" else finished
     # Memory in a second pass: tracemalloc slows allocation, so it stays out of the timings.
     gc.collect()
     tracemalloc.start()
@@ -112,15 +136,17 @@ def run_path(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) 
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - baseline
     tracemalloc.stop()
-    store = manager._sessions[sid].store  # noqa: SLF001 - measuring what it holds
-    rust_bytes = store.heap_bytes() if name == "tokentrail" else 0
+    rust_bytes = 0
+    if name == "tokentrail":
+        store = manager._sessions[sid].store  # noqa: SLF001 - measuring what it holds
+        rust_bytes = store.heap_bytes()
     ms = np.array(times) * 1e3
     return {
         "p50": float(np.percentile(ms, 50)),
         "p99": float(np.percentile(ms, 99)),
         "finish_ms": finish * 1e3,
         "memory": held + rust_bytes,
-        "samples": len(trajectory.samples),
+        "samples": len(samples),
     }
 
 
@@ -139,7 +165,10 @@ def main(quick: bool) -> None:
     tokenizer = load_tokenizer()
     grid = GRID[:2] if quick else GRID
     print("session scaling: per-turn prompt preparation (restore, render, tokenize, record),")
-    print("finish (linearize), session memory; reference = full encode + pure-Python core")
+    print(
+        "finish (linearize), session memory; reference = full encode, token lists, "
+        "slice-compare finish (slime's get_trajectory)"
+    )
     head = (
         f"{'turns':>5} {'context':>8} {'path':<11}{'prep p50 ms':>12}{'p99 ms':>9}"
         f"{'finish ms':>11}{'memory MB':>11}{'budget MB':>11}{'samples':>8}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.sim.harness import CLAUDE_CODE_TOOLS, Behaviour, HarnessSim, SessionSpec
 from tokentrail.sim.model import SimulatedEngine
+from tokentrail.text.parsing import parse_output
 from tokentrail.text.tokenizer import LoadedTokenizer
+from tokentrail.trajectory.timing import TurnTiming
 
 FIXTURE = (
     Path(__file__).resolve().parents[2]
@@ -95,3 +98,75 @@ def record_session(
 ) -> list[RecordedTurn]:
     """A session of `turns` requests growing to about `context` prompt tokens."""
     return asyncio.run(_record(tokenizer, turns, context, seed))
+
+
+@dataclass
+class Sampled:
+    """A recorded turn's sampled ids, as the pipeline's `record` takes them."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass
+class TurnCosts:
+    """Per-turn seconds of the adapter's in-process path over a recorded session."""
+
+    # Body bytes to a checked, translated request (the adapter's `RequestReader`).
+    read: list[float]
+    # Restore, splice or render, encode (`TurnPipeline.prepare`).
+    prepare: list[float]
+    # The turn recorded (`TurnPipeline.record`).
+    record: list[float]
+    # Deferred splice checks, run after the reply (off the turn's path).
+    after: list[float]
+    adapter: Adapter
+
+    def totals(self) -> list[float]:
+        return [a + b + c for a, b, c in zip(self.read, self.prepare, self.record, strict=True)]
+
+
+def replay_in_process(
+    tokenizer: LoadedTokenizer,
+    turns: list[RecordedTurn],
+    replies: list[dict[str, Any]],
+    sid: str = "s",
+    request_memo: int = 256,
+) -> TurnCosts:
+    """Each recorded body through the adapter's own steps, in process and without HTTP: the
+    request reader, the pipeline's prepare and record, then (timed apart) the deferred splice
+    check the adapter runs after the reply. The engine is not called: the outputs are given."""
+    from tokentrail.adapter.config import AdapterConfig
+    from tokentrail.adapter.protocols.anthropic import AnthropicMessages
+
+    config = AdapterConfig(request_memo=request_memo, workers=0)
+    adapter = Adapter(engine=SimulatedEngine(tokenizer), tokenizer=tokenizer, config=config)
+    proto, headers = AnthropicMessages(), {"x-api-key": sid}
+    pipeline = adapter.pipeline
+    costs = TurnCosts([], [], [], [], adapter)
+    for turn, reply in zip(turns, replies, strict=True):
+        t0 = time.perf_counter()
+        request = adapter.requests.request(proto, turn.body, sid, headers)
+        t1 = time.perf_counter()
+        prepared = pipeline.prepare(sid, request.conversation, timing=TurnTiming())
+        t2 = time.perf_counter()
+        sampled = Sampled(turn.output_ids, turn.logprobs, turn.finish_reason)
+        pipeline.record(prepared, sampled, reply)
+        t3 = time.perf_counter()
+        pipeline.check_splice(sid)
+        t4 = time.perf_counter()
+        costs.read.append(t1 - t0)
+        costs.prepare.append(t2 - t1)
+        costs.record.append(t3 - t2)
+        costs.after.append(t4 - t3)
+    return costs
+
+
+def parsed_replies(tokenizer: LoadedTokenizer, turns: list[RecordedTurn]) -> list[dict[str, Any]]:
+    end = tokenizer.end_token_ids
+    out = []
+    for t in turns:
+        ids = [i for i in t.output_ids if i not in end]
+        out.append(dict(parse_output(tokenizer.decode(ids)).message))
+    return out

@@ -1,8 +1,10 @@
 //! tokentrail's hot path: prefix diffing, drift classification, loss masks, linearization,
-//! packing, and the replay tapes (routed experts, indexer top-k) kept per turn.
+//! packing, the replay tapes (routed experts, indexer top-k) kept per turn, and the index of a
+//! request body that lets a turn parse only what changed since the session's previous request.
 //!
 //! The algorithm modules are plain Rust; only the binding modules under `python/` know about
 //! Python, and `python/mod.rs` declares the extension module `tokentrail._core`.
+pub mod body;
 pub mod builder;
 pub mod counts;
 pub mod drift;

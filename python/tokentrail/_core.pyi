@@ -15,6 +15,7 @@ __all__ = [
     "POLICIES",
     "REALIGN",
     "REPLAY_STATUS",
+    "BodyIndex",
     "BuiltSample",
     "Drift",
     "DriftEvent",
@@ -25,6 +26,8 @@ __all__ = [
     "Span",
     "TurnStore",
     "common_prefix_len",
+    "diff_bodies",
+    "index_body",
     "linearize",
     "pack",
 ]
@@ -311,3 +314,37 @@ class IncrementalTokenizer:
         """Ids taken from kept prompts instead of being encoded, over all `encode` calls."""
     def encoded_bytes(self) -> int:
         """Bytes of text actually run through the tokenizer, over all `encode` calls."""
+
+@final
+class BodyIndex:
+    """Where a request body's top-level fields and its array field's elements lie (bytes)."""
+
+    @property
+    def fields(self) -> list[tuple[str, int, int]]:
+        """`(key, start, end)` of each top-level field, in body order."""
+    @property
+    def array_field(self) -> int | None:
+        """The position in `fields` of the array field; None when the body has no such array."""
+    @property
+    def elements(self) -> list[tuple[int, int]]:
+        """`(start, end)` of each element of the array field."""
+    @property
+    def depth(self) -> int:
+        """The deepest nesting of objects and arrays; the body itself is 1."""
+    @property
+    def structural(self) -> int:
+        """Separators and openings outside strings: how many values the body holds."""
+    @property
+    def surrogate_escape(self) -> bool:
+        """Whether a string holds a `\\uD800`..`\\uDFFF` escape."""
+    def __len__(self) -> int: ...
+
+def index_body(body: bytes, array: str) -> BodyIndex:
+    """Index `body`; `array` names the field whose elements get spans. Raises
+    `BodyShapeError` when the index does not take the body (the caller parses it whole)."""
+
+def diff_bodies(
+    old_body: bytes, old: BodyIndex, new_body: bytes, new: BodyIndex
+) -> tuple[list[int], int]:
+    """The positions in `new.fields` whose values differ from `old`'s, and the first element
+    of the array that differs."""

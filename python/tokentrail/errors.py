@@ -37,6 +37,12 @@ class PackError(TokentrailError):
     longer than its sample, or the inputs differ in number."""
 
 
+class BodyShapeError(TokentrailError):
+    """A request body the core's index does not take (broken structure, a top-level key with
+    escapes or given twice): the adapter then parses it whole, and that parse names what is
+    wrong, if anything is."""
+
+
 class ReplayError(TokentrailError):
     """Replay data (MoE routed experts, indexer top-k) that does not fit: rows of another
     shape than the model's, a value out of range, rows for a store kept without that tape."""

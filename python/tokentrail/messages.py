@@ -62,6 +62,10 @@ class Conversation:
     withheld_tools: list[str] = field(default_factory=list)
     # Images, documents and other media rendered as a placeholder, by kind.
     dropped_media: dict[str, int] = field(default_factory=dict)
+    # The first this-many messages are the very objects of the session's previous
+    # conversation, unchanged since (the adapter's reusing parse vouches for it): what the
+    # pipeline worked out for them last turn holds. 0: nothing is assumed.
+    unchanged: int = 0
 
 
 def function_tool(name: str, description: object, parameters: dict[str, Any]) -> ToolSchema:

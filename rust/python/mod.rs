@@ -11,6 +11,7 @@ use crate::drift::{DriftKind, Policy};
 use crate::error::Error;
 use crate::tape::Status;
 
+mod body;
 mod builder;
 mod convert;
 mod pack;
@@ -25,6 +26,7 @@ pyo3::import_exception!(tokentrail.errors, PolicyError);
 pyo3::import_exception!(tokentrail.errors, PackError);
 pyo3::import_exception!(tokentrail.errors, TokenizerError);
 pyo3::import_exception!(tokentrail.errors, ReplayError);
+pyo3::import_exception!(tokentrail.errors, BodyShapeError);
 
 /// tokentrail's Rust hot path: the same names and semantics as `tokentrail.reference`.
 #[pymodule]
@@ -43,6 +45,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<records::PyPacked>()?;
     m.add_class::<store::PyTurnStore>()?;
     m.add_class::<tokenize::PyIncrementalTokenizer>()?;
+    m.add_class::<body::PyBodyIndex>()?;
+    m.add_function(wrap_pyfunction!(body::index_body, m)?)?;
+    m.add_function(wrap_pyfunction!(body::diff_bodies, m)?)?;
     m.add_function(wrap_pyfunction!(builder::common_prefix_len, m)?)?;
     m.add_function(wrap_pyfunction!(builder::linearize, m)?)?;
     m.add_function(wrap_pyfunction!(pack::pack_samples, m)?)?;

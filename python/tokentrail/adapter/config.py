@@ -50,6 +50,9 @@ class AdapterConfig:
     # (off by default); the manager's shapes check what comes back and size the store.
     routed_experts: bool = False
     indexer_topk: bool = False
+    # Sessions (the most recent) whose latest request is kept, so that their next request is
+    # parsed and translated only where it differs (`adapter.reuse`); 0: every request in full.
+    request_memo: int = 256
     # Refuse turns for sessions not opened with `open_session` (an adapter behind a pool).
     open_sessions_only: bool = False
 

@@ -76,13 +76,16 @@ class Limits:
 
     # -- before translation ---------------------------------------------------------------------
 
-    def check_shape(self, body: Mapping[str, Any]) -> None:
-        """Messages, tools and tool schema bytes of a parsed body, before translation."""
+    def check_shape(self, body: Mapping[str, Any], *, with_tools: bool = True) -> None:
+        """Messages, tools and tool schema bytes of a parsed body, before translation (the
+        tools only when `with_tools`: a caller that saw these very tools pass skips them)."""
         messages = body.get("messages")
         if isinstance(messages, list) and self.max_messages and len(messages) > self.max_messages:
             raise RequestError(
                 f"too many messages: {len(messages)} > {self.max_messages} (--max-messages)"
             )
+        if not with_tools:
+            return
         tools = body.get("tools")
         if not isinstance(tools, list):
             return

@@ -31,6 +31,7 @@ from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
+from tokentrail.adapter.requests import RequestReader
 from tokentrail.adapter.sessions import Sessions
 from tokentrail.adapter.turns import Turns, TurnSettings, replay_request
 from tokentrail.adapter.validation import (
@@ -102,6 +103,7 @@ class Adapter:
             idle_ttl_s=config.session_idle_ttl_s,
             finish_retention_s=config.finish_retention_s,
             open_sessions_only=config.open_sessions_only,
+            request_memo=config.request_memo,
         )
         self.turns = Turns(
             settings=TurnSettings(
@@ -120,6 +122,12 @@ class Adapter:
             tokenizer=tokenizer,
             journal=journal,
             replay=self.replay,
+        )
+        self.requests = RequestReader(
+            limits=limits,
+            sessions=self.sessions,
+            pipeline=self.pipeline,
+            default_max_tokens=config.default_max_tokens,
         )
         # Per-stage seconds of the latest turns (benchmarks read them).
         self.timings = self.turns.timings
@@ -241,7 +249,7 @@ class Adapter:
             # A key like every other route, though a count records nothing and opens nothing.
             session_key(proto.session_id(request.headers, {}))
             raw = await self._read(request)
-            tokens = await self.offload.run(self.turns.count, proto, raw)
+            tokens = await self.offload.run(self.requests.count, proto, raw)
             return web.json_response(proto.count_tokens_reply(tokens))
 
         return count_tokens
@@ -280,7 +288,7 @@ class Adapter:
             sid = session_key(proto.session_id(request.headers, {}))
             self.sessions.check_open(sid)
         raw = await self._read(request)
-        turn = await self.offload.run(self.turns.request, proto, raw, sid, request.headers)
+        turn = await self.offload.run(self.requests.request, proto, raw, sid, request.headers)
         timing.lap(Stage.TRANSLATE)
         session = self.sessions.admit(turn.sid)
         try:

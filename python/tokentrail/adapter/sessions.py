@@ -17,12 +17,14 @@ import logging
 import math
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.adapter.answers import Answers, RecordedAnswer
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
+from tokentrail.adapter.reuse import RequestMemo
 from tokentrail.errors import (
     Overloaded,
     RateLimited,
@@ -179,6 +181,7 @@ class Sessions:
         idle_ttl_s: float = 0.0,
         finish_retention_s: float = 300.0,
         open_sessions_only: bool = False,
+        request_memo: int = 0,
     ) -> None:
         self.pipeline = pipeline
         self.manager = pipeline.manager
@@ -196,6 +199,8 @@ class Sessions:
         self.open_sessions_only = open_sessions_only
         self._open: dict[str, Session] = {}
         self._closed = Tombstones(finish_retention_s)
+        # The latest request of recent sessions, so the next one parses only what is new.
+        self.memo = RequestMemo(request_memo)
         self._tasks: set[asyncio.Future[Any]] = set()
 
     def __len__(self) -> int:
@@ -291,7 +296,11 @@ class Sessions:
             # Nothing of it was recorded: it never existed. What the pipeline cached for its
             # prompt goes too, after any step of it still running.
             del self._open[sid]
-            self._background(self.offload.run(self.pipeline.forget, sid, session=sid))
+            self._background(self.offload.run(self._forget, sid, session=sid))
+
+    def after(self, sid: str, step: Callable[[str], object]) -> None:
+        """Run `step(sid)` in the session's lane, not awaited (work no reply waits for)."""
+        self._background(self.offload.run(step, sid, session=sid))
 
     def _background(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -366,7 +375,7 @@ class Sessions:
 
     def _finish_now(self, sid: str, reward: float, metadata: dict[str, Any]) -> Trajectory:
         trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
-        self.pipeline.forget(sid)
+        self._forget(sid)
         trim_memory()
         return trajectory
 
@@ -376,7 +385,7 @@ class Sessions:
         """Forget a session and its turns; False if it was unknown."""
         session = self._open.pop(sid, None)
         known = self.manager.drop_session(sid) or session is not None
-        self.pipeline.forget(sid)
+        self._forget(sid)
         if known:
             self._dropped(sid, session)
         return known
@@ -396,9 +405,13 @@ class Sessions:
             self.offload.journal_soon(self.journal.session_dropped, sid)
         self.metrics.session_dropped()
 
+    def _forget(self, sid: str) -> None:
+        self.pipeline.forget(sid)
+        self.memo.forget(sid)
+
     def _discard(self, sid: str) -> None:
         self.manager.drop_session(sid)
-        self.pipeline.forget(sid)
+        self._forget(sid)
         trim_memory()
 
     async def sweep(self) -> list[str]:

@@ -15,7 +15,6 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,8 +28,8 @@ from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import Outcome
+from tokentrail.adapter.requests import EXCLUDE_HEADER, TurnRequest
 from tokentrail.adapter.sessions import Session, Sessions
-from tokentrail.adapter.validation import check_tree, parse_body, session_key
 from tokentrail.engines.base import (
     Engine,
     GenerateRequest,
@@ -45,11 +44,9 @@ from tokentrail.errors import (
     EngineLimit,
     EngineOutputError,
     ReplayError,
-    RequestError,
     UpstreamError,
 )
 from tokentrail.kinds import EngineFault, Retry, Stage
-from tokentrail.messages import Conversation
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
@@ -63,24 +60,7 @@ from tokentrail.trajectory.pipeline import (
 
 logger = logging.getLogger(__name__)
 
-# A request carrying this header (any value but "" or "0") is a side conversation: served and
-# journaled, its tokens masked as `excluded` (see `trajectory.side`).
-EXCLUDE_HEADER = "X-Tokentrail-Exclude"
-
 __all__ = ["EXCLUDE_HEADER", "TurnRequest", "Turns", "write_reply"]
-
-
-@dataclass
-class TurnRequest:
-    """A turn's request after translation: what the pipeline and the engine need."""
-
-    sid: str
-    body: dict[str, Any]
-    conversation: Conversation
-    sampling: SamplingParams
-    stream: bool
-    # Why the request is a side conversation (`EXCLUDE_HEADER`); None when it trains.
-    exclude: str | None = None
 
 
 @dataclass
@@ -127,55 +107,6 @@ class Turns:
         self.vocab_size = tokenizer.vocab_size
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
         self._engine_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
-
-    # -- in a worker: bytes to a checked request -----------------------------------------------
-
-    def parse(self, raw: bytes) -> dict[str, Any]:
-        body = parse_body(raw, self.limits.max_json_depth)
-        self.limits.check_shape(body)
-        return body
-
-    def translate(
-        self, proto: WireProtocol, body: dict[str, Any], sid: str | None = None
-    ) -> Conversation:
-        """The body in tokentrail's terms, held to the same depth and Unicode rules as the
-        body itself (an OpenAI tool call's arguments are JSON inside a string). A request that
-        continues an earlier reply (`previous_response_id`) is that turn's conversation from
-        the session's tree, then the new input."""
-        try:
-            conversation = continued(proto, body, self.pipeline.manager, sid)
-        except RecursionError:
-            raise RequestError("the request is nested too deep to translate") from None
-        check_tree(
-            {"messages": conversation.messages, "tools": conversation.tools or []},
-            max_depth=self.limits.max_json_depth + 1,
-            surrogates=True,
-        )
-        return conversation
-
-    def count(self, proto: WireProtocol, raw: bytes) -> int:
-        """count_tokens: the full render's length; nothing is recorded or opened."""
-        return self.pipeline.count_tokens(self.translate(proto, self.parse(raw)))
-
-    def request(
-        self, proto: WireProtocol, raw: bytes, sid: str | None, headers: Mapping[str, str]
-    ) -> TurnRequest:
-        """Parse, name the session (from the body only when `sid` is None: the operator
-        trusts bodies), translate and check the sampling."""
-        body = self.parse(raw)
-        if sid is None:
-            sid = session_key(proto.session_id(headers, body, trust_body=True), "the session id")
-        conversation = self.translate(proto, body, sid)
-        opened = self.sessions.get(sid)
-        sampling = (
-            SamplingParams(max_new_tokens=self.settings.default_max_tokens)
-            .merged(opened.sampling_defaults if opened is not None else {})
-            .merged(proto.sampling(body))
-        )
-        self.limits.check_sampling(sampling)
-        header = headers.get(EXCLUDE_HEADER, "")
-        exclude = header if header not in ("", "0") else None
-        return TurnRequest(sid, body, conversation, sampling, proto.stream_requested(body), exclude)
 
     # -- on the loop: the turn ------------------------------------------------------------------
 
@@ -237,6 +168,7 @@ class Turns:
         session.answers.done(pending, answer)
         # The turn is kept whether or not this reply arrives: a retry is answered from it.
         response = await write_reply(request, proto, answer.reply, turn.stream, turn.body)
+        self.sessions.after(sid, self.pipeline.check_splice)
         timing.lap(Stage.RESPOND)
         self.metrics.observe_turn(timing.stages)
         self.timings.append(timing)
@@ -475,21 +407,6 @@ def token_logprobs(tokenizer: LoadedTokenizer, generation: Generation) -> list[t
         (tokenizer.decode([t]), float(lp))
         for t, lp in zip(ids[:end], generation.logprobs, strict=False)
     ]
-
-
-def continued(
-    proto: WireProtocol, body: dict[str, Any], manager: TrajectoryManager, sid: str | None
-) -> Conversation:
-    """The request's conversation; one that continues an earlier reply (`previous_response_id`)
-    is that turn's conversation from the session's tree, then the new input."""
-    ref = proto.continues(body)
-    if ref is None:
-        return proto.translate(body)
-    found = manager.find_turn(sid, "reply_id", ref) if sid is not None else None
-    if found is None:
-        raise RequestError(f"unknown previous response {ref!r} in this session")
-    prior, metadata = found
-    return proto.translate_after(body, prior, list(metadata.get("call_ids") or []))
 
 
 async def write_reply(

@@ -28,7 +28,15 @@ from tokentrail.messages import Message, ToolSchema
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_tree", "field_path", "parse_body", "probe_template", "read_body", "session_key"]
+__all__ = [
+    "STEPWISE_ABOVE",
+    "check_tree",
+    "field_path",
+    "parse_body",
+    "probe_template",
+    "read_body",
+    "session_key",
+]
 
 # A lone surrogate can only come from a `\uD800`..`\uDFFF` escape: UTF-8 cannot encode one, so
 # bodies without such an escape need no search of their strings.
@@ -37,7 +45,7 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Above this many structural bytes a body is parsed in Python steps rather than in one C call,
 # so a body of millions of tiny values cannot hold the interpreter (and the event loop waiting
 # for it) for a second; below it, one call costs at most a few milliseconds.
-_STEPWISE_ABOVE = 50_000
+STEPWISE_ABOVE = 50_000
 # What a session id may be: it travels to the engine in headers and names journal rows.
 _SESSION_ID = re.compile(r"[\x21-\x7e]{1,512}")
 
@@ -68,7 +76,7 @@ def parse_body(raw: bytes, max_depth: int) -> dict[str, Any]:
         raise RequestError(f"body is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
     structural = raw.count(b",") + raw.count(b"{") + raw.count(b"[")
     try:
-        body = _decoder(structural > _STEPWISE_ABOVE).decode(text)
+        body = _decoder(structural > STEPWISE_ABOVE).decode(text)
     except RecursionError:
         raise RequestError(f"body is nested deeper than {max_depth} levels") from None
     except ValueError as exc:
@@ -79,11 +87,19 @@ def parse_body(raw: bytes, max_depth: int) -> dict[str, Any]:
     return body
 
 
-def check_tree(root: dict[str, Any] | list[Any], *, max_depth: int, surrogates: bool) -> None:
+def check_tree(
+    root: dict[str, Any] | list[Any],
+    *,
+    max_depth: int,
+    surrogates: bool,
+    at: tuple[str | int, ...] = (),
+) -> None:
     """Refuse nesting deeper than `max_depth` (the body itself is level 1) and, when
-    `surrogates`, any string or key holding a lone surrogate. Iterative: no depth can make it
-    recurse."""
-    stack: list[tuple[dict[str, Any] | list[Any], int, tuple[str | int, ...]]] = [(root, 1, ())]
+    `surrogates`, any string or key holding a lone surrogate. `root` lies at path `at` of the
+    body (one level deeper per step). Iterative: no depth can make it recurse."""
+    stack: list[tuple[dict[str, Any] | list[Any], int, tuple[str | int, ...]]] = [
+        (root, len(at) + 1, at)
+    ]
     while stack:
         value, depth, path = stack.pop()
         items = value.items() if isinstance(value, dict) else enumerate(value)

@@ -47,7 +47,17 @@ def add_command(sub: Any) -> None:
         "--splice-verify-every",
         type=int,
         default=8,
-        help="check a spliced tail against the full render every N splices (1: every turn)",
+        help=(
+            "check a spliced tail against the full render every N splices, after the reply, the "
+            "period doubling while checks pass (up to 64); 1: every turn, before the reply"
+        ),
+    )
+    serve.add_argument(
+        "--request-memo",
+        type=int,
+        default=256,
+        help="keep the latest request of this many recent sessions, so the next is parsed and "
+        "translated only where it differs (0: every request in full)",
     )
     serve.add_argument("--max-turns-per-session", type=int, default=0)
     serve.add_argument(
@@ -165,6 +175,7 @@ def _serve(args: argparse.Namespace) -> int:
         restore=Restore(args.restore),
         history=History(args.history),
         splice_verify_every=args.splice_verify_every,
+        request_memo=args.request_memo,
         exclude_patterns=tuple(args.exclude_system),
         exclude_known_side_requests=args.exclude_side_requests,
         routed_experts=args.routed_experts,

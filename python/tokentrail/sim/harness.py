@@ -509,6 +509,7 @@ async def simulate(
     history: str = "splice",
     chat_template: str | None = None,
     task: str = "Refactor the modules and keep the tests green.",
+    request_memo: int = 256,
 ) -> SimRun:
     """Serve an adapter over the simulated model on loopback, play one session, finish it."""
     from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
@@ -523,7 +524,9 @@ async def simulate(
         tokenizer=tokenizer,
         chat_template=chat_template,
         manager=TrajectoryManager(rewrite_policy=rewrite_policy),
-        config=AdapterConfig(restore=Restore(restore), history=History(history)),
+        config=AdapterConfig(
+            restore=Restore(restore), history=History(history), request_memo=request_memo
+        ),
     )
     runner, url = await start_server(adapter)
     try:

@@ -22,7 +22,7 @@ from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
 from tokentrail.trajectory.linearize import Trajectory, linearize_session
-from tokentrail.trajectory.restore import restore_echoes
+from tokentrail.trajectory.restore import Seen, restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key, walk
@@ -51,6 +51,14 @@ class _Session:
     restored_by_tool: Counter[str] = field(default_factory=Counter)
     # The node holding each generated turn, by turn index.
     by_index: dict[int, Node] = field(default_factory=dict)
+    # The latest conversation restored: what a next one that shares its messages reuses.
+    seen: Seen | None = None
+
+    def note_restored(self, nodes: Sequence[Node]) -> None:
+        """Generated turns restored for the first time."""
+        for node in nodes:
+            self.restored += 1
+            self.restored_by_tool.update(tool_names(node.message))
 
 
 def _policy(enum: type[DriftPolicy] | type[RewritePolicy], value: object, what: str) -> Any:
@@ -248,21 +256,27 @@ class TrajectoryManager:
         sid: str,
         messages: Sequence[Message],
         tools: Sequence[ToolSchema] | None = None,
+        unchanged: int = 0,
     ) -> tuple[list[Message], list[MessageKey]]:
         """`restore_generated_messages`, also returning the routing keys of the result, which
         `splice_anchor` and `record_turn` accept so a turn computes them once.
 
-        A restored message is the tree's own dict, not a copy: read it, do not change it.
+        Of the first `unchanged` messages, those that are the very objects of the session's
+        previous call take its keys and restores (`Conversation.unchanged`). A restored
+        message is the tree's own dict, not a copy: read it, do not change it.
         """
-        keys = _message_keys(messages, "messages")
+        with self._lock:
+            session = self._sessions.get(sid)
+            seen = session.seen if session is not None and unchanged else None
+        keys = _message_keys(messages, "messages", seen, unchanged)
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
                 return list(messages), keys
-            restored = restore_echoes(session.root, messages, keys, tools)
-            for node in restored.newly:
-                session.restored += 1
-                session.restored_by_tool.update(tool_names(node.message))
+            seen = seen if session.seen is seen else None
+            restored = restore_echoes(session.root, messages, keys, tools, seen, unchanged)
+            session.seen = Seen(list(messages), keys, restored.messages)
+            session.note_restored(restored.newly)
         return restored.messages, restored.keys
 
     def splice_anchor(
@@ -280,13 +294,9 @@ class TrajectoryManager:
             if session is None or found is None:
                 return None
             turn, message, at = found
-            return SpliceAnchor(
-                session.store.prompt_ids(turn.id),
-                session.store.output_ids(turn.id),
-                turn.finish_reason,
-                message,
-                at,
-            )
+            store = session.store
+            ids = (store.prompt_ids(turn.id), store.output_ids(turn.id))
+            return SpliceAnchor(*ids, turn.finish_reason, message, at)
 
     def find_turn(
         self, sid: str, key: str, value: object
@@ -453,11 +463,20 @@ def _checked_keys(messages: object, keys: list[MessageKey] | None, what: str) ->
     return list(keys)
 
 
-def _message_keys(messages: object, what: str) -> list[MessageKey]:
+def _message_keys(
+    messages: object, what: str, seen: Seen | None = None, unchanged: int = 0
+) -> list[MessageKey]:
     if not isinstance(messages, list):
         raise MessageError(f"{what} must be a list of messages, got {type(messages).__name__}")
     keys = []
-    for pos, m in enumerate(messages):
+    if seen is not None:
+        # Messages that are the previous call's own objects keep their keys.
+        for m, before, key in zip(messages[:unchanged], seen.given, seen.keys, strict=False):
+            if m is not before:
+                break
+            keys.append(key)
+    for pos in range(len(keys), len(messages)):
+        m = messages[pos]
         if not isinstance(m, dict):
             raise MessageError(f"{what}[{pos}] must be a dict, got {type(m).__name__}")
         role = m.get("role")

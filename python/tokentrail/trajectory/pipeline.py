@@ -286,7 +286,9 @@ class TurnPipeline:
             conversation, prefill, self.tool_parser, self.reasoning_parser
         )
         restored_before = self.manager.restored_by_tool(sid)
-        restored = self.restored(sid, Conversation(context, conversation.tools))
+        restored = self.restored(
+            sid, Conversation(context, conversation.tools, unchanged=conversation.unchanged)
+        )
         render_messages, record_messages, keys = restored.render, restored.record, restored.keys
         restored_tools = [
             tool
@@ -347,7 +349,9 @@ class TurnPipeline:
         messages = conversation.messages
         if self.restore is Restore.OFF:
             return TurnMessages(list(messages), list(messages))
-        restored, keys = self.manager.restore_keyed(sid, messages, conversation.tools)
+        restored, keys = self.manager.restore_keyed(
+            sid, messages, conversation.tools, conversation.unchanged
+        )
         if self.restore is Restore.TREE_ONLY:
             return TurnMessages(list(messages), restored, keys)
         return TurnMessages(restored, restored, keys)
@@ -355,6 +359,14 @@ class TurnPipeline:
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None) -> str:
         """The full prompt text of a conversation, generation prompt included."""
         return self.prompts.render(messages, tools)
+
+    def check_splice(self, sid: str) -> bool | None:
+        """Check the session's last splice against the full render, if that check was
+        deferred (see `trajectory.prompts`): True passed, False failed (the next turn is
+        rendered in full), None when none waited. Run it off the turn's critical path."""
+        if self._prompts is None:
+            return None
+        return self._prompts.check_deferred(sid)
 
     def count_tokens(self, conversation: Conversation) -> int:
         """How many tokens the conversation's prompt has, a prefill continued as a turn would

@@ -3,8 +3,13 @@ new messages' tokens when the turn can be spliced; else the full render, encoded
 the session's previous prompt shares with it.
 
 The spliced tail is checked against the full render for the first splice of each shape of new
-messages in a session, then every `verify_every` splices (1: every turn); a failed check falls
-back to the full render with a named reason (`Fallback`).
+messages in a session, before the turn goes out; a failed check falls back to the full render
+with a named reason (`Fallback`). After that a session's splices are checked every
+`verify_every` splices (1: every turn, before it goes out). With `verify_every` above 1 these
+periodic checks are deferred (`check_deferred`, which the adapter runs after the reply is sent;
+the session's next build runs it first if nobody did), and the period doubles each time one
+passes, up to `MAX_VERIFY_EVERY`. A deferred check that fails makes the session's next turn a
+full render with that fallback recorded, and the period starts over.
 """
 
 from __future__ import annotations
@@ -37,12 +42,29 @@ class PromptIds:
     held: int = 0
 
 
+# The longest a session's period between splice checks grows to.
+MAX_VERIFY_EVERY = 64
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """A splice to check against the full render: the render must end with `suffix`."""
+
+    messages: list[Message]
+    tools: list[ToolSchema] | None
+    suffix: str
+
+
 @dataclass
 class _SpliceChecks:
-    """Per session: splices made, and the shapes of new messages already checked."""
+    """Per session: splices until the next check, the shapes of new messages already
+    checked, a check waiting to run, and the fallback a failed deferred check left."""
 
-    splices: int = 0
+    every: int
+    due: int = 0
     verified: set[tuple[str, ...]] = field(default_factory=set)
+    deferred: _Deferred | None = None
+    failed: Fallback | None = None
 
 
 class PromptBuilder:
@@ -68,11 +90,20 @@ class PromptBuilder:
         if anchor is None:
             full = self._render_timed(messages, tools, timing)
             return PromptIds(self.encode(sid, full), History.RENDER)
+        checks = self._checks.setdefault(sid, _SpliceChecks(self.verify_every))
+        if checks.deferred is not None:
+            self.check_deferred(sid)
+        if checks.failed is not None:
+            # The last splice failed its (deferred) check: this turn is rendered in full.
+            fallback, checks.failed = checks.failed, None
+            full = self._render_timed(messages, tools, timing)
+            return PromptIds(self.encode(sid, full), History.RENDER, fallback)
         new = messages[anchor.index + 1 :]
-        checks = self._checks.setdefault(sid, _SpliceChecks())
         shape = tuple(str(m.get("role", "")) for m in new)
-        verify = shape not in checks.verified or checks.splices % self.verify_every == 0
-        text = self._render_timed(messages, tools, timing) if verify else None
+        first = shape not in checks.verified
+        periodic = checks.due <= 0
+        inline = first or (periodic and self.verify_every == 1)
+        text = self._render_timed(messages, tools, timing) if inline else None
         spliced = self.splicer.splice(
             held_prompt=anchor.prompt_ids,
             held_output=anchor.output_ids,
@@ -82,6 +113,7 @@ class PromptBuilder:
             tools=tools,
             full_text=text,
             calls_before=count_calls(messages[: anchor.index]),
+            encode=self.encoder.encode_full,
         )
         if spliced.prompt_ids is None:
             assert spliced.fallback is not None
@@ -89,11 +121,34 @@ class PromptBuilder:
             if text is None:
                 text = self._render_timed(messages, tools, timing)
             return PromptIds(self.encode(sid, text), History.RENDER, spliced.fallback)
-        checks.splices += 1
-        if verify:
+        if inline:
             checks.verified.add(shape)
+            checks.due = checks.every
+        elif periodic:
+            end = self.splicer.tokenizer.decode([int(anchor.output_ids[-1])])
+            suffix = self.splicer.history_end(end) + spliced.glue + spliced.tail
+            checks.deferred = _Deferred(list(messages), tools, suffix)
+            checks.due = checks.every
+        checks.due -= 1
         held = len(anchor.prompt_ids) + len(anchor.output_ids)
         return PromptIds(spliced.prompt_ids, History.SPLICE, held=held)
+
+    def check_deferred(self, sid: str) -> bool | None:
+        """Run the session's deferred splice check, if one waits: True when it passed, False
+        when it failed (the next turn renders in full), None when there was none."""
+        checks = self._checks.get(sid)
+        deferred = checks.deferred if checks is not None else None
+        if checks is None or deferred is None:
+            return None
+        checks.deferred = None
+        if self.render(deferred.messages, deferred.tools).endswith(deferred.suffix):
+            checks.every = min(MAX_VERIFY_EVERY, checks.every * 2)
+            return True
+        logger.warning("session %s: a spliced prompt differed from the full render", sid)
+        checks.failed = Fallback.TAIL_MISMATCH
+        checks.every = self.verify_every
+        checks.due = 0
+        return False
 
     def _render_timed(
         self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None, timing: TurnTiming

@@ -32,11 +32,22 @@ class Restored:
     newly: list[Node] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Seen:
+    """One `restore_echoes` call: the messages given, their keys, the messages it returned."""
+
+    given: list[Message]
+    keys: list[MessageKey]
+    restored: list[Message]
+
+
 def restore_echoes(
     root: Node,
     messages: Sequence[Message],
     keys: list[MessageKey],
     tools: Sequence[ToolSchema] | None,
+    seen: Seen | None = None,
+    unchanged: int = 0,
 ) -> Restored:
     """Walk from `root`: exact matches advance; where nothing matches exactly, a generated
     assistant child that the incoming message is an echo of (`echo.is_echo`) is substituted,
@@ -46,6 +57,9 @@ def restore_echoes(
     templates do not (`tojson` writes arguments in dict order), so a harness that sorts the
     keys of our arguments (hermes-agent) would render other tokens than were sampled. It counts
     as a restore when the key order differed.
+
+    `seen` is the session's previous call: a message among the first `unchanged` that is the
+    very object it was given, substituted by the same generated message, was compared then.
     """
     out = list(messages)
     keys = list(keys)
@@ -55,6 +69,12 @@ def restore_echoes(
         nxt = node.child(key)
         if nxt is not None:
             generated = nxt.message if nxt.turn is not None else None
+            if generated is not None and seen is not None and i < unchanged:
+                if i < len(seen.given) and out[i] is seen.given[i]:
+                    if seen.restored[i] is generated:
+                        out[i] = generated
+                        node = nxt
+                        continue
             if generated is not None and generated is not out[i]:
                 reordered = not _same_layout(generated, out[i])
                 out[i] = generated

@@ -14,7 +14,7 @@ writes differently in history (gpt-oss samples `<|return|>`, history has `<|end|
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,12 +204,15 @@ class Splicer:
         tools: Sequence[ToolSchema] | None,
         full_text: str | None,
         calls_before: int = 0,
+        encode: Callable[[str], Sequence[int] | npt.NDArray[np.uint32]] | None = None,
     ) -> Spliced:
         """Prompt ids for the new messages after a generated turn, or a named fallback.
 
         `full_text` is the full render of the conversation; the spliced tail must be its suffix.
         None skips that check (the synthetic-context checks still run): see `TurnPipeline`.
         `calls_before`: the tool calls the conversation holds before `last_assistant`.
+        `encode` tokenizes the new text (the tokenizer's own `encode` by default; the prompt
+        builder passes the Rust core's, which gives the same ids).
         """
         if finish_reason == "length":
             return Spliced(None, Fallback.LENGTH)
@@ -236,7 +239,7 @@ class Splicer:
             return Spliced(None, Fallback.TAIL_MISMATCH, glue, tail)
         # The held tokens end with a special token, where tokenization always splits, so the
         # glue and tail tokenize the same here as inside the full text.
-        new = np.asarray(self.tokenizer.encode(glue + tail), dtype=np.uint32)
+        new = np.asarray((encode or self.tokenizer.encode)(glue + tail), dtype=np.uint32)
         ids = np.concatenate(
             [np.asarray(held_prompt, np.uint32), np.asarray(held_output, np.uint32), new]
         )

@@ -17,7 +17,6 @@ from tokentrail.adapter.protocols.common import (
     DeclaredTools,
     Outcome,
     ToolResults,
-    WireProtocol,
     append_system_note,
     is_server_block,
     mint_id,
@@ -30,6 +29,7 @@ from tokentrail.adapter.protocols.common import (
     translate_tools,
     wire_messages,
 )
+from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
@@ -190,16 +190,27 @@ def translate_request(body: Mapping[str, Any]) -> Conversation:
     of the list (Claude Code sends them) becomes user text (see `append_system_note`). Tool
     results are put in the order of their calls (see `ToolResults`).
     """
-    declared = translate_tools(body.get("tools"), _tool)
-    choice, forced = _tool_choice(body, declared)
-    reader = _reader()
-    messages: list[Message] = []
-    if body.get("system") is not None:
-        system = reader.text(body["system"], "system")
-        if system:
-            messages.append({"role": "system", "content": system})
-    results = ToolResults()
-    for where, m, role in wire_messages(body, ROLES):
+    return translate_from(body, None, 0).conversation
+
+
+def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int) -> Translated:
+    """`translate_request`, resuming `previous` before wire message `at` when it can (see
+    `tokentrail.adapter.protocols.resume`)."""
+    fold = Fold(_reader())
+    if previous is not None and previous.resumable(at):
+        fold.resume(previous, at)
+        tools = previous.conversation
+    else:
+        declared = translate_tools(body.get("tools"), _tool)
+        choice, forced = _tool_choice(body, declared)
+        tools = Conversation([], declared.tools, choice, forced, declared.withheld)
+        at = 0
+        if body.get("system") is not None:
+            system = fold.reader.text(body["system"], "system")
+            if system:
+                fold.messages.append({"role": "system", "content": system})
+    messages, results, reader = fold.messages, fold.results, fold.reader
+    for where, m, role in wire_messages(body, ROLES, at):
         if "content" not in m:
             raise RequestError(f"{where} has no content")
         if role == "assistant":
@@ -211,14 +222,8 @@ def translate_request(body: Mapping[str, Any]) -> Conversation:
             results.close_all()
         else:
             append_system_note(messages, reader.text(m["content"], f"{where}.content"))
-    return Conversation(
-        messages,
-        declared.tools,
-        tool_choice=choice,
-        forced_tool=forced,
-        withheld_tools=declared.withheld,
-        dropped_media=dict(reader.media),
-    )
+        fold.mark()
+    return fold.translated(tools)
 
 
 def response_content(message: Message, ids: list[str]) -> list[dict[str, Any]]:
@@ -301,14 +306,17 @@ def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
 
 
 @register_protocol
-class AnthropicMessages(WireProtocol):
+class AnthropicMessages(ResumableProtocol):
     name = "anthropic"
     turn_path = "/v1/messages"
     count_tokens_path = "/v1/messages/count_tokens"
     path_prefixes = ("/v1/messages",)
+    context_fields = frozenset({"system", "tools", "tool_choice"})
 
-    def translate(self, body: dict[str, Any]) -> Conversation:
-        return translate_request(body)
+    def translate_from(
+        self, body: dict[str, Any], previous: Translated | None, first_changed: int
+    ) -> Translated:
+        return translate_from(body, previous, first_changed)
 
     def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return sampling_keys(body, "max_tokens", "stop_sequences")

@@ -321,16 +321,18 @@ def _flatten(value: object, lines: list[str]) -> None:
 
 
 def wire_messages(
-    body: Mapping[str, Any], roles: Collection[str]
+    body: Mapping[str, Any], roles: Collection[str], start: int = 0
 ) -> Iterator[tuple[str, dict[str, Any], str]]:
     """The request's `messages`, checked: a non-empty list of objects with a known role.
-    Yields (where, message, role), `where` naming the message in errors."""
+    Yields (where, message, role) from position `start` on, `where` naming the message in
+    errors."""
     raw = body.get("messages")
     if not isinstance(raw, list):
         raise RequestError("messages must be a list")
     if not raw:
         raise RequestError("messages must not be empty")
-    for pos, m in enumerate(raw):
+    for pos in range(start, len(raw)):
+        m = raw[pos]
         where = f"messages[{pos}]"
         if not isinstance(m, dict):
             raise RequestError(f"{where} must be an object")
@@ -380,6 +382,23 @@ class ToolResults:
         """No call is open any more (a user turn came)."""
         self._position = {}
         self._answered = []
+
+    @property
+    def open_calls(self) -> Mapping[str, int]:
+        """Each open call's position by id."""
+        return self._position
+
+    @property
+    def answered(self) -> Sequence[tuple[int, Message]]:
+        """The results answered and not yet flushed, with their calls' positions."""
+        return self._answered
+
+    def restore(
+        self, open_calls: Mapping[str, int], answered: Sequence[tuple[int, Message]]
+    ) -> None:
+        """Take the state another instance had (see `open_calls`, `answered`)."""
+        self._position = dict(open_calls)
+        self._answered = list(answered)
 
 
 def append_system_note(messages: list[Message], text: str) -> None:

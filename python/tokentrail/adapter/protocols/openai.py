@@ -18,7 +18,6 @@ from tokentrail.adapter.protocols.common import (
     DeclaredTools,
     Outcome,
     ToolResults,
-    WireProtocol,
     append_system_note,
     mint_id,
     pieces,
@@ -29,6 +28,7 @@ from tokentrail.adapter.protocols.common import (
     translate_tools,
     wire_messages,
 )
+from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
@@ -121,42 +121,59 @@ def _tool_choice(body: Mapping[str, Any], declared: DeclaredTools) -> tuple[Tool
 def translate_request(body: Mapping[str, Any]) -> Conversation:
     """A Chat Completions body to chat-template messages and tools. Tool messages are put in
     the order of the calls they answer (see `ToolResults`)."""
-    declared = translate_tools(body.get("tools"), _tool)
-    choice, forced = _tool_choice(body, declared)
-    reader = ContentReader(TEXT, MEDIA)
-    messages: list[Message] = []
-    results = ToolResults()
-    for where, m, role in wire_messages(body, ROLES):
-        if role != "tool":
-            messages.extend(results.flush())
-        if role == "assistant":
-            msg, ids = _assistant(m, where, reader)
-            results.open(ids)
-            messages.append(msg)
-            continue
-        if "content" not in m:
-            raise RequestError(f"{where} has no content")
-        text = reader.text(m["content"], f"{where}.content", allow_null=True)
-        if role == "tool":
-            results.answer(m.get("tool_call_id"), {"role": "tool", "content": text}, where,
-                           "tool message")  # fmt: skip
-        elif role in ("system", "developer"):
-            if messages:
-                append_system_note(messages, text)
-            else:
-                messages.append({"role": "system", "content": text})
-        else:
-            messages.append({"role": "user", "content": text})
-            results.close_all()
+    return translate_from(body, None, 0).conversation
+
+
+def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int) -> Translated:
+    """`translate_request`, resuming `previous` before wire message `at` when it can (see
+    `tokentrail.adapter.protocols.resume`)."""
+    fold = Fold(ContentReader(TEXT, MEDIA))
+    if previous is not None and previous.resumable(at):
+        fold.resume(previous, at)
+        tools = previous.conversation
+    else:
+        declared = translate_tools(body.get("tools"), _tool)
+        choice, forced = _tool_choice(body, declared)
+        tools = Conversation([], declared.tools, choice, forced, declared.withheld)
+        at = 0
+    messages, results, reader = fold.messages, fold.results, fold.reader
+    for where, m, role in wire_messages(body, ROLES, at):
+        _step(messages, results, reader, where, m, role)
+        fold.mark()
     messages.extend(results.flush())
-    return Conversation(
-        messages,
-        declared.tools,
-        tool_choice=choice,
-        forced_tool=forced,
-        withheld_tools=declared.withheld,
-        dropped_media=dict(reader.media),
-    )
+    return fold.translated(tools)
+
+
+def _step(
+    messages: list[Message],
+    results: ToolResults,
+    reader: ContentReader,
+    where: str,
+    m: dict[str, Any],
+    role: str,
+) -> None:
+    """One wire message into `messages`."""
+    if role != "tool":
+        messages.extend(results.flush())
+    if role == "assistant":
+        msg, ids = _assistant(m, where, reader)
+        results.open(ids)
+        messages.append(msg)
+        return
+    if "content" not in m:
+        raise RequestError(f"{where} has no content")
+    text = reader.text(m["content"], f"{where}.content", allow_null=True)
+    if role == "tool":
+        results.answer(m.get("tool_call_id"), {"role": "tool", "content": text}, where,
+                       "tool message")  # fmt: skip
+    elif role in ("system", "developer"):
+        if messages:
+            append_system_note(messages, text)
+        else:
+            messages.append({"role": "system", "content": text})
+    else:
+        messages.append({"role": "user", "content": text})
+        results.close_all()
 
 
 def finish_reason(message: Message, finish: str) -> str:
@@ -244,10 +261,11 @@ def stream_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
 
 
 @register_protocol
-class OpenAIChat(WireProtocol):
+class OpenAIChat(ResumableProtocol):
     name = "openai"
     turn_path = "/v1/chat/completions"
     path_prefixes = ("/v1/chat", "/v1")
+    context_fields = frozenset({"tools", "tool_choice"})
 
     def session_id(
         self, headers: Mapping[str, str], body: Mapping[str, Any], *, trust_body: bool = False
@@ -262,8 +280,10 @@ class OpenAIChat(WireProtocol):
                 return sid
         return super().session_id(headers, body)
 
-    def translate(self, body: dict[str, Any]) -> Conversation:
-        return translate_request(body)
+    def translate_from(
+        self, body: dict[str, Any], previous: Translated | None, first_changed: int
+    ) -> Translated:
+        return translate_from(body, previous, first_changed)
 
     def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
         n = body.get("n")

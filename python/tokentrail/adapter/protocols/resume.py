@@ -1,0 +1,113 @@
+"""Translation that a session's next request can resume: a harness resends the whole
+conversation every turn, so only the messages after the last unchanged one are translated again.
+
+A protocol translates a request's message list as a fold: each wire message appends to (or, for
+a mid-list `system` note, replaces the last of) the output messages, and updates the open tool
+calls and the count of dropped media. `Fold` keeps that state and marks it after every wire
+message; a later request whose first `k` wire messages are byte for byte the same (and whose
+other translated fields are too) starts from the mark after message `k - 1`: the output
+messages up to it are the earlier translation's own objects, the state is a copy. The result
+equals a full translation of the new request (tests check it message for message).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tokentrail.adapter.protocols.common import ContentReader, ToolResults, WireProtocol
+from tokentrail.messages import Conversation, Message
+
+__all__ = ["Fold", "FoldMark", "ResumableProtocol", "Translated"]
+
+
+@dataclass(frozen=True, slots=True)
+class FoldMark:
+    """The fold's state right after one wire message."""
+
+    messages: int
+    # ToolResults: each open call's position by id, and the results answered but not flushed.
+    open_calls: dict[str, int]
+    answered: tuple[tuple[int, Message], ...]
+    media: Counter[str]
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A request's conversation and the marks after each of its wire messages (empty when the
+    protocol does not resume: nothing is then reused)."""
+
+    conversation: Conversation
+    marks: tuple[FoldMark, ...] = ()
+
+    def resumable(self, first_changed: int) -> bool:
+        """Whether a request whose wire messages before `first_changed` are these ones can
+        resume this translation."""
+        return 1 <= first_changed <= len(self.marks)
+
+
+@dataclass
+class Fold:
+    """A translation in progress: output messages, open tool calls, media counted."""
+
+    reader: ContentReader
+    messages: list[Message] = field(default_factory=list)
+    results: ToolResults = field(default_factory=ToolResults)
+    marks: list[FoldMark] = field(default_factory=list)
+
+    def mark(self) -> None:
+        """Remember the state after the wire message just translated."""
+        self.marks.append(
+            FoldMark(
+                len(self.messages),
+                dict(self.results.open_calls),
+                tuple(self.results.answered),
+                Counter(self.reader.media),
+            )
+        )
+
+    def translated(self, tools: Conversation) -> Translated:
+        """The fold's messages as a conversation with the tools (and their rules) of `tools`,
+        which a resumed translation takes from the previous one unchanged."""
+        conversation = Conversation(
+            self.messages,
+            tools.tools,
+            tool_choice=tools.tool_choice,
+            forced_tool=tools.forced_tool,
+            withheld_tools=tools.withheld_tools,
+            dropped_media=dict(self.reader.media),
+        )
+        return Translated(conversation, tuple(self.marks))
+
+    def resume(self, previous: Translated, at: int) -> None:
+        """Take the state `previous` had before wire message `at` (`previous.resumable(at)`):
+        its messages up to there (the same objects) and a copy of the rest."""
+        mark = previous.marks[at - 1]
+        self.messages = previous.conversation.messages[: mark.messages]
+        self.results.restore(mark.open_calls, mark.answered)
+        self.reader.media = Counter(mark.media)
+        self.marks = list(previous.marks[:at])
+
+
+class ResumableProtocol(WireProtocol):
+    """A protocol whose translation of a request's message list can resume a previous one.
+
+    `array_field` holds the wire messages; `context_fields` are the other fields translation
+    reads. A request whose context fields and first wire messages are byte for byte the
+    previous request's is translated from there on (`translate_from`).
+    """
+
+    array_field: ClassVar[str] = "messages"
+    context_fields: ClassVar[frozenset[str]]
+
+    @abstractmethod
+    def translate_from(
+        self, body: dict[str, Any], previous: Translated | None, first_changed: int
+    ) -> Translated:
+        """`body` translated; when `previous.resumable(first_changed)`, from its mark there
+        (the caller has checked that the fields and wire messages before it are unchanged)."""
+
+    def translate(self, body: dict[str, Any]) -> Conversation:
+        return self.translate_from(body, None, 0).conversation
