@@ -4,14 +4,18 @@
 //!
 //! The algorithm modules are plain Rust; only the binding modules under `python/` know about
 //! Python, and `python/mod.rs` declares the extension module `tokentrail._core`.
+pub mod added;
 pub mod body;
+pub mod bpe;
 pub mod builder;
 pub mod counts;
 pub mod drift;
 pub mod error;
+pub mod fast;
 pub mod linearize;
 pub mod pack;
 pub mod prefix;
+pub mod pretokenize;
 mod python;
 pub mod store;
 pub mod tape;

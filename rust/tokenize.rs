@@ -7,6 +7,9 @@
 //! be resumed right after an added token, provided the loaded tokenizer's configuration
 //! guarantees that nothing before or after such a boundary changes how it is split:
 //! [`unsafe_reason`] checks that once, and without that proof every encode is a full encode.
+//!
+//! Whatever is encoded goes through the fast encoder ([`FastEncoder`]) when it reproduces the
+//! loaded tokenizer exactly, and through `tokenizers` otherwise.
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -19,6 +22,7 @@ use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, Tokenizer};
 
 use crate::error::Error;
+use crate::fast::{FastEncoder, Found};
 
 /// A tokenizer that remembers, per session, the last prompt it encoded, and encodes the next
 /// one from the last safe boundary the two share. Every result equals a full encode
@@ -30,6 +34,8 @@ pub struct IncrementalTokenizer {
     /// Empty when boundaries are not proven safe.
     resumable: HashMap<u32, String>,
     fallback_reason: Option<String>,
+    /// The fast encoder, or why `tokenizers` encodes instead.
+    fast: Result<Arc<FastEncoder>, String>,
     sessions: HashMap<String, Session>,
     reused_ids: u64,
     encoded_bytes: u64,
@@ -70,10 +76,31 @@ impl IncrementalTokenizer {
                 .map(|(id, token)| (id, token.content))
                 .collect(),
         };
+        let fast = FastEncoder::new(&tokenizer).map(Arc::new);
         IncrementalTokenizer {
             tokenizer: Arc::new(tokenizer),
             resumable,
             fallback_reason,
+            fast,
+            sessions: HashMap::new(),
+            reused_ids: 0,
+            encoded_bytes: 0,
+        }
+    }
+
+    /// This tokenizer encoding through `tokenizers` only, as when no fast encoder fits.
+    pub fn without_fast_path(mut self) -> Self {
+        self.fast = Err("the fast path is turned off".into());
+        self
+    }
+
+    /// A tokenizer sharing this one's vocabulary and rules, with no session kept.
+    pub fn fork(&self) -> Self {
+        IncrementalTokenizer {
+            tokenizer: Arc::clone(&self.tokenizer),
+            resumable: self.resumable.clone(),
+            fallback_reason: self.fallback_reason.clone(),
+            fast: self.fast.clone(),
             sessions: HashMap::new(),
             reused_ids: 0,
             encoded_bytes: 0,
@@ -81,18 +108,6 @@ impl IncrementalTokenizer {
     }
 
     /// Whether prompts are resumed after added tokens; when not, every encode is a full one.
-    /// A tokenizer sharing this one's vocabulary and rules, with no session kept.
-    pub fn fork(&self) -> Self {
-        IncrementalTokenizer {
-            tokenizer: Arc::clone(&self.tokenizer),
-            resumable: self.resumable.clone(),
-            fallback_reason: self.fallback_reason.clone(),
-            sessions: HashMap::new(),
-            reused_ids: 0,
-            encoded_bytes: 0,
-        }
-    }
-
     pub fn safe(&self) -> bool {
         self.fallback_reason.is_none()
     }
@@ -100,6 +115,16 @@ impl IncrementalTokenizer {
     /// Why boundaries are not safe for this tokenizer, when they are not.
     pub fn fallback_reason(&self) -> Option<&str> {
         self.fallback_reason.as_deref()
+    }
+
+    /// Whether text is encoded by the fast encoder rather than by `tokenizers`.
+    pub fn fast_path(&self) -> bool {
+        self.fast.is_ok()
+    }
+
+    /// Why text is encoded by `tokenizers`, when it is.
+    pub fn fast_path_reason(&self) -> Option<&str> {
+        self.fast.as_ref().err().map(String::as_str)
     }
 
     /// The ids of `text`, reusing those of `session`'s previous text up to the last boundary
@@ -133,6 +158,11 @@ impl IncrementalTokenizer {
 
     /// The ids of `text`, encoded in full; no session is read or kept.
     pub fn encode_full(&self, text: &str) -> Result<Vec<u32>, Error> {
+        if let Ok(fast) = &self.fast {
+            let mut ids = Vec::with_capacity(text.len() / 3);
+            fast.encode(text, &mut ids, &mut Vec::new());
+            return Ok(ids);
+        }
         let encoding = self.tokenizer.encode(text, false).map_err(encode_error)?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -167,8 +197,26 @@ impl IncrementalTokenizer {
             // The full encode has no section after the boundary: nothing follows.
             return Ok(());
         }
-        let encoding = self.tokenizer.encode(tail, false).map_err(encode_error)?;
         self.encoded_bytes += tail.len() as u64;
+        if let Ok(fast) = &self.fast {
+            let mut found = Vec::new();
+            let start = state.ids.len();
+            fast.encode(tail, &mut state.ids, &mut found);
+            // As below: an added token that covers its content in the raw text.
+            for Found { at, range } in found {
+                let Some(range) = range else { continue };
+                if let Some(content) = self.resumable.get(&state.ids[at]) {
+                    if tail.get(range.clone()) == Some(content.as_str()) {
+                        state.boundaries.push(Boundary {
+                            byte: resume.byte + range.end,
+                            ids: resume.ids + (at - start) + 1,
+                        });
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let encoding = self.tokenizer.encode(tail, false).map_err(encode_error)?;
         let ids = encoding.get_ids();
         // An added token is the one token of its section, its offsets those of its content in
         // the raw text. A model token cannot pass for one: its text would be that content,
@@ -526,6 +574,65 @@ mod tests {
             .collect()
     }
 
+    /// The ids `tokenizers` gives.
+    fn slow_ids(tok: &IncrementalTokenizer, text: &str) -> Vec<u32> {
+        tok.tokenizer
+            .encode(text, false)
+            .unwrap()
+            .get_ids()
+            .to_vec()
+    }
+
+    #[test]
+    fn the_fast_path_gives_the_ids_tokenizers_gives() {
+        let tok = incremental(qwen_like());
+        assert!(tok.fast_path(), "{:?}", tok.fast_path_reason());
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for _ in 0..300 {
+            let pieces = 1 + rng.below(40);
+            let text = random_text(&mut rng, pieces);
+            assert_eq!(
+                tok.encode_full(&text).unwrap(),
+                slow_ids(&tok, &text),
+                "{text:?}"
+            );
+        }
+        for text in [
+            " ".repeat(5000),
+            "\n".repeat(5000),
+            "a".repeat(3000),
+            "e\u{301}".repeat(500),
+        ] {
+            assert_eq!(tok.encode_full(&text).unwrap(), slow_ids(&tok, &text));
+        }
+        let slow = incremental(qwen_like()).without_fast_path();
+        assert_eq!(slow.fast_path_reason(), Some("the fast path is turned off"));
+        assert_eq!(
+            slow.encode_full("a <|im_end|> b").unwrap(),
+            slow_ids(&tok, "a <|im_end|> b")
+        );
+    }
+
+    #[test]
+    fn other_tokenizers_say_why_they_take_no_fast_path() {
+        let mut metaspace = qwen_like();
+        metaspace.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::Always, true)));
+        let mut lowercase = qwen_like();
+        lowercase
+            .with_normalizer(Some(tokenizers::normalizers::utils::Lowercase))
+            .unwrap();
+        let lstrip = with_token(AddedToken::from("<x>", false).lstrip(true));
+        for (tokenizer, reason) in [
+            (metaspace, "its pre-tokenizer does not end with ByteLevel"),
+            (lowercase, "its normalizer Lowercase is not NFC"),
+            (lstrip, r#"added token "<x>" has lstrip=True"#),
+        ] {
+            let tok = incremental(tokenizer);
+            assert_eq!(tok.fast_path_reason(), Some(reason));
+            assert!(!tok.fast_path());
+        }
+    }
+
     #[test]
     fn qwen_like_tokenizer_is_safe() {
         let tok = incremental(qwen_like());
@@ -555,7 +662,8 @@ mod tests {
                     // Grow.
                     _ => text.push_str(&random_text(&mut rng, 6)),
                 }
-                let full = tok.encode_full(&text).unwrap();
+                let full = slow_ids(&tok, &text);
+                assert_eq!(tok.encode_full(&text).unwrap(), full, "{text:?}");
                 assert_eq!(tok.encode(session, &text).unwrap(), full, "{text:?}");
             }
         }

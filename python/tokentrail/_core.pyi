@@ -294,7 +294,8 @@ class IncrementalTokenizer:
     Built from a tokenizer.json; every result equals a full encode without special tokens added.
     """
 
-    def __new__(cls, tokenizer_json: str) -> IncrementalTokenizer: ...
+    def __new__(cls, tokenizer_json: str, *, fast_path: bool = True) -> IncrementalTokenizer:
+        """`fast_path=False` encodes through `tokenizers` even where the fast encoder fits."""
     def fork(self) -> IncrementalTokenizer: ...
     def encode(self, session: str, text: str) -> npt.NDArray[np.uint32]:
         """The ids of `text`, reusing `session`'s previous prompt up to the last safe boundary."""
@@ -310,6 +311,12 @@ class IncrementalTokenizer:
     @property
     def fallback_reason(self) -> str | None:
         """Why boundaries after added tokens are not safe for this tokenizer, when they are not."""
+    @property
+    def fast_path(self) -> bool:
+        """Whether text is encoded by the core's fast encoder rather than by `tokenizers`."""
+    @property
+    def fast_path_reason(self) -> str | None:
+        """Why text is encoded by `tokenizers`, when it is."""
     def reused_ids(self) -> int:
         """Ids taken from kept prompts instead of being encoded, over all `encode` calls."""
     def encoded_bytes(self) -> int:

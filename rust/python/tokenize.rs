@@ -16,6 +16,7 @@ pub(super) struct PyIncrementalTokenizer {
     inner: Mutex<IncrementalTokenizer>,
     /// Settled at load time; read without the lock.
     fallback_reason: Option<String>,
+    fast_path_reason: Option<String>,
 }
 
 impl PyIncrementalTokenizer {
@@ -27,13 +28,18 @@ impl PyIncrementalTokenizer {
 
 #[pymethods]
 impl PyIncrementalTokenizer {
+    /// `fast_path=False` encodes through `tokenizers` even where the fast encoder fits.
     #[new]
-    fn new(py: Python<'_>, tokenizer_json: &str) -> PyResult<Self> {
-        let tokenizer = detached(py, || IncrementalTokenizer::from_json(tokenizer_json))?;
-        let fallback_reason = tokenizer.fallback_reason().map(str::to_owned);
+    #[pyo3(signature = (tokenizer_json, *, fast_path = true))]
+    fn new(py: Python<'_>, tokenizer_json: &str, fast_path: bool) -> PyResult<Self> {
+        let mut tokenizer = detached(py, || IncrementalTokenizer::from_json(tokenizer_json))?;
+        if !fast_path {
+            tokenizer = tokenizer.without_fast_path();
+        }
         Ok(PyIncrementalTokenizer {
+            fallback_reason: tokenizer.fallback_reason().map(str::to_owned),
+            fast_path_reason: tokenizer.fast_path_reason().map(str::to_owned),
             inner: Mutex::new(tokenizer),
-            fallback_reason,
         })
     }
 
@@ -43,6 +49,7 @@ impl PyIncrementalTokenizer {
         PyIncrementalTokenizer {
             inner: Mutex::new(forked),
             fallback_reason: self.fallback_reason.clone(),
+            fast_path_reason: self.fast_path_reason.clone(),
         }
     }
 
@@ -83,6 +90,18 @@ impl PyIncrementalTokenizer {
     #[getter]
     fn fallback_reason(&self) -> Option<&str> {
         self.fallback_reason.as_deref()
+    }
+
+    /// Whether text is encoded by the core's fast encoder rather than by `tokenizers`.
+    #[getter]
+    fn fast_path(&self) -> bool {
+        self.fast_path_reason.is_none()
+    }
+
+    /// Why text is encoded by `tokenizers`, when it is.
+    #[getter]
+    fn fast_path_reason(&self) -> Option<&str> {
+        self.fast_path_reason.as_deref()
     }
 
     /// Ids taken from kept prompts instead of being encoded, over all `encode` calls.

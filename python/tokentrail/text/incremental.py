@@ -2,8 +2,10 @@
 as `<|im_start|>`) it shares with the previous one, reusing the ids before it; the result always
 equals a full encode.
 
-`IncrementalEncoder` runs the Rust core; `ReferenceIncrementalEncoder` is the same thing in pure
-Python over the `tokenizers` package, for differential tests.
+`IncrementalEncoder` runs the Rust core, which encodes with its own fast byte-level BPE encoder
+where it can prove that gives `tokenizers`' ids (`fast_path`), and with `tokenizers` elsewhere;
+`ReferenceIncrementalEncoder` is the same thing in pure Python over the `tokenizers` package, for
+differential tests.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ class IncrementalEncoder:
             prototype = _PROTOTYPES[loaded] = _core.IncrementalTokenizer(loaded.tokenizer.to_str())
         self._core = prototype.fork()
         _warn_if_unsafe(self.name, self._core.fallback_reason)
+        if self._core.fast_path_reason is not None:
+            # Only slower, never different: not something a trainer must act on.
+            logger.debug(
+                "%s is encoded through tokenizers: %s", self.name, self._core.fast_path_reason
+            )
 
     @property
     def safe(self) -> bool:
@@ -71,6 +78,17 @@ class IncrementalEncoder:
     def fallback_reason(self) -> str | None:
         """Why they are not, when they are not."""
         return self._core.fallback_reason
+
+    @property
+    def fast_path(self) -> bool:
+        """Whether text is encoded by the core's fast encoder rather than by `tokenizers`
+        (the ids are the same either way)."""
+        return self._core.fast_path
+
+    @property
+    def fast_path_reason(self) -> str | None:
+        """Why it is encoded by `tokenizers`, when it is."""
+        return self._core.fast_path_reason
 
     def encode(self, session: str, text: str) -> npt.NDArray[np.uint32]:
         """Ids of `text` (as `loaded.encode(text)`), reusing `session`'s previous prompt."""
