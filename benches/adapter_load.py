@@ -140,7 +140,9 @@ async def client(url: str, bodies: list[bytes], sessions: int) -> dict[str, Any]
 
 def _client_main(url: str, bodies_file: str, sessions: int) -> None:
     bodies = [bytes.fromhex(h) for h in json.loads(Path(bodies_file).read_text())]
-    print(json.dumps(asyncio.run(client(url, bodies, sessions))))
+    start = time.process_time()
+    result = asyncio.run(client(url, bodies, sessions))
+    print(json.dumps({**result, "cpu_s": time.process_time() - start}))
 
 
 # -- the orchestration ---------------------------------------------------------------------------
@@ -165,6 +167,12 @@ def _wait(url: str, server: subprocess.Popen) -> None:
     raise TimeoutError("tokentrail serve did not come up")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used (Linux `/proc`)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stage_seconds(url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
         text = resp.read().decode()
@@ -182,6 +190,7 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=32)
     parser.add_argument("--context", type=int, default=16_384)
     parser.add_argument("--backend", default="rust", choices=["rust", "python"])
+    parser.add_argument("--workers", type=int, default=None, help="the server's --workers")
     parser.add_argument("--client", nargs=2, metavar=("URL", "BODIES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
@@ -199,17 +208,20 @@ def main() -> int:
         env = {**os.environ, "TOKENTRAIL_BACKEND": args.backend}
         server = subprocess.Popen(
             [sys.executable, "-m", "tokentrail", "serve", "--port", str(port),
-             "--engine", f"scripted:{script_file}", "--admin-token", ADMIN],
+             "--engine", f"scripted:{script_file}", "--admin-token", ADMIN,
+             *([] if args.workers is None else ["--workers", str(args.workers)])],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
             _wait(url, server)
+            cpu_before = cpu_seconds(server.pid)
             out = subprocess.run(
                 [sys.executable, __file__, "--sessions", str(args.sessions),
                  "--client", url, str(bodies_file)],
                 capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
             result = json.loads(out)
+            server_cpu = cpu_seconds(server.pid) - cpu_before
             stages = stage_seconds(url)
         finally:
             server.terminate()
@@ -224,10 +236,15 @@ def main() -> int:
         "process"
     )
     print(f"{'turns':>7}{'turns/s':>10}{'client p50 ms':>15}{'p99 ms':>9}"
-          f"{'adapter ms/turn':>17}{'scripted engine ms/turn':>25}")  # fmt: skip
+          f"{'server CPU ms/turn':>20}{'client CPU ms/turn':>20}")  # fmt: skip
     print(
         f"{turns:>7}{turns / result['elapsed']:>10.0f}{result['p50']:>15.2f}{result['p99']:>9.2f}"
-        f"{adapter * 1e3 / turns:>17.2f}{engine * 1e3 / turns:>25.2f}"
+        f"{server_cpu * 1e3 / turns:>20.2f}{result['cpu_s'] * 1e3 / turns:>20.2f}"
+    )
+    print(
+        f"server stage time per turn (wall, queueing included): adapter {adapter * 1e3 / turns:.2f}"
+        f" ms, scripted engine {engine * 1e3 / turns:.2f} ms; one process at the server's CPU "
+        f"per turn would serve at most {turns / server_cpu:.0f} turns/s"
     )
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores (server and client share them), "

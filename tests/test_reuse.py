@@ -332,3 +332,24 @@ def test_a_finished_session_leaves_no_request_behind() -> None:
             await runner.cleanup()
 
     asyncio.run(play())
+
+
+def test_a_session_keeps_one_tool_list_while_the_harness_sends_the_same_one() -> None:
+    from tokentrail.text.tokenizer import load_tokenizer
+    from tokentrail.trajectory.tree import iter_nodes
+
+    tokenizer = load_tokenizer()
+    adapter = Adapter(engine=SimulatedEngine(tokenizer), tokenizer=tokenizer)
+
+    async def play() -> list[Any]:
+        runner, url = await start_server(adapter)
+        try:
+            spec = SessionSpec(seed=2, steps=6, context_tokens=4096)
+            await HarnessSim(url, "s", spec=spec).run("Fix the bug.")
+            return [n.tools for n in iter_nodes(adapter.manager.root("s")) if n.turn is not None]
+        finally:
+            await runner.cleanup()
+
+    tools = asyncio.run(play())
+    assert len(tools) >= 6 and tools[0]
+    assert all(t is tools[0] for t in tools)

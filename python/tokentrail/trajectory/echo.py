@@ -48,7 +48,8 @@ _MESSAGE_TEXTS = frozenset({"content", "reasoning_content", "reasoning", "thinki
 _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 _FUNCTION_IDENTIFIERS = frozenset({"name"})
 
-_CACHE_SIZE = 16
+# Compiled tables of recent tool lists (by identity): one per active session's tools.
+_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True, slots=True)

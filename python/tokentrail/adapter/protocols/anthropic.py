@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from tokentrail.adapter.protocols.common import (
@@ -193,22 +194,22 @@ def translate_request(body: Mapping[str, Any]) -> Conversation:
     return translate_from(body, None, 0).conversation
 
 
+def _declared(body: Mapping[str, Any]) -> Conversation:
+    """The request's tools and tool choice (no messages yet)."""
+    declared = translate_tools(body.get("tools"), _tool)
+    choice, forced = _tool_choice(body, declared)
+    return Conversation([], declared.tools, choice, forced, declared.withheld)
+
+
 def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int) -> Translated:
     """`translate_request`, resuming `previous` before wire message `at` when it can (see
     `tokentrail.adapter.protocols.resume`)."""
     fold = Fold(_reader())
-    if previous is not None and previous.resumable(at):
-        fold.resume(previous, at)
-        tools = previous.conversation
-    else:
-        declared = translate_tools(body.get("tools"), _tool)
-        choice, forced = _tool_choice(body, declared)
-        tools = Conversation([], declared.tools, choice, forced, declared.withheld)
-        at = 0
-        if body.get("system") is not None:
-            system = fold.reader.text(body["system"], "system")
-            if system:
-                fold.messages.append({"role": "system", "content": system})
+    tools, at = fold.start(previous, at, partial(_declared, body))
+    if at == 0 and body.get("system") is not None:
+        system = fold.reader.text(body["system"], "system")
+        if system:
+            fold.messages.append({"role": "system", "content": system})
     messages, results, reader = fold.messages, fold.results, fold.reader
     for where, m, role in wire_messages(body, ROLES, at):
         if "content" not in m:

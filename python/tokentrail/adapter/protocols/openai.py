@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from tokentrail.adapter.protocols.common import (
@@ -124,18 +125,18 @@ def translate_request(body: Mapping[str, Any]) -> Conversation:
     return translate_from(body, None, 0).conversation
 
 
+def _declared(body: Mapping[str, Any]) -> Conversation:
+    """The request's tools and tool choice (no messages yet)."""
+    declared = translate_tools(body.get("tools"), _tool)
+    choice, forced = _tool_choice(body, declared)
+    return Conversation([], declared.tools, choice, forced, declared.withheld)
+
+
 def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int) -> Translated:
     """`translate_request`, resuming `previous` before wire message `at` when it can (see
     `tokentrail.adapter.protocols.resume`)."""
     fold = Fold(ContentReader(TEXT, MEDIA))
-    if previous is not None and previous.resumable(at):
-        fold.resume(previous, at)
-        tools = previous.conversation
-    else:
-        declared = translate_tools(body.get("tools"), _tool)
-        choice, forced = _tool_choice(body, declared)
-        tools = Conversation([], declared.tools, choice, forced, declared.withheld)
-        at = 0
+    tools, at = fold.start(previous, at, partial(_declared, body))
     messages, results, reader = fold.messages, fold.results, fold.reader
     for where, m, role in wire_messages(body, ROLES, at):
         _step(messages, results, reader, where, m, role)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -80,6 +81,17 @@ class Fold:
             dropped_media=dict(self.reader.media),
         )
         return Translated(conversation, tuple(self.marks))
+
+    def start(
+        self, previous: Translated | None, at: int, declare: Callable[[], Conversation]
+    ) -> tuple[Conversation, int]:
+        """Resume `previous` before wire message `at` when it can, else start from nothing:
+        the tools (and their rules) the translation goes on with, from `previous` or from
+        `declare`, and the wire message to go on from."""
+        if previous is not None and previous.resumable(at):
+            self.resume(previous, at)
+            return previous.conversation, at
+        return declare(), 0
 
     def resume(self, previous: Translated, at: int) -> None:
         """Take the state `previous` had before wire message `at` (`previous.resumable(at)`):
