@@ -120,19 +120,28 @@ def held_bytes(run: Any, name: str, tokenizer: LoadedTokenizer, turns: list, rep
     return held
 
 
-def measure(name: str, run: Any, tokenizer: LoadedTokenizer, turns: list, replies: list) -> dict:
-    result = run(tokenizer, turns, replies)
-    start = time.perf_counter()
-    samples = result["finish"]()
-    finish_ms = (time.perf_counter() - start) * 1e3
+def measure(
+    name: str, run: Any, tokenizer: LoadedTokenizer, turns: list, replies: list, repeats: int
+) -> dict:
+    """Times from `repeats` replays of the session, each figure the median over them (this
+    machine's noise moves one replay's p50 by tens of percent)."""
+    runs = []
+    for _ in range(repeats):
+        result = run(tokenizer, turns, replies)
+        start = time.perf_counter()
+        samples = result["finish"]()
+        finish_ms = (time.perf_counter() - start) * 1e3
+        ms = np.array(result["times"]) * 1e3
+        late = ms[len(ms) // 2 :]
+        runs.append((float(np.percentile(late, 50)), float(np.percentile(late, 99)), finish_ms))
     if name == "tokentrail":
         samples = samples.samples
-    ms = np.array(result["times"]) * 1e3
-    late = ms[len(ms) // 2 :]
+    p50, p99, finish = (float(np.median([r[k] for r in runs])) for k in range(3))
     return {
-        "p50": float(np.percentile(late, 50)),
-        "p99": float(np.percentile(late, 99)),
-        "finish": finish_ms,
+        "p50": p50,
+        "p99": p99,
+        "finish": finish,
+        "p50s": [r[0] for r in runs],
         "memory": held_bytes(run, name, tokenizer, turns, replies),
         "samples": len(samples),
         # The deferred splice checks (turns that ran none take no time).
@@ -150,6 +159,7 @@ def main() -> int:
     parser.add_argument("--slime", default=os.environ.get("SLIME_PATH"), help="a slime checkout")
     parser.add_argument("--turns", type=int, default=128)
     parser.add_argument("--context", type=int, default=65_536)
+    parser.add_argument("--repeats", type=int, default=3, help="replays per side (medians)")
     args = parser.parse_args()
     if not args.slime:
         print(
@@ -165,13 +175,14 @@ def main() -> int:
     turns = record_session(tokenizer, args.turns, args.context)
     replies = parsed_replies(tokenizer, turns)
     # Each side in a process of its own: what one leaves on the heap does not slow the other.
-    slime = _in_child(measure, "slime", run_slime, tokenizer, turns, replies)
-    tt = _in_child(measure, "tokentrail", run_tokentrail, tokenizer, turns, replies)
+    slime = _in_child(measure, "slime", run_slime, tokenizer, turns, replies, args.repeats)
+    tt = _in_child(measure, "tokentrail", run_tokentrail, tokenizer, turns, replies, args.repeats)
     _, tools = claude_code_tools()
     last = len(json.loads(turns[-1].body)["messages"])
     print(
         f"{len(turns)} turns, last request {len(turns[-1].body) / 1e3:.0f} KB / {last} messages, "
-        f"tools: {tools}; times over the second half of the session"
+        f"tools: {tools}; times over the second half of the session, medians of "
+        f"{args.repeats} replays"
     )
     print(f"{'':<14}{'slime':>12}{'tokentrail':>12}{'ratio':>9}")
     for key, label, unit in (
@@ -184,6 +195,8 @@ def main() -> int:
         a, b = slime[key] * scale, tt[key] * scale
         print(f"{label + ' ' + unit:<14}{a:>12.2f}{b:>12.2f}{a / b:>8.1f}x")
     print(f"{'samples':<14}{slime['samples']:>12}{tt['samples']:>12}")
+    for side, r in (("slime", slime), ("tokentrail", tt)):
+        print(f"{side} prep p50 per replay: " + ", ".join(f"{v:.2f}" for v in r["p50s"]))
     checks = tt["checks"]
     if checks:
         print(

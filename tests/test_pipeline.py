@@ -164,3 +164,49 @@ def test_restore_modes_decide_what_is_rendered_and_what_is_recorded(tokenizer) -
         pipeline.record(first, sample(tokenizer, EDIT), EDIT)
         turn = pipeline.restored("s", Conversation([SYSTEM, USER, EDIT_ECHO, USER], TOOLS))
         assert (turn.render[2], turn.record[2]) == (rendered_echo, recorded_echo), mode
+
+
+def test_periodic_splice_checks_run_after_the_turn_and_back_off(tokenizer) -> None:
+    pipeline = TurnPipeline(TrajectoryManager(), tokenizer, splice_verify_every=2)
+    messages = [SYSTEM, USER]
+    ran = []
+    for k in range(20):
+        turn = pipeline.prepare("s", Conversation(list(messages), TOOLS))
+        assert turn.fallback is None
+        call = {**EDIT, "content": f"Step {k}."}
+        out = sample(tokenizer, call)
+        pipeline.record(turn, out, pipeline.parse(turn, out.output_ids).message)
+        messages += [call, {"role": "tool", "content": f"ok {k}"}]
+        waits = pipeline.splice_check_waits("s")
+        ran.append(pipeline.check_splice("s") if waits else None)
+    passed = [k for k, r in enumerate(ran) if r is True]
+    assert False not in ran and len(passed) >= 2
+    # The period doubles each time a check passes: 2 splices, then 4, then 8.
+    assert [b - a for a, b in zip(passed, passed[1:], strict=False)][:2] == [4, 8]
+
+
+def test_a_failed_deferred_check_makes_the_next_turn_a_recorded_full_render(
+    tokenizer, monkeypatch
+) -> None:
+    pipeline = TurnPipeline(TrajectoryManager(), tokenizer, splice_verify_every=2)
+    prompts = pipeline.prompts
+    real = prompts.render
+    messages = [SYSTEM, USER]
+    for k in range(8):
+        turn = pipeline.prepare("s", Conversation(list(messages), TOOLS))
+        call = {**EDIT, "content": f"Step {k}."}
+        out = sample(tokenizer, call)
+        pipeline.record(turn, out, pipeline.parse(turn, out.output_ids).message)
+        messages += [call, {"role": "tool", "content": f"ok {k}"}]
+        if pipeline.splice_check_waits("s"):
+            break
+    else:
+        pytest.fail("no splice check was deferred")
+    # The full render now disagrees with the splice (as a template with hidden state would).
+    monkeypatch.setattr(prompts, "render", lambda m, t: real(m, t) + "drift")
+    assert pipeline.check_splice("s") is False
+    monkeypatch.setattr(prompts, "render", real)
+    nxt = pipeline.prepare("s", Conversation(list(messages), TOOLS))
+    assert nxt.history is History.RENDER and nxt.fallback is Fallback.TAIL_MISMATCH
+    full = tokenizer.encode(pipeline.render(nxt.messages, TOOLS))
+    assert nxt.prompt_ids.tolist() == full

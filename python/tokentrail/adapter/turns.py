@@ -168,7 +168,8 @@ class Turns:
         session.answers.done(pending, answer)
         # The turn is kept whether or not this reply arrives: a retry is answered from it.
         response = await write_reply(request, proto, answer.reply, turn.stream, turn.body)
-        self.sessions.after(sid, self.pipeline.check_splice)
+        if self.pipeline.splice_check_waits(sid):
+            self.sessions.after(sid, self.pipeline.check_splice)
         timing.lap(Stage.RESPOND)
         self.metrics.observe_turn(timing.stages)
         self.timings.append(timing)

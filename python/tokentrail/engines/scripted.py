@@ -8,6 +8,7 @@ stop token that family samples after it (`<|im_end|>`, GLM's `<|observation|>`, 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -24,6 +25,7 @@ from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.engines.registry import register_engine
 from tokentrail.errors import EngineLimit, EngineSpecError, ScriptError
 from tokentrail.text.families import Family, count_calls, resolve_family
+from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -101,6 +103,7 @@ def blocks_to_message(blocks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return message
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def scripted_logprob(token_id: int, position: int) -> float:
     """A logprob in [-3, -0.01] fixed by (token id, position), exactly representable in float32."""
     digest = hashlib.blake2b(f"{token_id}:{position}".encode(), digest_size=8).digest()
@@ -130,6 +133,9 @@ class ScriptedEngine:
         family: Family | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        # The core's encoder (the same ids as `tokenizer.encode`), so that a benchmark's
+        # scripted engine costs the process it shares as little as it can.
+        self.encoder = IncrementalEncoder(tokenizer)
         self.replies = load_script(script)
         self.family = family or resolve_family(tokenizer)
 
@@ -175,7 +181,7 @@ class ScriptedEngine:
                 f"the {self.name} engine replays its script and cannot constrain it: reply "
                 f"{self.reply_index(req.messages)} is not {req.constraint.wants}"
             )
-        ids = self.tokenizer.encode(text) + [self.end_id(message)]
+        ids = [*self.encoder.encode_full(text).tolist(), self.end_id(message)]
         finish = "stop"
         cut = self._stop_cut(ids[:-1], text, req.sampling.stop)
         if cut is not None:

@@ -368,6 +368,10 @@ class TurnPipeline:
             return None
         return self._prompts.check_deferred(sid)
 
+    def splice_check_waits(self, sid: str) -> bool:
+        """Whether `check_splice` has a check to run for the session."""
+        return self._prompts is not None and self._prompts.deferred(sid)
+
     def count_tokens(self, conversation: Conversation) -> int:
         """How many tokens the conversation's prompt has, a prefill continued as a turn would
         continue it (nothing is recorded).

@@ -133,6 +133,11 @@ class PromptBuilder:
         held = len(anchor.prompt_ids) + len(anchor.output_ids)
         return PromptIds(spliced.prompt_ids, History.SPLICE, held=held)
 
+    def deferred(self, sid: str) -> bool:
+        """Whether a splice check of the session waits to run."""
+        checks = self._checks.get(sid)
+        return checks is not None and checks.deferred is not None
+
     def check_deferred(self, sid: str) -> bool | None:
         """Run the session's deferred splice check, if one waits: True when it passed, False
         when it failed (the next turn renders in full), None when there was none."""
@@ -142,7 +147,9 @@ class PromptBuilder:
             return None
         checks.deferred = None
         if self.render(deferred.messages, deferred.tools).endswith(deferred.suffix):
-            checks.every = min(MAX_VERIFY_EVERY, checks.every * 2)
+            longer = min(MAX_VERIFY_EVERY, checks.every * 2)
+            checks.due += longer - checks.every
+            checks.every = longer
             return True
         logger.warning("session %s: a spliced prompt differed from the full render", sid)
         checks.failed = Fallback.TAIL_MISMATCH
