@@ -9,8 +9,9 @@ output (`qwen3`, `glm45`, ...). Each registers under the name `--tool-parser` an
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from tokentrail.errors import OutputFormatError
@@ -93,6 +94,7 @@ class ReasoningFormat(ABC):
 _TOOL_FORMATS: dict[str, ToolFormat] = {}
 _REASONING_FORMATS: dict[str, ReasoningFormat] = {}
 T = TypeVar("T", bound=type[ToolFormat])
+Item = TypeVar("Item")
 
 
 def register_tool_format(cls: T) -> T:
@@ -150,6 +152,75 @@ def skip_space(text: str, pos: int) -> int:
     while pos < len(text) and text[pos].isspace():
         pos += 1
     return pos
+
+
+def read_items(
+    text: str, pos: int, end: str, read_item: Callable[[int], tuple[Item, int] | None], where: str
+) -> tuple[list[Item], int]:
+    """The items from `pos` up to the `end` tag, whitespace between them skipped, and the
+    index after `end`. `read_item(pos)` reads the item starting at `pos` and returns it with
+    the index after it, or None when none starts there; `where` names the enclosing section in
+    errors."""
+    items: list[Item] = []
+    while True:
+        pos = skip_space(text, pos)
+        if text.startswith(end, pos):
+            return items, pos + len(end)
+        if pos >= len(text):
+            raise Malformed(f"unclosed {where}")
+        read = read_item(pos)
+        if read is None:
+            raise Malformed(f"unexpected text in {where}")
+        item, pos = read
+        items.append(item)
+
+
+def section_calls(
+    text: str,
+    pos: int,
+    end: str,
+    read_call: Callable[[int], tuple[ToolCall, int] | None],
+    where: str,
+) -> list[ToolCall]:
+    """The calls of a tool-call section whose opening tag ends at `pos` (`read_items`): at
+    least one, and nothing but whitespace after the section."""
+    calls, pos = read_items(text, pos, end, read_call, where)
+    if text[pos:].strip():
+        raise Malformed("text after the tool calls")
+    if not calls:
+        raise Malformed(f"an empty {where}")
+    return calls
+
+
+def read_parameters(
+    text: str,
+    pos: int,
+    opening: re.Pattern[str],
+    closing: str,
+    end: str,
+    where: str,
+    value: Callable[[re.Match[str], str], Any],
+) -> tuple[dict[str, Any], int]:
+    """Parameters written `<opening>raw<closing>` from `pos` up to the `end` tag
+    (`read_items`), and the index after it: each one's key is the opening match's first
+    group, its value `value(match, raw)`. A key given twice is refused."""
+    arguments: dict[str, Any] = {}
+
+    def read(at: int) -> tuple[str, int] | None:
+        match = opening.match(text, at)
+        if match is None:
+            return None
+        key = match.group(1)
+        close = text.find(closing, match.end())
+        if close < 0:
+            raise Malformed(f"unclosed parameter {key!r}")
+        if key in arguments:
+            raise Malformed(f"parameter {key!r} given twice")
+        arguments[key] = value(match, text[match.end() : close])
+        return key, close + len(closing)
+
+    _, pos = read_items(text, pos, end, read, where)
+    return arguments, pos
 
 
 def strip_newlines(text: str, lead: int, trail: int) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from tokentrail.errors import OutputFormatError
@@ -26,7 +27,9 @@ from tokentrail.text.formats.base import (
     function_of,
     json_object,
     make_call,
+    read_parameters,
     register_tool_format,
+    section_calls,
     skip_space,
     strip_newlines,
 )
@@ -45,33 +48,24 @@ class DeepSeekV31(ToolFormat):
 
     def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
         first = text.index(CALLS_BEGIN)
-        pos = first + len(CALLS_BEGIN)
-        calls: list[ToolCall] = []
-        while True:
-            pos = skip_space(text, pos)
-            if text.startswith(CALLS_END, pos):
-                break
-            if not text.startswith(CALL_BEGIN, pos):
-                if pos >= len(text):
-                    raise Malformed("unclosed tool-call section")
-                raise Malformed("unexpected text in the tool-call section")
-            sep = text.find(SEP, pos)
-            if sep < 0:
-                raise Malformed("tool call without <｜tool▁sep｜>")
-            name = text[pos + len(CALL_BEGIN) : sep]
-            if not name or "<" in name or "\n" in name:
-                raise Malformed("tool call has no valid name")
-            arguments, pos = json_object(text, sep + len(SEP), "tool call arguments")
-            pos = skip_space(text, pos)
-            if not text.startswith(CALL_END, pos):
-                raise Malformed("tool call arguments not followed by <｜tool▁call▁end｜>")
-            calls.append(make_call(name, arguments))
-            pos += len(CALL_END)
-        if text[pos + len(CALLS_END) :].strip():
-            raise Malformed("text after the tool calls")
-        if not calls:
-            raise Malformed("an empty tool-call section")
+        read = partial(self._call, text)
+        calls = section_calls(text, first + len(CALLS_BEGIN), CALLS_END, read, "tool-call section")
         return text[:first], calls
+
+    def _call(self, text: str, pos: int) -> tuple[ToolCall, int] | None:
+        if not text.startswith(CALL_BEGIN, pos):
+            return None
+        sep = text.find(SEP, pos)
+        if sep < 0:
+            raise Malformed("tool call without <｜tool▁sep｜>")
+        name = text[pos + len(CALL_BEGIN) : sep]
+        if not name or "<" in name or "\n" in name:
+            raise Malformed("tool call has no valid name")
+        arguments, pos = json_object(text, sep + len(SEP), "tool call arguments")
+        pos = skip_space(text, pos)
+        if not text.startswith(CALL_END, pos):
+            raise Malformed("tool call arguments not followed by <｜tool▁call▁end｜>")
+        return make_call(name, arguments), pos + len(CALL_END)
 
     def write(
         self, content: str, calls: Sequence[Mapping[str, Any]], *, call_index: int, compact: bool
@@ -96,6 +90,16 @@ _PARAMETER = re.compile(f'<{DSML}parameter name="([^"\\n]+)" string="(true|false
 _PARAMETER_END = f"</{DSML}parameter>"
 
 
+def _value(match: re.Match[str], raw: str) -> Any:
+    """A DSML parameter's value: its text when `string="true"`, else JSON."""
+    if match.group(2) == "true":
+        return raw
+    try:
+        return JSON.decode(raw)
+    except json.JSONDecodeError as exc:
+        raise Malformed(f"parameter {match.group(1)!r} is not JSON: {exc}") from None
+
+
 @register_tool_format
 class DeepSeekV32(ToolFormat):
     """V3.2's DSML block, after `\\n\\n` (the blank line belongs to the block, not the content)."""
@@ -106,52 +110,21 @@ class DeepSeekV32(ToolFormat):
     def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
         first = text.index(DSML_CALLS)
         content = strip_newlines(text[:first], 0, 2)
-        pos = first + len(DSML_CALLS)
-        calls: list[ToolCall] = []
-        while True:
-            pos = skip_space(text, pos)
-            if text.startswith(DSML_CALLS_END, pos):
-                break
-            match = _INVOKE.match(text, pos)
-            if match is None:
-                if pos >= len(text):
-                    raise Malformed("unclosed DSML function_calls block")
-                raise Malformed("unexpected text in the DSML function_calls block")
-            arguments, pos = self._parameters(text, match.end(), match.group(1))
-            calls.append(make_call(match.group(1), arguments))
-        if text[pos + len(DSML_CALLS_END) :].strip():
-            raise Malformed("text after the tool calls")
-        if not calls:
-            raise Malformed("an empty DSML function_calls block")
-        return content, calls
+        start = first + len(DSML_CALLS)
+        read = partial(self._call, text)
+        return content, section_calls(
+            text, start, DSML_CALLS_END, read, "DSML function_calls block"
+        )
 
-    def _parameters(self, text: str, pos: int, name: str) -> tuple[dict[str, Any], int]:
-        """The parameters of invoke `name` from `pos`, and the index after its end tag."""
-        arguments: dict[str, Any] = {}
-        while True:
-            pos = skip_space(text, pos)
-            if text.startswith(_INVOKE_END, pos):
-                return arguments, pos + len(_INVOKE_END)
-            match = _PARAMETER.match(text, pos)
-            if match is None:
-                if pos >= len(text):
-                    raise Malformed(f"unclosed invoke {name!r}")
-                raise Malformed(f"unexpected text in invoke {name!r}")
-            key, is_string = match.group(1), match.group(2) == "true"
-            close = text.find(_PARAMETER_END, match.end())
-            if close < 0:
-                raise Malformed(f"unclosed parameter {key!r}")
-            if key in arguments:
-                raise Malformed(f"parameter {key!r} given twice")
-            raw = text[match.end() : close]
-            if is_string:
-                arguments[key] = raw
-            else:
-                try:
-                    arguments[key] = JSON.decode(raw)
-                except json.JSONDecodeError as exc:
-                    raise Malformed(f"parameter {key!r} is not JSON: {exc}") from None
-            pos = close + len(_PARAMETER_END)
+    def _call(self, text: str, pos: int) -> tuple[ToolCall, int] | None:
+        match = _INVOKE.match(text, pos)
+        if match is None:
+            return None
+        name = match.group(1)
+        arguments, pos = read_parameters(
+            text, match.end(), _PARAMETER, _PARAMETER_END, _INVOKE_END, f"invoke {name!r}", _value
+        )
+        return make_call(name, arguments), pos
 
     def write(
         self, content: str, calls: Sequence[Mapping[str, Any]], *, call_index: int, compact: bool

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from tokentrail.messages import ToolCall
@@ -23,6 +24,7 @@ from tokentrail.text.formats.base import (
     json_object,
     make_call,
     register_tool_format,
+    section_calls,
     skip_space,
 )
 
@@ -46,31 +48,22 @@ class KimiK2(ToolFormat):
 
     def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
         first = text.index(SECTION_BEGIN)
-        pos = first + len(SECTION_BEGIN)
-        calls: list[ToolCall] = []
-        while True:
-            pos = skip_space(text, pos)
-            if text.startswith(SECTION_END, pos):
-                break
-            if not text.startswith(CALL_BEGIN, pos):
-                if pos >= len(text):
-                    raise Malformed("unclosed tool-call section")
-                raise Malformed("unexpected text in the tool-call section")
-            arg_at = text.find(ARGUMENT_BEGIN, pos)
-            match = _CALL_ID.fullmatch(text, pos + len(CALL_BEGIN), max(arg_at, 0))
-            if arg_at < 0 or match is None:
-                raise Malformed("tool call without an id functions.NAME:INDEX")
-            arguments, pos = json_object(text, arg_at + len(ARGUMENT_BEGIN), "tool call arguments")
-            pos = skip_space(text, pos)
-            if not text.startswith(CALL_END, pos):
-                raise Malformed("tool call arguments not followed by <|tool_call_end|>")
-            calls.append(make_call(match.group(1), arguments))
-            pos += len(CALL_END)
-        if text[pos + len(SECTION_END) :].strip():
-            raise Malformed("text after the tool calls")
-        if not calls:
-            raise Malformed("an empty tool-call section")
-        return text[:first], calls
+        read = partial(self._call, text)
+        start = first + len(SECTION_BEGIN)
+        return text[:first], section_calls(text, start, SECTION_END, read, "tool-call section")
+
+    def _call(self, text: str, pos: int) -> tuple[ToolCall, int] | None:
+        if not text.startswith(CALL_BEGIN, pos):
+            return None
+        arg_at = text.find(ARGUMENT_BEGIN, pos)
+        match = _CALL_ID.fullmatch(text, pos + len(CALL_BEGIN), max(arg_at, 0))
+        if arg_at < 0 or match is None:
+            raise Malformed("tool call without an id functions.NAME:INDEX")
+        arguments, pos = json_object(text, arg_at + len(ARGUMENT_BEGIN), "tool call arguments")
+        pos = skip_space(text, pos)
+        if not text.startswith(CALL_END, pos):
+            raise Malformed("tool call arguments not followed by <|tool_call_end|>")
+        return make_call(match.group(1), arguments), pos + len(CALL_END)
 
     def write(
         self, content: str, calls: Sequence[Mapping[str, Any]], *, call_index: int, compact: bool

@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from tokentrail.errors import OutputFormatError
 from tokentrail.messages import ToolCall
 from tokentrail.text.formats.base import (
-    Malformed,
     ToolFormat,
     ToolSchemas,
     check_tag_text,
     function_of,
     make_call,
     parameter_schemas,
+    read_parameters,
     register_tool_format,
     schema_types,
-    skip_space,
+    section_calls,
     strip_newlines,
     typed_value,
     value_text,
@@ -43,49 +44,24 @@ class MinimaxM2(ToolFormat):
 
     def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
         first = text.index(BLOCK_OPEN)
-        pos = first + len(BLOCK_OPEN)
-        calls: list[ToolCall] = []
-        while True:
-            pos = skip_space(text, pos)
-            if text.startswith(BLOCK_CLOSE, pos):
-                break
-            match = _INVOKE.match(text, pos)
-            if match is None:
-                if pos >= len(text):
-                    raise Malformed("unclosed <minimax:tool_call>")
-                raise Malformed("unexpected text in <minimax:tool_call>")
-            name = match.group(1)
-            arguments, pos = self._parameters(text, match.end(), name, tools)
-            calls.append(make_call(name, arguments))
-        if text[pos + len(BLOCK_CLOSE) :].strip():
-            raise Malformed("text after the tool calls")
-        if not calls:
-            raise Malformed("an empty <minimax:tool_call> block")
+        read = partial(self._call, text, tools)
+        calls = section_calls(text, first + len(BLOCK_OPEN), BLOCK_CLOSE, read, BLOCK_OPEN)
         return strip_newlines(text[:first], 0, 1), calls
 
-    def _parameters(
-        self, text: str, pos: int, name: str, tools: ToolSchemas
-    ) -> tuple[dict[str, Any], int]:
+    def _call(self, text: str, tools: ToolSchemas, pos: int) -> tuple[ToolCall, int] | None:
+        match = _INVOKE.match(text, pos)
+        if match is None:
+            return None
+        name = match.group(1)
         schemas = parameter_schemas(tools, name)
-        arguments: dict[str, Any] = {}
-        while True:
-            pos = skip_space(text, pos)
-            if text.startswith(_INVOKE_END, pos):
-                return arguments, pos + len(_INVOKE_END)
-            match = _PARAMETER.match(text, pos)
-            if match is None:
-                if pos >= len(text):
-                    raise Malformed(f"unclosed invoke {name!r}")
-                raise Malformed(f"unexpected text in invoke {name!r}")
-            key = match.group(1)
-            close = text.find(_PARAMETER_END, match.end())
-            if close < 0:
-                raise Malformed(f"unclosed parameter {key!r}")
-            if key in arguments:
-                raise Malformed(f"parameter {key!r} given twice")
-            raw = text[match.end() : close]
-            arguments[key] = typed_value(raw, schema_types(schemas.get(key)))
-            pos = close + len(_PARAMETER_END)
+
+        def value(parameter: re.Match[str], raw: str) -> Any:
+            return typed_value(raw, schema_types(schemas.get(parameter.group(1))))
+
+        arguments, pos = read_parameters(
+            text, match.end(), _PARAMETER, _PARAMETER_END, _INVOKE_END, f"invoke {name!r}", value
+        )
+        return make_call(name, arguments), pos
 
     def write(
         self, content: str, calls: Sequence[Mapping[str, Any]], *, call_index: int, compact: bool
