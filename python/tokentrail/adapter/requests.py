@@ -14,7 +14,7 @@ from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.reuse import KnownRequest, parse_reusing, translate_reusing
 from tokentrail.adapter.sessions import Sessions
-from tokentrail.adapter.validation import check_tree, parse_body, session_key
+from tokentrail.adapter.validation import check_translated, parse_body, session_key
 from tokentrail.engines.base import SamplingParams
 from tokentrail.errors import RequestError
 from tokentrail.messages import Conversation
@@ -76,11 +76,7 @@ class RequestReader:
             conversation = continued(proto, body, self.manager, sid)
         except RecursionError:
             raise RequestError("the request is nested too deep to translate") from None
-        check_tree(
-            {"messages": conversation.messages, "tools": conversation.tools or []},
-            max_depth=self.limits.max_json_depth + 1,
-            surrogates=True,
-        )
+        check_translated(conversation, max_depth=self.limits.max_json_depth)
         return conversation
 
     def count(self, proto: WireProtocol, raw: bytes) -> int:

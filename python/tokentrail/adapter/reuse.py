@@ -18,14 +18,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
 from tokentrail import _core
 from tokentrail.adapter.protocols.common import WireProtocol
 from tokentrail.adapter.protocols.resume import ResumableProtocol, Translated
-from tokentrail.adapter.validation import STEPWISE_ABOVE, check_tree, parse_body
+from tokentrail.adapter.validation import STEPWISE_ABOVE, check_translated, parse_body
 from tokentrail.errors import BodyShapeError, RequestError
 from tokentrail.messages import Conversation
 
@@ -147,12 +147,8 @@ def translate_reusing(
                 break
             shared += 1
     conversation.unchanged = shared
-    rules: dict[str, Any] = {"max_depth": max_depth + 1, "surrogates": True}
-    for pos in range(shared, len(conversation.messages)):
-        message = cast(dict[str, Any], conversation.messages[pos])
-        check_tree(message, at=("messages", pos), **rules)
-    if before is None or conversation.tools is not before.tools:
-        check_tree(conversation.tools or [], at=("tools",), **rules)
+    same_tools = before is not None and conversation.tools is before.tools
+    check_translated(conversation, max_depth=max_depth, first=shared, tools=not same_tools)
     return translated
 
 

@@ -19,17 +19,18 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
 from tokentrail.errors import RequestError, RequestTimeout, RequestTooLarge, TemplateError
-from tokentrail.messages import Message, ToolSchema
+from tokentrail.messages import Conversation, Message, ToolSchema
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "STEPWISE_ABOVE",
+    "check_translated",
     "check_tree",
     "field_path",
     "parse_body",
@@ -119,6 +120,21 @@ def check_tree(
                     )
                 if item:
                     stack.append((item, depth + 1, (*path, key)))
+
+
+def check_translated(
+    conversation: Conversation, *, max_depth: int, first: int = 0, tools: bool = True
+) -> None:
+    """A translated conversation held to the body's depth and Unicode rules (one level
+    deeper: an OpenAI tool call's arguments are JSON inside a string), from message `first`
+    on, and its tools when `tools` (a caller that checked these very objects before skips
+    them)."""
+    rules: dict[str, Any] = {"max_depth": max_depth + 1, "surrogates": True}
+    for pos in range(first, len(conversation.messages)):
+        message = cast(dict[str, Any], conversation.messages[pos])
+        check_tree(message, at=("messages", pos), **rules)
+    if tools:
+        check_tree(conversation.tools or [], at=("tools",), **rules)
 
 
 def _lone_surrogate(text: str) -> bool:
