@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from support.npm import npm_install
 
 CODEX_VERSION = "0.169.0"
 PACKAGE = "@openai/codex"
@@ -70,39 +70,11 @@ class CodexRun:
         ]
 
 
-def default_cache_dir() -> Path:
-    root = os.environ.get("TOKENTRAIL_CACHE")
-    return Path(root) / "npm" if root else Path.home() / ".cache" / "tokentrail" / "npm"
-
-
 def install_codex(cache_dir: Path | None = None) -> Path | None:
     """Install the pinned CLI once and return its executable; None when npm is missing."""
-    prefix = (cache_dir or default_cache_dir()) / f"codex-{CODEX_VERSION}"
-    if (exe := _find_executable(prefix)) is not None:
-        return exe
-    npm = shutil.which("npm")
-    if npm is None:
-        return None
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=prefix.name + ".", dir=prefix.parent))
-    try:
-        proc = subprocess.run(
-            [npm, "install", "--prefix", str(staging), f"{PACKAGE}@{CODEX_VERSION}",
-             "--no-audit", "--no-fund"],
-            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            raise RuntimeError(f"npm install {PACKAGE}@{CODEX_VERSION}: {proc.stderr}")
-        if _find_executable(staging) is None:
-            raise RuntimeError(f"npm installed {PACKAGE} but no native binary for this platform")
-        try:
-            staging.rename(prefix)
-        except OSError:
-            if _find_executable(prefix) is None:
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return _find_executable(prefix)
+    return npm_install(
+        PACKAGE, CODEX_VERSION, f"codex-{CODEX_VERSION}", _find_executable, cache_dir
+    )
 
 
 def _find_executable(prefix: Path) -> Path | None:
