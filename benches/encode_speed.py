@@ -2,7 +2,7 @@
 Rust core's fast encoder (`IncrementalTokenizer.encode_full`) and against the core encoding
 through the `tokenizers` crate (`fast_path=False`, what every encode was before the fast path).
 
-Two texts, both from the real Claude Code traffic in `../shared/fixtures`: a ~1.1 KB tail (tool
+Two texts, both from the real Claude Code traffic in `tests/fixtures`: a ~1.1 KB tail (tool
 output then assistant text, what a late turn adds after its last added token) and a full prompt
 of about 64K tokens (the fixture's strings, repeated). Each side's ids are checked equal first;
 p50 of the repeats, in ms, and tokens per second. Build the extension in release mode first.
@@ -25,7 +25,7 @@ from tokentrail import _core
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 VOCABULARIES = ["qwen3", "qwen3.6", "deepseek", "o200k_harmony", "llama3"]
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 
 
 def strings(value: Any) -> Iterator[str]:

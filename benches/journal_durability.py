@@ -2,7 +2,7 @@
 
 One Claude-Code-like session of 40 turns grows to a 16K, 64K or 160K-token context: every turn
 the harness sends the whole conversation again (a system prompt, Claude Code's real tool list
-where `../shared/fixtures` has it, every earlier assistant message and tool result) plus one new
+where `tests/fixtures` has it, every earlier assistant message and tool result) plus one new
 tool result, a piece of a real source file (CPython's standard library), and the prompt ids
 extend the previous turn's by that text's tokens in the Qwen3 vocabulary. The same turns are
 appended by this journal (schema 2: what is new since the turn it continues) and by a faithful
@@ -35,7 +35,7 @@ from tokentrail.sim.harness import CLAUDE_CODE_TOOLS
 from tokentrail.storage.journal import Journal
 
 FIXTURE = (
-    Path(__file__).resolve().parents[2] / "shared/fixtures/claude_code_2.1.197_edit_write_bash.json"
+    Path(__file__).resolve().parents[1] / "tests/fixtures/claude_code_2.1.197_edit_write_bash.json"
 )
 SYSTEM_TOKENS = 3000
 OUTPUT_TOKENS = 150

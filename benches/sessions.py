@@ -2,7 +2,7 @@
 request bodies, pre-serialized) and what the model sampled, turn by turn.
 
 A `HarnessSim` with Claude Code's echo rewrites and its real tool list (from
-`../shared/fixtures`, when present; the simulator's own four tools otherwise) plays a coding
+`tests/fixtures`, when present; the simulator's own four tools otherwise) plays a coding
 session against the adapter over the simulated model; the adapter's bodies and the engine's
 outputs are captured in order. The sessions are reproducible from (turns, context, seed).
 """
@@ -27,9 +27,8 @@ from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.timing import TurnTiming
 
 FIXTURE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "fixtures"
+    Path(__file__).resolve().parents[1]
+    / "tests/fixtures"
     / "claude_code_2.1.197_edit_write_bash.json"
 )
 
@@ -49,7 +48,7 @@ def claude_code_tools() -> tuple[list[dict[str, Any]], str]:
     if FIXTURE.exists():
         request = json.loads(FIXTURE.read_text())["exchanges"][0]["request"]
         return request["tools"], "Claude Code 2.1.197 (24 tools, fixture)"
-    return CLAUDE_CODE_TOOLS, "simulator (5 tools; shared/fixtures missing)"
+    return CLAUDE_CODE_TOOLS, "simulator (5 tools; tests/fixtures missing)"
 
 
 class _Recording(SimulatedEngine):

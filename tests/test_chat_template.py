@@ -4,16 +4,13 @@ ChatML text a Qwen3 model expects."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support import fixtures
 from tokentrail.text.chat_template import TemplateError, render
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
-
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-FIXTURE = FIXTURE / "claude_code_2.1.197_edit_write_bash.json"
 
 WEATHER = {
     "type": "function",
@@ -209,9 +206,7 @@ def test_render_chat_passes_special_tokens(qwen3: LoadedTokenizer) -> None:
 
 def claude_code_chat() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The fixture's last request (plus the scripted reply) as OpenAI-style messages and tools."""
-    if not FIXTURE.is_file():
-        pytest.skip("shared fixtures not present")
-    exchange = json.loads(FIXTURE.read_text("utf-8"))["exchanges"][-1]
+    exchange = fixtures.load(fixtures.CLAUDE_CODE)["exchanges"][-1]
     request = exchange["request"]
     system = "".join(block["text"] for block in request["system"])
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
@@ -294,9 +289,8 @@ def conversations() -> list[
             {},
         ),
     ]
-    if FIXTURE.is_file():
-        messages, tools = claude_code_chat()
-        chats.append((messages, tools, {}))
+    messages, tools = claude_code_chat()
+    chats.append((messages, tools, {}))
     return chats
 
 

@@ -1,6 +1,6 @@
 """Tests for echo recognition: a harness's re-rendering of a generated message is recognized.
 
-Uses the real Claude Code 2.1.197 traffic in `shared/fixtures`, hand-made schemas for the
+Uses the real Claude Code 2.1.197 traffic in `tests/fixtures`, hand-made schemas for the
 default rules, and hypothesis for the view's algebra (fill-in and whitespace invariance).
 """
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support import fixtures
 from tokentrail.errors import MessageError
 from tokentrail.trajectory.echo import (
     ToolDefaults,
@@ -24,18 +24,11 @@ from tokentrail.trajectory.echo import (
     is_echo,
 )
 
-FIXTURE = (
-    Path(__file__).resolve().parents[2] / "shared/fixtures/claude_code_2.1.197_edit_write_bash.json"
-)
-
-
 # --- helpers -------------------------------------------------------------------------------
 
 
 def load_fixture() -> dict[str, Any]:
-    if not FIXTURE.exists():
-        pytest.skip(f"fixture not found: {FIXTURE}")
-    return json.loads(FIXTURE.read_text())
+    return fixtures.load(fixtures.CLAUDE_CODE)
 
 
 def openai_tools(anthropic_tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,13 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
+from support import fixtures
 from tokentrail import _core
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.tokenizer import QWEN3_PATTERN, LoadedTokenizer
 
 # A family of each builtin vocabulary: qwen3, qwen3.6, deepseek, o200k_harmony, llama3.
 FAMILIES = ["qwen3", "qwen3.6", "deepseek-v3.1", "gpt-oss", "llama3"]
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 _sessions = itertools.count()
 
@@ -172,7 +171,7 @@ def strings(value: Any) -> Iterator[str]:
 
 def fixture_texts() -> list[str]:
     found = []
-    for path in sorted(FIXTURES.glob("*.json")):
+    for path in sorted(fixtures.FIXTURES.glob("*.json")):
         found.extend(s for s in strings(json.loads(path.read_text())) if s)
     return found
 

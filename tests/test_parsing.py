@@ -4,19 +4,16 @@ the exact text templates/qwen3.jinja renders for an assistant turn."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from support import fixtures
 from tokentrail.text.chat_template import render
 from tokentrail.text.parsing import OutputFormatError, ParsedOutput, format_output, parse_output
 from tokentrail.text.tokenizer import _builtin_chat_template
-
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-FIXTURE = FIXTURE / "claude_code_2.1.197_edit_write_bash.json"
 
 QWEN3_TEMPLATE = _builtin_chat_template("qwen3")
 
@@ -326,9 +323,7 @@ def test_format_output_splices_into_the_rendered_prompt(
 
 
 def test_claude_code_calls_round_trip() -> None:
-    if not FIXTURE.is_file():
-        pytest.skip("shared fixtures not present")
-    request = json.loads(FIXTURE.read_text("utf-8"))["exchanges"][-1]["request"]
+    request = fixtures.load(fixtures.CLAUDE_CODE)["exchanges"][-1]["request"]
     tools = [{"name": t["name"], "parameters": t["input_schema"]} for t in request["tools"]]
     uses = [
         b

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import openai
 import pytest
 
+from support import fixtures
 from tokentrail.adapter.protocols.responses import read_tools, translate_request
 from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.engines.scripted import ScriptedEngine
@@ -18,12 +18,6 @@ from tokentrail.errors import RequestError
 from tokentrail.sim.codex import CODEX_FILES, CODEX_SCRIPT, CODEX_TOOLS, CodexWorkspace
 from tokentrail.sim.harness import Behaviour, HarnessSim
 
-FIXTURE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "fixtures"
-    / "codex_0.169_responses_request.json"
-)
 TOOLS = [
     {
         "type": "function",
@@ -65,9 +59,7 @@ def run(coro):
 
 
 def _fixture() -> dict:
-    if not FIXTURE.exists():
-        pytest.skip(f"shared fixture missing at {FIXTURE}")
-    return json.loads(FIXTURE.read_text())
+    return fixtures.load(fixtures.CODEX)
 
 
 def test_codex_request_translates_items_tools_and_output_order() -> None:

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
+from support import fixtures
 from tokens import assistant, play, prompt_ids, system, tool, user
 from tokentrail import TrajectoryManager
 from tokentrail.adapter.protocols.anthropic import assistant_message, translate_request
 from tokentrail.kinds import Restore
 from tokentrail.messages import Conversation
 from tokentrail.trajectory.pipeline import TurnPipeline
-
-FIXTURE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "fixtures"
-    / "claude_code_2.1.197_edit_write_bash.json"
-)
 
 
 def schema(name: str, properties: dict, required: list[str]) -> dict:
@@ -259,9 +252,7 @@ def test_every_earlier_echo_in_a_long_history_is_restored(backend: str) -> None:
 
 
 def _fixture() -> dict:
-    if not FIXTURE.exists():
-        pytest.skip(f"shared fixture missing at {FIXTURE}")
-    return json.loads(FIXTURE.read_text())
+    return fixtures.load(fixtures.CLAUDE_CODE)
 
 
 def test_real_claude_code_fixture_replayed(backend: str) -> None:

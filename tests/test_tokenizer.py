@@ -12,11 +12,9 @@ import tiktoken
 from hypothesis import given
 from hypothesis import strategies as st
 
+from support import fixtures
 from tokentrail.text import tokenizer as tt
 from tokentrail.text.tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer
-
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-FIXTURE = FIXTURE / "claude_code_2.1.197_edit_write_bash.json"
 
 # Qwen3's added-token ids, as its tokenizer.json has them.
 QWEN3_IDS = {
@@ -112,9 +110,7 @@ def test_random_unicode_encodes_like_tiktoken(
 def test_claude_code_traffic_encodes_like_tiktoken(
     qwen3: LoadedTokenizer, reference: tiktoken.Encoding
 ) -> None:
-    if not FIXTURE.is_file():
-        pytest.skip("shared fixtures not present")
-    text = FIXTURE.read_text("utf-8")
+    text = fixtures.CLAUDE_CODE.read_text("utf-8")
     assert qwen3.encode(text) == reference_ids(reference, text)
 
 
