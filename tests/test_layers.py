@@ -16,6 +16,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tokentrail.text", "tokentrail.core"),
     ("tokentrail.trajectory",),
     ("tokentrail.storage", "tokentrail.engines"),
+    ("tokentrail.view",),
     ("tokentrail.adapter",),
     ("tokentrail.sim",),
     ("tokentrail.scale",),

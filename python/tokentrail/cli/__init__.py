@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from tokentrail.cli import demo, records, serve
+from tokentrail.cli import demo, records, serve, view
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_command(sub)
     demo.add_command(sub)
     records.add_command(sub)
+    view.add_command(sub)
     return parser
 
 

@@ -106,6 +106,20 @@ def linearize_record(
     `as_recorded` runs its turns with their journaled prompt ids; otherwise restore, render
     and prompt ids are made anew by the pipeline's settings.
     """
+    record_session(record, pipeline, as_recorded=as_recorded)
+    trajectory = pipeline.manager.finish(record.sid, reward=record.reward)
+    pipeline.forget(record.sid)
+    return trajectory
+
+
+def record_session(
+    record: SessionRecord,
+    pipeline: TurnPipeline,
+    *,
+    as_recorded: bool = True,
+) -> None:
+    """Record a journaled session's turns into `pipeline`'s manager, leaving it open there (a
+    viewer reads its tree before it is linearized)."""
     by_seq: dict[int, int] = {}
     for turn in record.turns:
         recorded = None
@@ -140,9 +154,6 @@ def linearize_record(
     for seq in record.replays:
         if seq in by_seq:
             manager.answered_again(record.sid, by_seq[seq])
-    trajectory = manager.finish(record.sid, reward=record.reward)
-    pipeline.forget(record.sid)
-    return trajectory
 
 
 def _run(

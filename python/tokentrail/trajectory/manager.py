@@ -8,9 +8,9 @@ import copy
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,6 +29,8 @@ from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key
 from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, validate_turn
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -350,21 +352,19 @@ class TrajectoryManager:
             session = self._sessions.pop(sid, None)
         if session is None:
             return Trajectory([], Ledger())
-        return linearize_session(
-            sid,
-            session.root,
-            session.store,
-            policy=self.drift_policy,
-            fork_threshold=self.fork_threshold_tokens,
-            max_sample_tokens=max_sample_tokens,
-            reward=float(reward),
-            extra_metadata=extra_metadata,
-            restored=session.restored,
-            restored_by_tool=session.restored_by_tool,
-            replays=self.replay_channels,
-            status=self.core.REPLAY_STATUS,
-            train_superseded=self.train_superseded,
-        )
+        return _linearize(self, sid, session, reward, extra_metadata, max_sample_tokens)
+
+    def inspect(
+        self, sid: str, read: Callable[[Node, TurnStoreLike, Trajectory], T], *, reward: float = 0.0
+    ) -> T:
+        """`read(tree, store, trajectory)` of a session linearized as it stands, under the lock
+        and without consuming it (a viewer watches sessions while their turns arrive)."""
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                raise SessionError(f"no session {sid!r}")
+            trajectory = _linearize(self, sid, session, reward, None, 0)
+            return read(session.root, session.store, trajectory)
 
     def get_trajectory(
         self,
@@ -377,6 +377,31 @@ class TrajectoryManager:
         return self.finish(
             sid, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=max_sample_tokens
         ).samples
+
+
+def _linearize(
+    manager: TrajectoryManager,
+    sid: str,
+    session: _Session,
+    reward: float,
+    extra_metadata: dict[str, Any] | None,
+    max_sample_tokens: int,
+) -> Trajectory:
+    return linearize_session(
+        sid,
+        session.root,
+        session.store,
+        policy=manager.drift_policy,
+        fork_threshold=manager.fork_threshold_tokens,
+        max_sample_tokens=max_sample_tokens,
+        reward=float(reward),
+        extra_metadata=extra_metadata,
+        restored=session.restored,
+        restored_by_tool=session.restored_by_tool,
+        replays=manager.replay_channels,
+        status=manager.core.REPLAY_STATUS,
+        train_superseded=manager.train_superseded,
+    )
 
 
 def _response_key(response_message: object) -> MessageKey | None:
