@@ -150,7 +150,7 @@ def tree_view(root: Node, ledger: Ledger) -> list[dict[str, Any]]:
     the reason of the branch it starts (`reason`, None when it continues its parent's line)."""
     rows = {t.turn_index: t for t in ledger.turns}
     prompts = subagent_prompts(root)
-    out: list[dict[str, Any]] = [{"id": 0, "parent": None, "kind": "root", "label": "session"}]
+    out: list[dict[str, Any]] = [{"id": 0, "parent": None, "kind": "root", "label": ""}]
     # (node, shown ancestor id, reason of the branch it opens, messages since that ancestor)
     stack: list[tuple[Node, int, BranchReason | None, int]] = [
         (c, 0, branch_reason(root, root, i, prompts) if len(root.children) > 1 else None, 0)
@@ -334,7 +334,7 @@ def turn_detail(
         "output": {
             "ids": output.tolist(),
             "text": decode(output.tolist()) if decode else None,
-            "logprobs": None if logprobs is None else np.round(logprobs, 4).tolist(),
+            "logprobs": None if logprobs is None else np.round(logprobs.astype(float), 4).tolist(),
             "fates": fates.tolist(),
             "versions": versions,
             "version": version_of.tolist(),

@@ -79,6 +79,11 @@ function card(field, value, label) {
   return el("div", {class: "card"}, el("b", {"data-field": field, text: value}), el("span", {text: label}));
 }
 
+function put(...nodes) {
+  // The page's content; null stands for a part this page does not have.
+  main.replaceChildren(...nodes.filter((n) => n !== null && n !== undefined && n !== ""));
+}
+
 function crumbs(...parts) {
   const nav = document.getElementById("crumbs");
   nav.replaceChildren();
@@ -109,7 +114,7 @@ function sessionsPage(body) {
       el("td", {}, bar([["trained", s.trained], ...masked], s.generated),
         el("div", {class: "muted", text: masked.map(([r, n]) => `${r} ${fmt(n)}`).join(", ")})));
   });
-  main.replaceChildren(
+  put(
     el("h2", {text: `${body.sessions.length} sessions`}),
     legend(["trained", "realigned", "truncated", "excluded", "merged_rewrite", "superseded"]),
     el("table", {id: "sessions"},
@@ -184,7 +189,7 @@ function sessionPage(body) {
       el("td", {text: [t.history, t.excluded ? "excluded: " + t.excluded : null, t.superseded ? "superseded" : null].filter(Boolean).join(" · ")}),
       el("td", {}, bar([["trained", t.trained], ...m], t.generated)));
   });
-  main.replaceChildren(
+  put(
     el("h2", {text: `Session ${sid}`}),
     el("div", {class: "cards"},
       card("generated", fmt(L.generated_tokens), "generated tokens"),
@@ -275,7 +280,7 @@ function turnPage(sid, t) {
   crumbs(["sessions", "#/"], [sid, `#/s/${encodeURIComponent(sid)}`], [`turn ${t.turn_index}`]);
   const counts = Object.entries(t.fate_counts);
   const p = t.prompt;
-  main.replaceChildren(
+  put(
     el("h2", {text: `Turn ${t.turn_index}${t.tools.length ? " · " + t.tools.join(", ") : ""}`}),
     el("div", {class: "cards"},
       card("generated", fmt(t.generated), "generated tokens"),
@@ -340,7 +345,7 @@ async function route() {
     window.scrollTo(0, 0);
   } catch (e) {
     if (e instanceof Locked) return login(e.message);
-    main.replaceChildren(el("p", {class: "bad", id: "error", text: String(e.message || e)}));
+    put(el("p", {class: "bad", id: "error", text: String(e.message || e)}));
   }
 }
 
