@@ -355,15 +355,20 @@ class TrajectoryManager:
         return _linearize(self, sid, session, reward, extra_metadata, max_sample_tokens)
 
     def inspect(
-        self, sid: str, read: Callable[[Node, TurnStoreLike, Trajectory], T], *, reward: float = 0.0
+        self,
+        sid: str,
+        read: Callable[[Node, TurnStoreLike, Trajectory], T],
+        *,
+        max_sample_tokens: int = 0,
     ) -> T:
         """`read(tree, store, trajectory)` of a session linearized as it stands, under the lock
         and without consuming it (a viewer watches sessions while their turns arrive)."""
+        max_sample_tokens = _count(max_sample_tokens, "max_sample_tokens")
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
                 raise SessionError(f"no session {sid!r}")
-            trajectory = _linearize(self, sid, session, reward, None, 0)
+            trajectory = _linearize(self, sid, session, 0.0, None, max_sample_tokens)
             return read(session.root, session.store, trajectory)
 
     def get_trajectory(
