@@ -53,9 +53,10 @@ def _record(tokenizer, path: Path, restore: str, policy: str, sessions: int = 2)
     asyncio.run(go())
 
 
-@pytest.mark.parametrize(
-    ("restore", "policy"), [("on", "fork"), ("off", "fork"), ("off", "merge"), ("tree_only", "fork")]
-)
+RECORDINGS = [("on", "fork"), ("off", "fork"), ("off", "merge"), ("tree_only", "fork")]
+
+
+@pytest.mark.parametrize(("restore", "policy"), RECORDINGS)
 def test_journal_view_is_the_journal_s_ledger(tokenizer, tmp_path: Path, restore, policy) -> None:
     path = tmp_path / "j.db"
     _record(tokenizer, path, restore, policy)
