@@ -37,6 +37,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("loop_responsiveness.py", ["--quick"]),
     ("hostile_requests.py", ["--quick"]),
     ("ray_pool.py", ["--quick"]),
+    ("viewer_open.py", ["--turns", "16", "--context", "8192", "--repeats", "1"]),
 ]
 
 

@@ -5,7 +5,8 @@
 const main = document.getElementById("main");
 const tip = document.getElementById("tip");
 const POLL_MS = 2000;   // live: sessions and a session's ledger are read again this often
-const CHUNK = 2000;     // tokens rendered at a time; the next chunk when its marker scrolls in
+// Tokens rendered at a time; the next chunk when its marker scrolls in (`?chunk=all`: at once).
+const CHUNK = new URLSearchParams(location.search).get("chunk") === "all" ? Infinity : 2000;
 let token = sessionStorage.getItem("tokentrail-admin") || "";
 let view = null;        // {kind, sid, turn, body}: what is on screen, for the poller
 
