@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokens import assistant, play, prompt_ids, system, tool, user
-from tokentrail import TrajectoryManager
+from tokens import assistant, play, prompt_ids, sampled, system, tool, user
+from tokentrail import TrajectoryManager, TurnRecord
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.core.replay import ReplayRows, RoutingShape
 from tokentrail.engines.scripted import ScriptedEngine
-from tokentrail.kinds import Restore
+from tokentrail.kinds import Fallback, History, ReplayGap, Restore
 from tokentrail.sim.harness import HarnessSim, Workspace
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal_read import read_journal
@@ -28,6 +29,7 @@ from tokentrail.view.sources import JournalSource
 
 ADMIN = "viewer-admin"
 SYS, U1 = system("be brief"), user("fix it")
+GAP = ReplayGap.ENGINE_RETURNED_NONE
 
 
 def _record(tokenizer, path: Path, restore: str, policy: str, sessions: int = 2) -> None:
@@ -206,3 +208,49 @@ def test_api_errors_are_json_4xx_and_the_adapter_s_ui_wants_the_admin_token(
                     await runner.cleanup()
 
     asyncio.run(go())
+
+
+def _turn(mgr: TrajectoryManager, sid: str, messages, reply, prompt, **fields) -> list[int]:
+    output = sampled(reply)
+    record = TurnRecord(prompt, output, "stop", [-0.5] * len(output), **fields)
+    mgr.record_turn(sid, turn=record, prompt_messages=messages, response_message=reply)
+    return output
+
+
+def test_a_splice_fallback_shows_the_first_token_its_render_departs_at() -> None:
+    mgr = TrajectoryManager()
+    a1, a2 = assistant("look", ("Read", {"p": 1})), assistant("done")
+    first = [SYS, U1]
+    out1 = _turn(mgr, "s", first, a1, prompt_ids(first))
+    second = [SYS, U1, a1, tool("x=1")]
+    prompt2 = prompt_ids(second)
+    departs = len(prompt_ids(first)) + len(out1) - 2  # the render re-tokenized 2 ids of turn 1
+    prompt2[departs] = 777
+    _turn(mgr, "s", second, a2, prompt2, history=History.RENDER, fallback=Fallback.NOT_PREFIX)
+    details, _ = _fates_of(mgr, "s", 0)
+    fallback = details[1]["fallback"]
+    assert fallback["reason"] == "not_prefix" and fallback["at"] == departs
+    assert fallback["previous"]["id"] == out1[-2] and fallback["rendered"]["id"] == 777
+    assert details[1]["history"] == "splice_fallback:not_prefix"
+    assert details[1]["prompt"]["shared"] == departs and details[0]["fallback"] is None
+
+
+def test_each_output_token_carries_its_routing_status() -> None:
+    shape = RoutingShape(4, 2, 16)
+    mgr = TrajectoryManager(routing=shape)
+    a1 = assistant("look", ("Read", {"p": 1}))
+    prompt = prompt_ids([SYS, U1])
+    assistant_ids = sampled(a1)
+    n = len(prompt) + len(assistant_ids) - 1
+    rows = ReplayRows(np.ones((n, 4, 2), dtype=np.uint8), 0)
+    _turn(mgr, "s", [SYS, U1], a1, prompt, routed_experts=rows)
+    a2 = assistant("done")
+    second = [SYS, U1, a1, tool("x=1")]
+    _turn(mgr, "s", second, a2, prompt_ids(second), routed_experts=ReplayRows.missing(GAP))
+    details, _ = _fates_of(mgr, "s", 0)
+    names = details[0]["replay_status"]
+    first = [names[c] for c in details[0]["output"]["replay"]["routed_experts"]]
+    # Every output token has its row but the last, which nothing is computed from.
+    assert first == ["present"] * (len(assistant_ids) - 1) + ["final_token"]
+    second_status = {names[c] for c in details[1]["output"]["replay"]["routed_experts"]}
+    assert second_status <= {str(GAP), "final_token"} and str(GAP) in second_status

@@ -31,6 +31,8 @@ from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, vali
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# What reads a session as it stands: its tree, its turn store and its linearization.
+SessionReader = Callable[[Node, TurnStoreLike, Trajectory], T]
 
 
 @dataclass(frozen=True)
@@ -354,13 +356,7 @@ class TrajectoryManager:
             return Trajectory([], Ledger())
         return _linearize(self, sid, session, reward, extra_metadata, max_sample_tokens)
 
-    def inspect(
-        self,
-        sid: str,
-        read: Callable[[Node, TurnStoreLike, Trajectory], T],
-        *,
-        max_sample_tokens: int = 0,
-    ) -> T:
+    def inspect(self, sid: str, read: SessionReader[T], *, max_sample_tokens: int = 0) -> T:
         """`read(tree, store, trajectory)` of a session linearized as it stands, under the lock
         and without consuming it (a viewer watches sessions while their turns arrive)."""
         max_sample_tokens = _count(max_sample_tokens, "max_sample_tokens")
