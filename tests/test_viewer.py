@@ -18,13 +18,16 @@ from tokentrail import TrajectoryManager, TurnRecord
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.core.replay import ReplayRows, RoutingShape
 from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.errors import NotFound
 from tokentrail.kinds import Fallback, History, ReplayGap, Restore
 from tokentrail.sim.harness import HarnessSim, Workspace
+from tokentrail.storage.export import write_samples
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal_read import read_journal
 from tokentrail.storage.replay import as_recorded
 from tokentrail.view.app import UI_PREFIX, standalone_app
 from tokentrail.view.model import FATES, SessionData, turn_detail
+from tokentrail.view.samples import SamplesSource
 from tokentrail.view.sources import JournalSource
 
 ADMIN = "viewer-admin"
@@ -254,3 +257,27 @@ def test_each_output_token_carries_its_routing_status() -> None:
     assert first == ["present"] * (len(assistant_ids) - 1) + ["final_token"]
     second_status = {names[c] for c in details[1]["output"]["replay"]["routed_experts"]}
     assert second_status <= {str(GAP), "final_token"} and str(GAP) in second_status
+
+
+def test_exported_samples_are_shown_by_what_their_masks_train(tokenizer, tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    _record(tokenizer, path, "off", "merge")
+    recorded = as_recorded(read_journal(path))
+    exported = tmp_path / "done.jsonl"
+    write_samples(exported, [s for t in recorded.values() for s in t.samples])
+    source = SamplesSource(exported, tokenizer)
+    summaries = {s["sid"]: s for s in source.summaries()}
+    assert set(summaries) == set(recorded)
+    for sid, trajectory in recorded.items():
+        assert summaries[sid]["trained"] == trajectory.ledger.trained_tokens
+        assert summaries[sid]["generated"] is None  # not in the file: not made up
+        assert source.detail(sid)["ledger"] is None
+        for i, sample in enumerate(trajectory.samples):
+            shown = source.turn(sid, i)
+            assert shown["output"]["ids"] == sample.tokens[sample.prompt_length :].tolist()
+            assert shown["fate_counts"].get("trained", 0) == sample.trained_tokens
+            assert "".join(shown["prompt"]["text"] + shown["output"]["text"]) == (
+                tokenizer.decode(sample.tokens.tolist())
+            )
+        with pytest.raises(NotFound):
+            source.turn(sid, len(trajectory.samples))

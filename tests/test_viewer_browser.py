@@ -18,12 +18,15 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from selenium.webdriver.common.by import By
 
 from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
 from support.serve import ADMIN_TOKEN, free_port, serving
+from tokentrail.storage.export import write_samples
 from tokentrail.storage.journal_read import read_journal
 from tokentrail.storage.replay import as_recorded
 
@@ -228,15 +231,7 @@ def test_viewer_numbers_are_the_ledger_s_live_and_from_the_journal(
     masked_turns = [t for t in ledger["turns"] if t["masked"]]
     assert masked_turns, f"restore=tree_only left no masked turn: {ledger['turns']}"
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    view = subprocess.Popen(
-        [sys.executable, "-m", "tokentrail", "view", str(journal), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_healthy_view(url, view)
+    with viewing(journal) as url:
         driver.get(f"{url}/")
         row = _wait(driver, f"tr[data-sid='{SID}']")
         assert (
@@ -273,6 +268,49 @@ def test_viewer_numbers_are_the_ledger_s_live_and_from_the_journal(
         tip = _wait(driver, "#tip").text
         assert "id " in tip and "fate " in tip and "logprob " in tip and "weights " in tip
         driver.save_screenshot(str(ARTIFACTS / "masked_turn.png"))
+
+    # The same session's exported samples: what each sample's loss mask trains.
+    trajectory = as_recorded(read_journal(journal))[SID]
+    exported = tmp_path / "done.jsonl"
+    write_samples(exported, trajectory.samples)
+    with viewing(exported, "--tokenizer", "builtin:qwen3") as url:
+        driver.get(f"{url}/#/s/{SID}")
+        assert _num(_wait(driver, ".card [data-field=trained]").text) == ledger["trained_tokens"]
+        driver.find_element(By.CSS_SELECTOR, "#samples tr[data-sample='0']").click()
+        box = _wait(driver, "#tokens")
+        sample = trajectory.samples[0]
+        # Tokens are rendered lazily: 2,000 at first, the next 2,000 as the reader scrolls down.
+        assert int(box.get_attribute("data-rendered")) == 2000 < len(sample.tokens)
+        driver.execute_script("document.querySelector('#tokens .more').scrollIntoView()")
+        _rendered(driver, 4000)
+        assert "not_trained" in _text(driver, ".legend")
+        driver.save_screenshot(str(ARTIFACTS / "exported_sample.png"))
+
+
+def _rendered(driver, n: int, timeout: float = 20) -> None:
+    """Wait until the token list holds `n` rendered tokens."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def done(d) -> bool:
+        box = d.find_elements(By.ID, "tokens")
+        return bool(box) and box[0].get_attribute("data-rendered") == str(n)
+
+    WebDriverWait(driver, timeout).until(done)
+
+
+@contextmanager
+def viewing(path: Path, *args: str) -> Iterator[str]:
+    """`tokentrail view PATH` on a free port; its URL once it answers."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    view = subprocess.Popen(
+        [sys.executable, "-m", "tokentrail", "view", str(path), "--port", str(port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_healthy_view(url, view)
+        yield url
     finally:
         view.terminate()
         view.wait(timeout=30)

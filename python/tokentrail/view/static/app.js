@@ -109,10 +109,10 @@ function sessionsPage(body) {
       el("td", {text: s.state}),
       el("td", {class: "num", "data-field": "turns", text: fmt(s.turns)}),
       el("td", {class: "num", "data-field": "samples", text: fmt(s.samples)}),
-      el("td", {class: "num", "data-field": "generated", text: fmt(s.generated)}),
+      el("td", {class: "num", "data-field": "generated", text: s.generated === null ? "–" : fmt(s.generated)}),
       el("td", {class: "num", "data-field": "trained", text: fmt(s.trained)}),
       el("td", {class: "num", "data-field": "masked", text: fmt(maskedTotal)}),
-      el("td", {}, bar([["trained", s.trained], ...masked], s.generated),
+      el("td", {}, bar([["trained", s.trained], ...masked], s.generated ?? s.response_tokens),
         el("div", {class: "muted", text: masked.map(([r, n]) => `${r} ${fmt(n)}`).join(", ")})));
   });
   put(
@@ -167,7 +167,28 @@ function treeList(nodes, sid) {
   return el("ul", {class: "tree", id: "tree"}, item(root));
 }
 
+function samplesPage(body) {
+  // Exported samples: no ledger and no tree, only what each sample trains.
+  const sid = body.sid;
+  crumbs(["sessions", "#/"], [sid]);
+  put(
+    el("h2", {text: `Session ${sid} (exported samples)`}),
+    el("div", {class: "cards"},
+      card("trained", fmt(body.trained), "trained tokens"),
+      card("samples", fmt(body.samples), "samples"),
+      card("response", fmt(body.response_tokens), "response tokens")),
+    el("p", {class: "muted", text: "A sample file carries no ledger: what its loss masks leave out may be a tool result or a masked generated token, and why is not recorded. View the journal the samples came from to see every token's fate."}),
+    el("table", {id: "samples"}, el("thead", {}, el("tr", {}, ...["sample", "turns", "tokens", "trained", ""].map((h) => el("th", {text: h})))),
+      el("tbody", {}, ...body.sample_list.map((s) => el("tr", {class: "link", "data-sample": s.index,
+          onclick: () => go(`#/s/${encodeURIComponent(sid)}/t/${s.index}`)},
+        el("td", {text: `sample ${s.index}`}), el("td", {text: s.turns.join(", ")}),
+        el("td", {class: "num", text: fmt(s.tokens)}),
+        el("td", {class: "num", "data-field": "trained", text: fmt(s.trained)}),
+        el("td", {}, bar([["trained", s.trained], ["not_trained", s.response_length - s.trained]], s.response_length)))))));
+}
+
 function sessionPage(body) {
+  if (body.ledger === null) return samplesPage(body);
   const sid = body.sid;
   crumbs(["sessions", "#/"], [sid]);
   const L = body.ledger;
@@ -278,21 +299,23 @@ function tokenRuns(t) {
 }
 
 function turnPage(sid, t) {
-  crumbs(["sessions", "#/"], [sid, `#/s/${encodeURIComponent(sid)}`], [`turn ${t.turn_index}`]);
+  const what = t.sample ? "sample" : "turn";
+  crumbs(["sessions", "#/"], [sid, `#/s/${encodeURIComponent(sid)}`], [`${what} ${t.turn_index}`]);
   const counts = Object.entries(t.fate_counts);
   const p = t.prompt;
   put(
-    el("h2", {text: `Turn ${t.turn_index}${t.tools.length ? " · " + t.tools.join(", ") : ""}`}),
+    el("h2", {text: `${t.sample ? "Sample" : "Turn"} ${t.turn_index}${t.tools.length ? " · " + t.tools.join(", ") : ""}`}),
     el("div", {class: "cards"},
-      card("generated", fmt(t.generated), "generated tokens"),
+      card("generated", fmt(t.generated), t.sample ? "response tokens" : "generated tokens"),
       card("trained", fmt(t.trained), "trained"),
       ...Object.entries(t.masked).map(([r, n]) => card("masked-" + r, fmt(n), "masked: " + r)),
       card("prompt", fmt(p.length), "prompt tokens"),
       card("history", t.history || "–", "prompt built by"),
       card("finish", t.finish_reason || "–", "finish reason")),
     bar(counts, t.generated),
-    el("p", {id: "turn-consistent", class: t.consistent ? "ok" : "bad",
-      text: t.consistent ? "Token colours add up to the ledger's counts."
+    el("p", {id: "turn-consistent", class: t.consistent === null ? "muted" : t.consistent ? "ok" : "bad",
+      text: t.consistent === null ? "An exported sample: its loss mask says what trains, not why the rest does not."
+        : t.consistent ? "Token colours add up to the ledger's counts."
         : `Token colours ${JSON.stringify(t.fate_counts)} differ from the ledger ${JSON.stringify(t.ledger_counts)}.`}),
     t.excluded ? el("div", {class: "box", text: `Excluded from training: ${t.excluded}`}) : null,
     t.superseded ? el("div", {class: "box", text: "Superseded: the harness asked again from this prompt and a fresh generation replaced this one."}) : null,
