@@ -168,6 +168,9 @@ class LiveSource:
         self.manager = manager
         self._tokenizer_name = tokenizer.name if tokenizer else None
         self._decode = token_text(tokenizer) if tokenizer else None
+        # Per session, its summary at a turn count: a poll of the list linearizes (under the
+        # manager's lock, which turns wait on) only the sessions that got a turn since.
+        self._summaries: dict[str, tuple[int, dict[str, Any]]] = {}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -189,12 +192,20 @@ class LiveSource:
             raise
 
     def summaries(self) -> list[dict[str, Any]]:
-        out = []
+        out, kept = [], {}
         for sid in self.manager.sessions():
-            try:
-                out.append(self._read(sid, session_summary))
-            except NotFound:
-                continue  # finished while we looked
+            turns = self.manager.turn_count(sid)
+            cached = self._summaries.get(sid)
+            if cached is not None and cached[0] == turns:
+                summary = cached[1]
+            else:
+                try:
+                    summary = self._read(sid, session_summary)
+                except NotFound:
+                    continue  # finished while we looked
+            kept[sid] = (turns, summary)
+            out.append(summary)
+        self._summaries = kept
         return out
 
     def detail(self, sid: str) -> dict[str, Any]:
