@@ -26,7 +26,7 @@ from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal_read import read_journal
 from tokentrail.storage.replay import as_recorded
 from tokentrail.view.app import UI_PREFIX, standalone_app
-from tokentrail.view.model import FATES, SessionData, turn_detail
+from tokentrail.view.model import FATES, SessionData, tree_view, turn_detail
 from tokentrail.view.samples import SamplesSource
 from tokentrail.view.sources import JournalSource
 
@@ -281,3 +281,47 @@ def test_exported_samples_are_shown_by_what_their_masks_train(tokenizer, tmp_pat
             )
         with pytest.raises(NotFound):
             source.turn(sid, len(trajectory.samples))
+
+
+def _route(mgr: TrajectoryManager, messages, reply, **kwargs) -> None:
+    output = sampled(reply)
+    mgr.record_turn(
+        "s",
+        turn=TurnRecord(prompt_ids(messages), output, "stop", [-0.5] * len(output)),
+        prompt_messages=messages,
+        response_message=reply,
+        **kwargs,
+    )
+
+
+def test_the_tree_labels_each_branch_with_why_it_branched() -> None:
+    mgr = TrajectoryManager()
+    brief = "Find every caller of add() in the repository and list them."
+    a1 = assistant("delegating", ("Agent", {"prompt": brief}))
+    _route(mgr, [SYS, U1], a1)
+    main = [SYS, U1, a1, tool("3 callers")]
+    a2 = assistant("fixing", ("Edit", {"n": 1}))
+    _route(mgr, main, a2)
+    # A retry answered fresh from the same prompt, then more turns built on it.
+    a2b = assistant("fixing again", ("Edit", {"n": 2}))
+    _route(mgr, main, a2b, supersede=True)
+    # The harness edits the history (another tool result for turn 1): a rewritten branch.
+    _route(mgr, [SYS, U1, a1, tool("2 callers")], assistant("ok"))
+    # The sub-agent's own conversation, and a side conversation excluded from training.
+    _route(mgr, [system("You are a search agent."), user(brief)], assistant("found 3"))
+    side = [system("Summarize the conversation."), user("...")]
+    _route(mgr, side, assistant("summary"), metadata={"excluded": "pattern:Summarize"})
+    tree, ledger = _fates_of_tree(mgr)
+    reasons = {n["turn_index"]: n["reason"] for n in tree if n["kind"] == "turn"}
+    assert reasons[4] == "rewritten"
+    assert reasons[5] == "subagent" and reasons[6] == "excluded"
+    assert reasons[3] == "retry"
+    assert {n["turn_index"] for n in tree if n["kind"] == "turn"} == {
+        t.turn_index for t in ledger.turns
+    }
+    by_turn = {n["turn_index"]: n for n in tree if n["kind"] == "turn"}
+    assert by_turn[6]["excluded"] == "pattern:Summarize" and by_turn[2]["superseded"]
+
+
+def _fates_of_tree(mgr: TrajectoryManager):
+    return mgr.inspect("s", lambda root, store, traj: (tree_view(root, traj.ledger), traj.ledger))
