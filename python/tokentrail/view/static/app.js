@@ -96,10 +96,13 @@ function crumbs(...parts) {
 
 // -- pages -------------------------------------------------------------------------------------
 
-function sessionsPage(body) {
-  const src = body.source;
+function showSource(src) {
   document.getElementById("source").textContent =
     `${src.kind}${src.path ? ": " + src.path : ""}${src.tokenizer ? " · " + src.tokenizer : ""}`;
+}
+
+function sessionsPage(body) {
+  showSource(body.source);
   crumbs(["sessions"]);
   const rows = body.sessions.map((s) => {
     const masked = Object.entries(s.masked);
@@ -116,7 +119,7 @@ function sessionsPage(body) {
         el("div", {class: "muted", text: masked.map(([r, n]) => `${r} ${fmt(n)}`).join(", ")})));
   });
   put(
-    el("h2", {text: `${body.sessions.length} sessions`}),
+    el("h2", {text: `${body.sessions.length} session${body.sessions.length === 1 ? "" : "s"}`}),
     legend(["trained", "realigned", "truncated", "excluded", "merged_rewrite", "superseded"]),
     el("table", {id: "sessions"},
       el("thead", {}, el("tr", {}, ...["session", "state", "turns", "samples", "generated", "trained",
@@ -363,6 +366,9 @@ async function route() {
   try {
     const t0 = performance.now();
     const {text, body} = await load(kind, sid, turn);
+    if (kind !== "sessions" && !document.getElementById("source").textContent) {
+      showSource((await api("source")).body);
+    }
     view = {kind, sid, turn, text};
     show(kind, sid, body);
     document.body.dataset.shownMs = (performance.now() - t0).toFixed(1);
