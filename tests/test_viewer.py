@@ -325,3 +325,39 @@ def test_the_tree_labels_each_branch_with_why_it_branched() -> None:
 
 def _fates_of_tree(mgr: TrajectoryManager):
     return mgr.inspect("s", lambda root, store, traj: (tree_view(root, traj.ledger), traj.ledger))
+
+
+def test_a_journal_being_written_is_read_again_as_it_grows(tmp_path: Path) -> None:
+    """`tokentrail view` on the journal a running adapter appends to: new turns show up."""
+    journal = Journal(tmp_path / "live.db")
+    history = [SYS, U1]
+
+    def turn(k: int) -> None:
+        nonlocal history
+        reply = assistant(f"step {k}", ("Edit", {"n": k}))
+        output = sampled(reply)
+        journal.turn(
+            "s",
+            translated=list(history),
+            response_message=reply,
+            tools=None,
+            prompt_ids=prompt_ids(history),
+            output_ids=output,
+            logprobs=[-0.5] * len(output),
+            finish_reason="stop",
+            ill_formed=False,
+            metadata={},
+        )
+        history = [*history, reply, tool(f"result {k}")]
+
+    try:
+        turn(0)
+        source = JournalSource(journal.path)
+        (before,) = source.summaries()
+        turn(1)
+        turn(2)
+        (after,) = source.summaries()
+    finally:
+        journal.close()
+    assert (before["turns"], after["turns"]) == (1, 3)
+    assert after["generated"] == after["trained"] > before["generated"]
