@@ -185,15 +185,31 @@ class Adapter:
         )
 
     async def finish_trajectory(
-        self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        metadata: dict[str, Any] | None = None,
+        accept_lost: bool = False,
     ) -> Trajectory:
-        """Wait for the session's in-flight turns, close it and linearize it."""
-        return await self.sessions.finish(sid, reward=reward, metadata=metadata)
+        """Wait for the session's in-flight turns, close it and linearize it. A session that
+        lost journaled turns raises `SessionDamaged` unless `accept_lost`."""
+        return await self.sessions.finish(
+            sid, reward=reward, metadata=metadata, accept_lost=accept_lost
+        )
 
     async def finish_session(
-        self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        metadata: dict[str, Any] | None = None,
+        accept_lost: bool = False,
     ) -> list[Sample]:
-        return (await self.finish_trajectory(sid, reward=reward, metadata=metadata)).samples
+        trajectory = await self.finish_trajectory(
+            sid, reward=reward, metadata=metadata, accept_lost=accept_lost
+        )
+        return trajectory.samples
 
     def drop_session(self, sid: str) -> bool:
         return self.sessions.drop(sid)

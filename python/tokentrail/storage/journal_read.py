@@ -28,7 +28,7 @@ from tokentrail.storage.journal_format import (
 )
 from tokentrail.storage.journal_receipts import lost_events, parse_line, receipts_path
 from tokentrail.storage.journal_scan import Scan, readable, scan_rows
-from tokentrail.storage.journal_session import Blobs, SessionRecord, read_record
+from tokentrail.storage.journal_session import Blobs, SessionRecord, read_record, tail_lost
 from tokentrail.storage.journal_v1 import read_v1, schema_version
 
 logger = logging.getLogger(__name__)
@@ -57,8 +57,8 @@ class JournalContents:
             for sid, state, last in _sessions(db):
                 record = read_record(db, sid, state, last, blobs)
                 if sid in lost and record.damage is None:
-                    n = len(lost[sid])
-                    record.damage = f"session {sid}: {n} events past the file's end were lost"
+                    record.found = tail_lost(sid, lost[sid])
+                    record.damage = record.found.describe()
                 if record.damage:
                     logger.warning("journal %s: %s", self.path, record.damage)
                 yield record
