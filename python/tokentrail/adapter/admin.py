@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter.damaged import refuse_unless_accepted
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.middleware import error_response
 from tokentrail.adapter.offload import Offload
@@ -89,9 +90,8 @@ class Admin:
             raise RequestError("accept_lost must be a boolean")
         sid = request.match_info["sid"]
         try:
-            trajectory = await self.sessions.finish(
-                sid, reward=float(reward), metadata=metadata, accept_lost=accept_lost
-            )
+            trajectory = await self.sessions.finish(sid, reward=float(reward), metadata=metadata)
+            refuse_unless_accepted(sid, trajectory, accept_lost)
         except SessionDamaged as exc:
             return damaged_response(request.path, exc)
         payload = await self.offload.run(finish_payload, trajectory)
@@ -101,7 +101,9 @@ class Admin:
         """The sessions recovered with journaled turns lost since this start, and what each
         lost (the journal's whole history: `tokentrail journal check`)."""
         self.check(request)
-        return web.json_response({"sessions": self.sessions.damaged()})
+        sessions = self.sessions
+        listing = sessions.lost.listing(lambda sid: "open" if sessions.get(sid) else "closed")
+        return web.json_response({"sessions": listing})
 
     async def drop(self, request: web.Request) -> web.StreamResponse:
         self.check(request)

@@ -9,9 +9,7 @@ A finish is kept for a retention window, so a repeated finish (a retry after a l
 returns the same samples and ledger; after the window it is a 410.
 
 A session recovered with journaled turns missing (a crash, a damaged journal) carries what it
-lost (`trajectory.loss`) into its finish: a finish asked without `accept_lost` raises
-`SessionDamaged` (HTTP 409) stating the loss, one with it returns what is left with the loss in
-the ledger and every sample's metadata. `damaged()` lists every such session since the start.
+lost (`trajectory.loss`) into its finish's ledger and samples (`adapter.damaged`).
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.adapter.answers import Answers, RecordedAnswer
+from tokentrail.adapter.damaged import DamagedSessions
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.reuse import RequestMemo
@@ -35,7 +34,6 @@ from tokentrail.errors import (
     RateLimited,
     RequestError,
     SessionClosed,
-    SessionDamaged,
     SessionError,
     TokentrailError,
 )
@@ -45,8 +43,7 @@ from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal_format import DROPPED, JournaledTurn
 from tokentrail.storage.replay import fit_replay
 from tokentrail.trajectory.linearize import Trajectory
-from tokentrail.trajectory.loss import LostSpan, describe
-from tokentrail.trajectory.loss import summary as loss_summary
+from tokentrail.trajectory.loss import LostSpan
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
 from tokentrail.trajectory.side import SideRules
 
@@ -207,9 +204,7 @@ class Sessions:
         self.open_sessions_only = open_sessions_only
         self._open: dict[str, Session] = {}
         self._closed = Tombstones(finish_retention_s)
-        # What each session recovered from the journal lost, since this start (kept after it
-        # closes, for `damaged()`).
-        self._lost: dict[str, list[LostSpan]] = {}
+        self.lost = DamagedSessions()
         # The latest request of recent sessions, so the next one parses only what is new.
         self.memo = RequestMemo(request_memo)
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -330,29 +325,10 @@ class Sessions:
     # -- finishing ------------------------------------------------------------------------------
 
     async def finish(
-        self,
-        sid: str,
-        *,
-        reward: float = 0.0,
-        metadata: dict[str, Any] | None = None,
-        accept_lost: bool = False,
+        self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
     ) -> Trajectory:
         """Wait for the session's in-flight turns, close it and linearize it; a repeated
-        finish within the retention window returns the same trajectory. A session that lost
-        journaled turns raises `SessionDamaged` unless `accept_lost` (then its trajectory
-        states the loss)."""
-        trajectory = await self._finish(sid, reward, metadata)
-        if trajectory.ledger.lost and not accept_lost:
-            spans = trajectory.ledger.lost
-            raise SessionDamaged(
-                sid,
-                f"{describe(sid, spans)}; finish it with accept_lost to get what is left",
-                loss_summary(spans) or {},
-                trajectory.ledger.to_dict(),
-            )
-        return trajectory
-
-    async def _finish(self, sid: str, reward: float, metadata: dict[str, Any] | None) -> Trajectory:
+        finish within the retention window returns the same trajectory."""
         metadata = _checked_finish(reward, metadata)
         tomb = self._closed.get(sid)
         if tomb is None:
@@ -405,7 +381,7 @@ class Sessions:
 
     def _finish_now(self, sid: str, reward: float, metadata: dict[str, Any]) -> Trajectory:
         trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
-        trajectory.mark_lost(self._lost.get(sid, ()))
+        trajectory.mark_lost(self.lost.of(sid))
         self._forget(sid)
         trim_memory()
         return trajectory
@@ -491,25 +467,8 @@ class Sessions:
         )
         await self.offload.run(self._discard, sid, session=sid)
 
-    # -- recovery -------------------------------------------------------------------------------
 
-    def recover(self, journal: Journal) -> None:
-        """Rebuild the unfinished sessions of a journal (see `recover`)."""
-        recover(self, journal)
-
-    def note_lost(self, sid: str, span: LostSpan) -> None:
-        """Journaled events of `sid` did not come back; its finish will say so."""
-        self._lost.setdefault(sid, []).append(span)
-
-    def damaged(self) -> list[dict[str, Any]]:
-        """Every session recovered with a loss since this start: its id, whether it is open
-        (or how it closed), and what it lost (as a finish answer's `lost` states it)."""
-        out = []
-        for sid, spans in self._lost.items():
-            tomb = self._closed.get(sid)
-            state = "open" if sid in self._open else tomb.kind.value if tomb else "closed"
-            out.append({"session": sid, "state": state, "lost": loss_summary(spans)})
-        return out
+# -- recovery -----------------------------------------------------------------------------------
 
 
 def recover(sessions: Sessions, journal: Journal) -> None:
@@ -540,15 +499,14 @@ def recover(sessions: Sessions, journal: Journal) -> None:
         elif event.kind is JournalEvent.REPLAY and int(event.data["turn"]) in turn_of:
             sessions.manager.answered_again(event.sid, turn_of[int(event.data["turn"])])
         elif event.kind is JournalEvent.LOST:
-            sessions.note_lost(event.sid, LostSpan.from_dict(event.data))
+            sessions.lost.note(event.sid, LostSpan.from_dict(event.data))
     live = journal.recovery.live
     if live:
         logger.info("journal: rebuilt %d unfinished sessions", len(live))
-    damaged = sessions.damaged()
-    if damaged:
+    if sessions.lost:
         logger.warning(
             "journal: %d of %d recovered sessions lost journaled turns; their finish states it",
-            len(damaged),
+            len(sessions.lost),
             len(live),
         )
 
@@ -576,7 +534,7 @@ def _recover_turn(sessions: Sessions, turn: JournaledTurn) -> int | None:
             exc,
         )
         reason = f"turn #{turn.seq} cannot be recorded again ({exc})"
-        sessions.note_lost(turn.sid, LostSpan(turn.seq, 1, 1, reason))
+        sessions.lost.note(turn.sid, LostSpan(turn.seq, 1, 1, reason))
         return None
     session = sessions._open.setdefault(turn.sid, Session())
     session.turns += 1

@@ -167,8 +167,7 @@ class Journal:
 
         A session stops at its first missing or damaged event. Consume it to the end once,
         before appending: then the file is rebuilt if anything was damaged, and every session
-        continues from what was yielded. A session that stops early ends with a `lost` event
-        saying what it lost (the rebuilt file holds the same).
+        continues from what was yielded. A session that stops early ends with a `lost` event.
         """
         if self._streamed:
             raise JournalError("a journal's unfinished sessions can be read once, at opening")
@@ -187,8 +186,7 @@ class Journal:
                 yield event
             writer.bases, writer.tools = decoder.bases.digested(), decoder.tools_ref
             if damage:
-                if kinds is None:
-                    kinds = session_kinds(self.receipts.path)
+                kinds = session_kinds(self.receipts.path) if kinds is None else kinds
                 damage = [d.counted(kinds.get(sid, {})) for d in damage]
                 self.recovery.damaged.extend(damage)
                 for d in damage:
@@ -290,10 +288,8 @@ class Journal:
         self._forget(sid)
 
     def lost(self, sid: str, first: int, events: int, reason: str, turns: int = -1) -> None:
-        """Events of `sid` from #`first` on (`events` of them, `turns` of those generated
-        turns; -1: unknown) were lost."""
-        span = LostSpan(first, events, turns, reason)
-        self._append(sid, JournalEvent.LOST, dump(span.to_dict()))
+        """`events` events of `sid` from #`first` on, `turns` of them turns, were lost."""
+        self._append(sid, JournalEvent.LOST, dump(LostSpan(first, events, turns, reason).to_dict()))
 
     def replayed(self, sid: str, turn: int) -> None:
         """Turn `turn` (its session sequence number) answered a retried request again."""
