@@ -52,12 +52,14 @@ def _body(messages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def run_sessions(url: str, sids: list[str], turns: int) -> None:
-    """Every session's turns, one request at a time, the sessions side by side."""
+    """Every session's turns, round robin, one request at a time (so the file's layout, and
+    what a flip at a given offset hits, is the same on every run)."""
+    conversations: dict[str, list[dict[str, Any]]] = {
+        sid: [{"role": "user", "content": f"task {sid} " * 40}] for sid in sids
+    }
     async with aiohttp.ClientSession() as http:
-
-        async def one(sid: str) -> None:
-            messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {sid} " * 40}]
-            for k in range(turns):
+        for k in range(turns):
+            for sid, messages in conversations.items():
                 async with http.post(
                     f"{url}/v1/messages", json=_body(messages), headers={"x-api-key": sid}
                 ) as resp:
@@ -67,8 +69,6 @@ async def run_sessions(url: str, sids: list[str], turns: int) -> None:
                     {"role": "assistant", "content": reply["content"]},
                     {"role": "user", "content": f"go on {k}"},
                 ]
-
-        await asyncio.gather(*(one(sid) for sid in sids))
 
 
 async def finish(url: str, sid: str, **body: Any) -> tuple[int, dict[str, Any]]:
@@ -289,20 +289,25 @@ def test_every_damage_case_states_its_loss(
 
     first, accepted, listed, reported = asyncio.run(go())
     damaged = check_answers(first, accepted)
-    assert damaged, f"{case}: the damage cost no unfinished session anything"
     assert {row["session"] for row in listed["sessions"]} == damaged
     assert damaged <= set(reported)
     # Finished sessions (recovery does not read them) state their loss when they are read:
     # in the journal's records, replay and audit.
     records = {r.sid: r for r in read_journal(path).records()}
-    for i in range(FINISHED):
-        record = records.get(f"s{i:02d}")
-        kept = len(record.turns) if record is not None else 0
-        if record is not None and kept < TURNS:
-            spans = record.losses()
-            assert spans, f"{case}: finished s{i:02d} kept {kept} turns and states no loss"
     ledgers = as_recorded(read_journal(path))
-    for sid in damaged:
+    for i in range(FINISHED):
+        sid = f"s{i:02d}"
+        assert sid in records, f"{case}: finished {sid} is gone without a word"
+        kept = len(records[sid].turns)
+        lost = ledgers[sid].ledger.lost_turns
+        if kept < TURNS:
+            damaged.add(sid)
+            assert records[sid].losses(), f"{case}: finished {sid} kept {kept} turns, no loss"
+            assert lost < 0 or kept + lost == TURNS, (case, sid, kept, lost)
+        else:
+            assert lost == 0, (case, sid)
+    assert damaged, f"{case}: the damage cost no session anything (the test would be vacuous)"
+    for sid in damaged & set(first):
         assert ledgers[sid].ledger.lost_turns == first[sid][1]["lost"]["turns"]
     capsys.readouterr()
     assert cli_main(["audit", str(path)]) == 1
@@ -311,7 +316,10 @@ def test_every_damage_case_states_its_loss(
 
 # -- a writer SIGKILLed inside checkpoints and at random, over long sessions --------------------
 
-WRITER_SESSIONS, WRITER_TURNS, CHECKPOINT_EVERY = 4, 36, 10
+WRITER_SESSIONS, WRITER_TURNS, CHECKPOINT_EVERY = 4, 24, 12
+# Each round starts a writer on the journal and kills it inside its next checkpoint, or after a
+# random number of commits; the last one runs to the end.
+ROUNDS = ("checkpoint", "random") * 3
 
 
 def _writer(path: Path) -> subprocess.Popen[str]:
@@ -341,33 +349,32 @@ def test_kills_inside_checkpoints_and_at_random_lose_nothing(tmp_path: Path) -> 
     rng = random.Random(35)
     acked: dict[str, int] = {}
     inside_checkpoint = random_kills = 0
-    for _round in range(40):
+    for plan in [*ROUNDS, "end"]:
         proc = _writer(path)
         assert proc.stdout is not None
-        in_checkpoint = _round % 2 == 0
-        budget = rng.randint(1, 2 * CHECKPOINT_EVERY)
+        budget = rng.randint(5, 2 * CHECKPOINT_EVERY)
         killed = finished = False
         for line in proc.stdout:
             word, *rest = line.split()
             if word == "ack":
                 acked[rest[0]] = int(rest[1])
                 budget -= 1
-                if not in_checkpoint and budget <= 0:
-                    proc.kill()
+                if plan == "random" and budget <= 0:
                     killed = True
-                    random_kills += 1
                     break
-            elif word == "ckpt" and in_checkpoint:
-                proc.kill()
+            elif word == "ckpt" and plan == "checkpoint":
                 killed = True
                 break
             elif word == "done":
                 finished = True
+        if killed:
+            proc.kill()  # SIGKILL
         rest_of_output = proc.stdout.read()
         proc.wait(timeout=30)
         proc.stdout.close()
-        if killed and in_checkpoint and "ckpt-done" not in rest_of_output:
+        if killed and plan == "checkpoint" and "ckpt-done" not in rest_of_output:
             inside_checkpoint += 1
+        random_kills += killed and plan == "random"
         kept = _kept(path)
         for sid, k in acked.items():
             turns = kept[sid]
@@ -375,10 +382,10 @@ def test_kills_inside_checkpoints_and_at_random_lose_nothing(tmp_path: Path) -> 
             assert len(turns) <= WRITER_TURNS
             last = len(turns) - 1
             assert turns[last] == expected_turn(sid, last), f"{sid}: turn {last} differs"
-        if finished:
-            break
     assert finished, "the writer did not get to the end"
-    assert inside_checkpoint >= 3 and random_kills >= 3, (inside_checkpoint, random_kills)
+    # Killed on reading `ckpt`: inside the checkpoint unless it returned first (then the
+    # writer's `ckpt-done` is in what it wrote before it died).
+    assert inside_checkpoint >= 2 and random_kills == 3, (inside_checkpoint, random_kills)
     kept = _kept(path)
     assert {sid: len(t) for sid, t in kept.items()} == dict.fromkeys(acked, WRITER_TURNS)
     for sid, turns in kept.items():
