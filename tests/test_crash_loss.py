@@ -32,6 +32,7 @@ from support.retrying_client import ADMIN, free_port, serve, stop
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.errors import SessionDamaged
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal_read import check_journal, read_journal
@@ -278,7 +279,16 @@ def test_every_damage_case_states_its_loss(
         runner, url = await start_server(adapter)
         try:
             reported = sorted({d.sid for d in journal.recovery.damaged})
+            # `accept_lost` is a boolean or nothing.
+            status, refused = await finish(url, unfinished[0], accept_lost="yes")
+            assert status == 400 and "accept_lost" in refused["error"]["message"]
             first = {sid: await finish(url, sid) for sid in unfinished}
+            # In process, the same refusal is a `SessionDamaged` carrying the loss.
+            for sid, (status, answer) in first.items():
+                if status == 409:
+                    with pytest.raises(SessionDamaged) as caught:
+                        await adapter.finish_trajectory(sid, reward=1.0)
+                    assert caught.value.lost == answer["lost"]
             listed = await damaged_list(url)
             accepted = {sid: await finish(url, sid, accept_lost=True) for sid in unfinished}
             await adapter.offload.drain()
