@@ -16,8 +16,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -27,7 +25,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from support.journal_writer import expected_turn
+from support.journal_writer import Kills, kill_rounds, verify
 from support.retrying_client import ADMIN, free_port, serve, stop
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main as cli_main
@@ -42,7 +40,6 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="SIGKILL")
 
 SESSIONS, TURNS, FINISHED = 12, 6, 4
 FILES = ("", "-wal", "-receipts")
-WRITER = Path(__file__).parent / "support" / "journal_writer.py"
 
 
 # -- driving sessions ---------------------------------------------------------------------------
@@ -332,23 +329,6 @@ WRITER_SESSIONS, WRITER_TURNS, CHECKPOINT_EVERY = 4, 24, 12
 ROUNDS = ("checkpoint", "random") * 3
 
 
-def _writer(path: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    args = [str(path), str(WRITER_SESSIONS), str(WRITER_TURNS), str(CHECKPOINT_EVERY)]
-    return subprocess.Popen(
-        [sys.executable, str(WRITER), *args], stdout=subprocess.PIPE, text=True, env=env
-    )
-
-
-def _kept(path: Path) -> dict[str, list[tuple[list[int], list[int]]]]:
-    """Every session's turns as the journal holds them (read-only); fails on any damage."""
-    out = {}
-    for record in read_journal(path).records():
-        assert not record.losses() and record.damage is None, record.damage
-        out[record.sid] = [(t.prompt_ids.tolist(), t.output_ids.tolist()) for t in record.turns]
-    return out
-
-
 def test_kills_inside_checkpoints_and_at_random_lose_nothing(tmp_path: Path) -> None:
     """SIGKILL on reading `ckpt` (inside `wal_checkpoint`) and after a random number of
     commits, writer after writer on the same journal, until the long sessions are done: every
@@ -356,52 +336,28 @@ def test_kills_inside_checkpoints_and_at_random_lose_nothing(tmp_path: Path) -> 
     where none happened. Then the main file is damaged after the last checkpoint: every turn
     is kept or stated lost."""
     path = tmp_path / "run.db"
-    rng = random.Random(35)
-    acked: dict[str, int] = {}
-    inside_checkpoint = random_kills = 0
-    for plan in [*ROUNDS, "end"]:
-        proc = _writer(path)
-        assert proc.stdout is not None
-        budget = rng.randint(5, 2 * CHECKPOINT_EVERY)
-        killed = finished = False
-        for line in proc.stdout:
-            word, *rest = line.split()
-            if word == "ack":
-                acked[rest[0]] = int(rest[1])
-                budget -= 1
-                if plan == "random" and budget <= 0:
-                    killed = True
-                    break
-            elif word == "ckpt" and plan == "checkpoint":
-                killed = True
-                break
-            elif word == "done":
-                finished = True
-        if killed:
-            proc.kill()  # SIGKILL
-        rest_of_output = proc.stdout.read()
-        proc.wait(timeout=30)
-        proc.stdout.close()
-        if killed and plan == "checkpoint" and "ckpt-done" not in rest_of_output:
-            inside_checkpoint += 1
-        random_kills += killed and plan == "random"
-        kept = _kept(path)
-        for sid, k in acked.items():
-            turns = kept[sid]
-            assert len(turns) >= k + 1, f"{sid}: turn {k} was acknowledged, {len(turns)} kept"
-            assert len(turns) <= WRITER_TURNS
-            last = len(turns) - 1
-            assert turns[last] == expected_turn(sid, last), f"{sid}: turn {last} differs"
-    assert finished, "the writer did not get to the end"
+
+    def after_each(kills: Kills) -> None:
+        found = verify(path, kills.acked, WRITER_TURNS)
+        assert found["missing"] == found["differ"] == found["too_many"] == 0, found
+        assert found["stated_lost"] == 0, found
+
+    kills = kill_rounds(
+        path,
+        [*ROUNDS, "end"],
+        sessions=WRITER_SESSIONS,
+        turns=WRITER_TURNS,
+        every=CHECKPOINT_EVERY,
+        rng=random.Random(35),
+        after_each=after_each,
+    )
+    assert kills.finished, "the writer did not get to the end"
     # Killed on reading `ckpt`: inside the checkpoint unless it returned first (then the
     # writer's `ckpt-done` is in what it wrote before it died).
-    assert inside_checkpoint >= 2 and random_kills == 3, (inside_checkpoint, random_kills)
-    kept = _kept(path)
-    assert {sid: len(t) for sid, t in kept.items()} == dict.fromkeys(acked, WRITER_TURNS)
-    for sid, turns in kept.items():
-        assert turns == [expected_turn(sid, k) for k in range(WRITER_TURNS)]
-    ledgers = as_recorded(read_journal(path))
-    for trajectory in ledgers.values():
+    assert kills.checkpoint == kills.random == 3 and kills.inside_checkpoint >= 2, kills
+    kept = {r.sid: len(r.turns) for r in read_journal(path).records()}
+    assert kept == dict.fromkeys(kills.acked, WRITER_TURNS)
+    for trajectory in as_recorded(read_journal(path)).values():
         assert len(trajectory.ledger.turns) == WRITER_TURNS and trajectory.ledger.lost == []
     assert check_journal(path).ok
 

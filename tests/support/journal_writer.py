@@ -12,19 +12,28 @@ checkpoint and `done`. Every line is flushed before the next step, so a parent t
 reading `ckpt` kills it inside the checkpoint, and one that has read `ack` knows the commit
 returned.
 
-`expected_turn(sid, k)` is the turn the writer journals as turn K of SID, for the parent to
-check what recovery brings back.
+`expected_turn(sid, k)` is the turn the writer journals as turn K of SID; `kill_rounds` starts
+writer after writer on one journal, SIGKILLing each inside a checkpoint or after a random
+number of commits, and `verify` compares what the journal holds with what was acknowledged.
+Used by `tests/test_crash_loss.py` and `benches/checkpoint_kills.py`.
 """
 
 from __future__ import annotations
 
+import os
+import random
+import subprocess
 import sys
 import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal_read import read_journal
 
 WIDTH = 1500
 OUTPUT = 8
@@ -100,6 +109,102 @@ def _checkpoint(journal: Journal) -> None:
     print("ckpt", flush=True)
     journal._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # noqa: SLF001 - the test's point
     print("ckpt-done", flush=True)
+
+
+# -- the parent's side ---------------------------------------------------------------------------
+
+
+@dataclass
+class Kills:
+    """What `kill_rounds` did: kills by plan, those that landed inside a checkpoint (the
+    writer never printed `ckpt-done`), the last turn acknowledged per session, and whether
+    the last writer got to the end."""
+
+    checkpoint: int = 0
+    inside_checkpoint: int = 0
+    random: int = 0
+    acked: dict[str, int] = field(default_factory=dict)
+    finished: bool = False
+
+
+def start(path: Path, sessions: int, turns: int, every: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    args = [str(path), str(sessions), str(turns), str(every)]
+    return subprocess.Popen(
+        [sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True, env=env
+    )
+
+
+def kill_rounds(
+    path: Path,
+    plans: Iterable[str],
+    *,
+    sessions: int,
+    turns: int,
+    every: int,
+    rng: random.Random,
+    after_each: Callable[[Kills], None] = lambda kills: None,
+) -> Kills:
+    """One writer per plan ("checkpoint": SIGKILL on reading `ckpt`; "random": after 5 to
+    2 x `every` commits; "end": let it finish), `after_each` called after each."""
+    kills = Kills()
+    for plan in plans:
+        proc = start(path, sessions, turns, every)
+        assert proc.stdout is not None
+        budget = rng.randint(5, 2 * every)
+        killed = False
+        for line in proc.stdout:
+            word, *rest = line.split()
+            if word == "ack":
+                kills.acked[rest[0]] = int(rest[1])
+                budget -= 1
+                if plan == "random" and budget <= 0:
+                    killed = True
+                    break
+            elif word == "ckpt" and plan == "checkpoint":
+                killed = True
+                break
+            elif word == "done":
+                kills.finished = True
+        if killed:
+            proc.kill()  # SIGKILL
+        rest_of_output = proc.stdout.read()
+        proc.wait(timeout=60)
+        proc.stdout.close()
+        if killed and plan == "checkpoint":
+            kills.checkpoint += 1
+            kills.inside_checkpoint += "ckpt-done" not in rest_of_output
+        kills.random += killed and plan == "random"
+        after_each(kills)
+        if kills.finished:
+            break
+    return kills
+
+
+def verify(path: Path, acked: dict[str, int], turns: int) -> dict[str, int]:
+    """What the journal holds against what was acknowledged: turns kept, acknowledged turns
+    missing, turns kept that differ from what was written, sessions past `turns` (a turn
+    journaled twice), and turns stated lost."""
+    out = {"kept": 0, "missing": 0, "differ": 0, "too_many": 0, "stated_lost": 0}
+    for record in read_journal(path).records():
+        out["stated_lost"] += sum(max(span.turns, 1) for span in record.losses())
+        n = len(record.turns)
+        out["kept"] += n
+        out["missing"] += max(0, acked.get(record.sid, -1) + 1 - n)
+        out["too_many"] += n > turns
+        prompt: list[int] = []
+        output: list[int] = []
+        for k, turn in enumerate(record.turns):
+            # Turn k is turn k-1's prompt and output and its own new ids (`expected_turn`,
+            # built up one turn at a time).
+            rng = _rng(record.sid, k)
+            prompt = prompt + output + rng.integers(0, 150_000, WIDTH).tolist()
+            output = rng.integers(0, 150_000, OUTPUT).tolist()
+            out["differ"] += (turn.prompt_ids.tolist(), turn.output_ids.tolist()) != (
+                prompt,
+                output,
+            )
+    return out
 
 
 if __name__ == "__main__":
