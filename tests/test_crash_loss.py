@@ -380,3 +380,32 @@ def test_kills_inside_checkpoints_and_at_random_lose_nothing(tmp_path: Path) -> 
         stated = sum(span["turns"] for span in lost.get(sid, []))
         assert all(span["turns"] >= 0 for span in lost.get(sid, [])), lost[sid]
         assert n + stated == WRITER_TURNS, (sid, n, lost.get(sid))
+
+
+def test_receipts_of_a_deleted_journal_are_set_aside_not_taken_for_the_new_one(
+    tmp_path: Path, caplog
+) -> None:
+    """The journal file deleted (its receipts kept): the old receipts are moved aside with a
+    warning, so the new file's first events are not taken for the old file's lost ones at the
+    next start (that reported old sessions lost by a WAL tail, and cut the new receipts)."""
+    path = tmp_path / "run.db"
+    journal = Journal(path)
+    for i in range(30):
+        journal.session_opened(f"old{i}", {})
+    journal.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    journal = Journal(path)
+    assert journal.recovery.clean
+    assert "receipts name 30 events of 30 sessions" in caplog.text
+    for i in range(5):
+        journal.session_opened(f"new{i}", {})
+    journal.close()
+    journal = Journal(path)
+    try:
+        assert journal.recovery.clean, journal.recovery.describe()
+        assert sorted(journal.recovery.live) == [f"new{i}" for i in range(5)]
+    finally:
+        journal.close()
+    assert len(list(tmp_path.glob("run.db-receipts.orphaned-*"))) == 1
+    assert len(Path(f"{path}-receipts").read_text().splitlines()) == 5
