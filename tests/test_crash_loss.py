@@ -270,7 +270,7 @@ def test_every_damage_case_states_its_loss(
     damage(path)
     unfinished = [f"s{i:02d}" for i in range(FINISHED, SESSIONS)]
 
-    async def go() -> tuple[dict, dict, dict, list[str]]:
+    async def go() -> tuple[dict, dict, dict, list[str], str]:
         journal = Journal(path)
         adapter = adapter_on(tokenizer, journal)
         runner, url = await start_server(adapter)
@@ -289,13 +289,18 @@ def test_every_damage_case_states_its_loss(
             listed = await damaged_list(url)
             accepted = {sid: await finish(url, sid, accept_lost=True) for sid in unfinished}
             await adapter.offload.drain()
+            async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+                metrics = await resp.text()
         finally:
             await runner.cleanup()
             journal.close()
-        return first, accepted, listed, reported
+        return first, accepted, listed, reported, metrics
 
-    first, accepted, listed, reported = asyncio.run(go())
+    first, accepted, listed, reported, metrics = asyncio.run(go())
     damaged = check_answers(first, accepted)
+    lost_turns = sum(first[sid][1]["lost"]["turns"] for sid in damaged)
+    assert f"tokentrail_sessions_damaged_total {float(len(damaged))}" in metrics
+    assert f"tokentrail_lost_turns_total {float(lost_turns)}" in metrics
     assert {row["session"] for row in listed["sessions"]} == damaged
     assert damaged <= set(reported)
     # Finished sessions (recovery does not read them) state their loss when they are read:
