@@ -324,6 +324,13 @@ def test_every_damage_case_states_its_loss(
     capsys.readouterr()
     assert cli_main(["audit", str(path)]) == 1
     assert "sessions lost journaled turns" in capsys.readouterr().out
+    # Every session is finished now: an export of them exits 1 (some are not whole), and the
+    # samples it writes say what their sessions lack.
+    out = tmp_path / "done.jsonl"
+    assert cli_main(["journal", "export", str(path), str(out)]) == 1
+    for line in out.read_text().splitlines():
+        metadata = json.loads(line)["metadata"]
+        assert ("lost" in metadata) == (metadata["session_id"] in damaged), metadata
 
 
 # -- a writer SIGKILLed inside checkpoints and at random, over long sessions --------------------
