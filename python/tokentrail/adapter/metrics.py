@@ -155,6 +155,16 @@ class Metrics:
             "Sessions evicted idle past the TTL; their turns were not linearized.",
             registry=r,
         )
+        self.sessions_damaged = Counter(
+            "tokentrail_sessions_damaged_total",
+            "Sessions finished that had lost journaled turns (a crash, a damaged journal).",
+            registry=r,
+        )
+        self.lost_turns = Counter(
+            "tokentrail_lost_turns_total",
+            "Journaled turns of finished sessions that were lost before linearization.",
+            registry=r,
+        )
         self.engine_errors = Counter(
             "tokentrail_engine_errors_total",
             "Engine calls that failed or whose output was refused, by fault.",
@@ -267,6 +277,9 @@ class Metrics:
             for reason, n in coverage.missing.items():
                 self.replay_tokens.labels(channel=channel, status=reason).inc(n)
         self.sessions_finished.inc()
+        if ledger.lost:
+            self.sessions_damaged.inc()
+            self.lost_turns.inc(max(ledger.lost_turns, 0))
 
     def session_dropped(self) -> None:
         self.sessions_dropped.inc()

@@ -26,13 +26,14 @@ from aiohttp import web
 from tokentrail.adapter.admin import Admin
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
+from tokentrail.adapter.damaged import refuse_unless_accepted
 from tokentrail.adapter.limits import TurnSlots, model_context_length
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
 from tokentrail.adapter.requests import RequestReader
-from tokentrail.adapter.sessions import Sessions
+from tokentrail.adapter.sessions import Sessions, recover
 from tokentrail.adapter.turns import Turns, TurnSettings, replay_request
 from tokentrail.adapter.validation import (
     probe_template,
@@ -164,7 +165,7 @@ class Adapter:
                 routing=str(self.manager.routing or ""),
                 indexer=str(self.manager.indexer or ""),
             )
-            self.sessions.recover(journal)
+            recover(self.sessions, journal)
 
     # -- sessions for trainers ------------------------------------------------------------------
 
@@ -185,15 +186,31 @@ class Adapter:
         )
 
     async def finish_trajectory(
-        self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        metadata: dict[str, Any] | None = None,
+        accept_lost: bool = False,
     ) -> Trajectory:
-        """Wait for the session's in-flight turns, close it and linearize it."""
-        return await self.sessions.finish(sid, reward=reward, metadata=metadata)
+        """Wait for the session's in-flight turns, close it and linearize it. A session that
+        lost journaled turns raises `SessionDamaged` unless `accept_lost`."""
+        trajectory = await self.sessions.finish(sid, reward=reward, metadata=metadata)
+        refuse_unless_accepted(sid, trajectory, accept_lost)
+        return trajectory
 
     async def finish_session(
-        self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        metadata: dict[str, Any] | None = None,
+        accept_lost: bool = False,
     ) -> list[Sample]:
-        return (await self.finish_trajectory(sid, reward=reward, metadata=metadata)).samples
+        trajectory = await self.finish_trajectory(
+            sid, reward=reward, metadata=metadata, accept_lost=accept_lost
+        )
+        return trajectory.samples
 
     def drop_session(self, sid: str) -> bool:
         return self.sessions.drop(sid)
