@@ -109,6 +109,7 @@ def test_real_claude_code_session_trains_every_edit_and_write(
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.result is not None and "util.py" in run.result.get("result", "")
         finished = served.finish("cc-session")
+        checks = served.resume_checks()
 
     # The edits happened on disk, as Claude Code ran them (right-stripped).
     assert (repo / "calc.py").read_text() == (
@@ -127,6 +128,8 @@ def test_real_claude_code_session_trains_every_edit_and_write(
     assert ledger["restored_echoes"] == 2
     assert ledger["restored_by_tool"] == {"Edit": 1, "Write": 1}
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    # Every request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
 
 
 def _parallel_script(repo: Path) -> list:
@@ -172,6 +175,7 @@ def test_real_claude_code_parallel_results_render_after_their_own_calls(
         )
         assert run.returncode == 0, run.stderr[-2000:]
         finished = served.finish("cc-parallel")
+        checks = served.resume_checks()
 
     (sample,) = finished["samples"]
     prompt = load_tokenizer().decode(sample["tokens"])
@@ -186,3 +190,4 @@ def test_real_claude_code_parallel_results_render_after_their_own_calls(
     assert "NOTES_MARKER" in responses[4]
     ledger = finished["ledger"]
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from support.codex import CODEX_VERSION, install_codex, run_codex, write_home
-from tokentrail.adapter.server import Adapter, start_server
+from support.serve import resume_checks
+from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.sim.codex import CALC, CODEX_SCRIPT, TEST
 
@@ -71,7 +72,11 @@ def test_real_codex_session_and_its_resume_train_every_token(
     work.mkdir()
     (work / "calc.py").write_text(CALC)
     (work / "test_calc.py").write_text(TEST)
-    adapter = Adapter(engine=ScriptedEngine(tokenizer, SCRIPT), tokenizer=tokenizer)
+    adapter = Adapter(
+        engine=ScriptedEngine(tokenizer, SCRIPT),
+        tokenizer=tokenizer,
+        config=AdapterConfig(verify_resume=True),
+    )
     with serving(adapter) as (url, loop):
         home = write_home(tmp_path / "codex-home", url)
         first = run_codex(
@@ -111,3 +116,6 @@ def test_real_codex_session_and_its_resume_train_every_token(
     assert [t.history for t in ledger.turns[1:]] == ["splice"] * (len(SCRIPT) - 1)
     by_tool = ledger.by_tool
     assert by_tool["apply_patch"]["turns"] == by_tool["apply_patch"]["turns_trained"] == 2
+    # Every request was translated resumed and in full, and the two were the same.
+    checks = resume_checks(adapter.metrics.render()[0].decode())
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)

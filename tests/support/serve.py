@@ -3,7 +3,8 @@
 `serving(script_file, *extra_args)` starts it with the scripted engine and yields a `Served`
 (base URL, finish a session) once `/healthz` answers; the process is stopped on exit. Any other
 path answers a fast JSON 404, which is what harnesses probing for an Ollama or LM Studio server
-need to see.
+need to see. It runs with `--verify-resume`: every request a real harness sends is translated
+both resumed and in full, and `Served.resume_checks` says how many were the same.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def free_port() -> int:
@@ -61,6 +64,27 @@ class Served:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read())
 
+    def resume_checks(self) -> dict[str, float]:
+        """How many requests `--verify-resume` found translated the same resumed and in full
+        (`same`), and how many not (`mismatch`)."""
+        return resume_checks(_get(f"{self.url}/metrics"))
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return resp.read().decode()
+
+
+def resume_checks(metrics: str) -> dict[str, float]:
+    """`tokentrail_resume_checks_total` by result, from a `/metrics` payload."""
+    return {
+        sample.labels["result"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "tokentrail_resume_checks"
+        for sample in family.samples
+        if sample.name == "tokentrail_resume_checks_total"
+    }
+
 
 @contextmanager
 def serving(script: Path, *extra_args: str) -> Iterator[Served]:
@@ -68,7 +92,8 @@ def serving(script: Path, *extra_args: str) -> Iterator[Served]:
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokentrail", "serve", "--port", str(port),
-         "--engine", f"scripted:{script}", "--admin-token", ADMIN_TOKEN, *extra_args],
+         "--engine", f"scripted:{script}", "--admin-token", ADMIN_TOKEN, "--verify-resume",
+         *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -53,6 +53,9 @@ class AdapterConfig:
     # Sessions (the most recent) whose latest request is kept, so that their next request is
     # parsed and translated only where it differs (`adapter.reuse`); 0: every request in full.
     request_memo: int = 256
+    # Translate every request both ways, resumed and in full, count the two as the same or
+    # not (`tokentrail_resume_checks_total`) and warn on a mismatch; a debugging aid, off.
+    verify_resume: bool = False
     # Refuse turns for sessions not opened with `open_session` (an adapter behind a pool).
     open_sessions_only: bool = False
 

@@ -128,6 +128,7 @@ class Adapter:
             sessions=self.sessions,
             pipeline=self.pipeline,
             default_max_tokens=config.default_max_tokens,
+            resume_checks=self.metrics if config.verify_resume else None,
         )
         # Per-stage seconds of the latest turns (benchmarks read them).
         self.timings = self.turns.timings
