@@ -43,7 +43,7 @@ class AdapterConfig:
     masked_warning_threshold: float = 0.05
     # Side conversations excluded from training in every session: regular expressions searched
     # in a conversation's first message; `exclude_known_side_requests` adds
-    # `side.KNOWN_SIDE_PROMPTS` (the side requests of Qwen Code and hermes-agent).
+    # `side.KNOWN_SIDE_PROMPTS` (the side requests of Qwen Code, hermes-agent and opencode/kilo).
     exclude_patterns: tuple[str, ...] = ()
     exclude_known_side_requests: bool = False
     # Ask the engine for every turn's MoE routed experts / sparse-attention indexer top-k

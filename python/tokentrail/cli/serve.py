@@ -132,8 +132,8 @@ def add_command(sub: Any) -> None:
     serve.add_argument(
         "--exclude-side-requests",
         action="store_true",
-        help="exclude the known side requests of Qwen Code (memory extraction) and hermes-agent "
-        "(context summarizer) from training",
+        help="exclude the known side requests of Qwen Code (memory extraction), hermes-agent "
+        "(context summarizer) and opencode/kilo (title generator) from training",
     )
     serve.set_defaults(func=_serve)
 
