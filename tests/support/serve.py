@@ -9,10 +9,12 @@ both resumed and in full, and `Served.resume_checks` says how many were the same
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from tokentrail.adapter.server import Adapter, start_server
 
 
 def free_port() -> int:
@@ -102,3 +106,28 @@ def serving(script: Path, *extra_args: str) -> Iterator[Served]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@contextmanager
+def serving_in_thread(adapter: Adapter) -> Iterator[tuple[str, asyncio.AbstractEventLoop]]:
+    """An adapter built here (a test's own engine) on loopback, in a thread of its own while a
+    CLI runs in this one: its base URL and the loop to run its coroutines on."""
+    loop = asyncio.new_event_loop()
+    started: dict = {}
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        started["runner"], started["url"] = loop.run_until_complete(start_server(adapter))
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    try:
+        yield started["url"], loop
+    finally:
+        asyncio.run_coroutine_threadsafe(started["runner"].cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
