@@ -31,7 +31,7 @@ from support.serve import resume_checks, serving, serving_in_thread
 from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.engines.base import GenerateRequest
 from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine
-from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
 
@@ -209,8 +209,8 @@ class _TwoConversations(ScriptedEngine):
     """The scripted engine with a second script for the sub-agent's conversation (a script
     answers by the prompt's assistant count, which both conversations start at 0)."""
 
-    def __init__(self, tokenizer: object, main: list, sub: list) -> None:
-        super().__init__(tokenizer, main)  # type: ignore[arg-type]
+    def __init__(self, tokenizer: LoadedTokenizer, main: list, sub: list) -> None:
+        super().__init__(tokenizer, main)
         self.sub = sub
 
     def choose(self, req: GenerateRequest) -> list[dict]:
