@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cache, partial
 from typing import Any
@@ -20,9 +21,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from support.serve import resume_checks
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
 from tokentrail.adapter.protocols.openai import OpenAIChat
 from tokentrail.adapter.protocols.responses import OpenAIResponses
+from tokentrail.adapter.protocols.resume import Fold, Translated
 from tokentrail.adapter.reuse import KnownRequest, parse_reusing, translate_reusing
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.validation import parse_body
@@ -33,6 +36,7 @@ from tokentrail.messages import Conversation
 from tokentrail.text.tokenizer import load_tokenizer
 
 SCRIPT = [[{"type": "text", "text": "Hello."}]]
+_tokenizer = cache(load_tokenizer)
 
 
 class _Recording(ScriptedEngine):
@@ -50,7 +54,12 @@ class _Recording(ScriptedEngine):
 def _decoded_prompts(bodies: list[dict[str, Any]], **config: Any) -> list[str]:
     """Each request's prompt as the engine saw it, decoded, sent with the anthropic SDK to an
     adapter on a real socket."""
-    tokenizer = load_tokenizer()
+    return _session(bodies, **config)[0]
+
+
+def _session(bodies: list[dict[str, Any]], **config: Any) -> tuple[list[str], dict[str, float]]:
+    """`_decoded_prompts`, and the adapter's `tokentrail_resume_checks_total` by result."""
+    tokenizer = _tokenizer()
     engine = _Recording(tokenizer, SCRIPT)
     adapter = Adapter(engine=engine, tokenizer=tokenizer, config=AdapterConfig(**config))
 
@@ -64,18 +73,43 @@ def _decoded_prompts(bodies: list[dict[str, Any]], **config: Any) -> list[str]:
             await runner.cleanup()
 
     asyncio.run(play())
-    return [tokenizer.decode(ids) for ids in engine.prompts]
+    checks = resume_checks(adapter.metrics.render()[0].decode())
+    return [tokenizer.decode(ids) for ids in engine.prompts], checks
+
+
+NOTES = [
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": note}]}
+    for note in ("NOTE-A", "NOTE-B")
+]
 
 
 def test_a_system_note_that_changes_is_rendered_as_it_is_now() -> None:
-    bodies = [
-        {"messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": note}]}
-        for note in ("NOTE-A", "NOTE-B")
-    ]
     for memo in (256, 0):
-        first, second = _decoded_prompts(bodies, request_memo=memo)
+        first, second = _decoded_prompts(NOTES, request_memo=memo)
         assert first.count("NOTE-A") == 1 and "NOTE-B" not in first
         assert second.count("NOTE-B") == 1 and "NOTE-A" not in second, memo
+
+
+def _resume_past_the_mark(self: Fold, previous: Translated, at: int) -> None:
+    """The resume this module fixed: the output list as it ended, not as it stood at the mark
+    (a note joined into the last message there stays joined)."""
+    mark = previous.marks[at - 1]
+    self.messages = previous.conversation.messages[: mark.messages]
+    self.results.restore(mark.open_calls, mark.answered)
+    self.reader.media = Counter(mark.media)
+    self.marks = list(previous.marks[:at])
+
+
+def test_verify_resume_counts_a_mismatch_and_serves_the_full_translation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, checks = _session(NOTES, verify_resume=True)
+    assert checks == {"same": 2.0, "mismatch": 0.0}
+    monkeypatch.setattr(Fold, "resume", _resume_past_the_mark)
+    assert "NOTE-A" in _decoded_prompts(NOTES)[1]  # the broken resume, unchecked
+    (first, second), checks = _session(NOTES, verify_resume=True)
+    assert checks == {"same": 1.0, "mismatch": 1.0}
+    assert second.count("NOTE-B") == 1 and "NOTE-A" not in second
 
 
 # -- the property: request sequences with earlier messages changed ------------------------------
@@ -315,9 +349,6 @@ def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:
         return "refused", str(e)
 
 
-_tokenizer = cache(load_tokenizer)
-
-
 def _prompt_ids(conversation: Conversation) -> tuple[str, Any]:
     tokenizer = _tokenizer()
     messages, tools = conversation.messages, conversation.tools
@@ -325,7 +356,7 @@ def _prompt_ids(conversation: Conversation) -> tuple[str, Any]:
 
 
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_resumed_translation_is_the_full_one(protocol: str, data: st.DataObject) -> None:
     proto = PROTOCOLS[protocol]
