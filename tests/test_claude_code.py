@@ -274,6 +274,8 @@ def test_real_claude_code_in_its_default_configuration_gives_one_sample_per_conv
     tags = sorted(s.metadata["conversation"]["subagent"] for s in trajectory.samples)
     assert tags == [False, True], [s.metadata["turns"] for s in trajectory.samples]
     assert "fork" not in trajectory.drift_counts
+    # Each conversation's first turn is rendered, every later one spliced onto the tokens held.
+    assert [t.history for t in ledger.turns].count("splice") == len(ledger.turns) - 2
     assert ledger.trained_tokens == ledger.generated_tokens > 0
     # The sub-agent's two turns are its own sample; the main conversation holds the rest.
     (sub_sample,) = [s for s in trajectory.samples if s.metadata["conversation"]["subagent"]]
