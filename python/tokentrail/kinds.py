@@ -152,6 +152,15 @@ class History(StrEnum):
     RENDER = "render"
 
 
+class ResumeCheck(StrEnum):
+    """What `serve --verify-resume` found when it translated a request both ways."""
+
+    # The resumed translation is the full one.
+    SAME = "same"
+    # They differ (the full one is used, and a warning names the first difference).
+    MISMATCH = "mismatch"
+
+
 class Fallback(StrEnum):
     """Why a turn that could have been spliced was rendered in full instead."""
 

@@ -20,7 +20,7 @@ from prometheus_client import (
 )
 
 from tokentrail.errors import PolicyError
-from tokentrail.kinds import DriftKind, EngineFault, Fallback, MaskReason, Stage
+from tokentrail.kinds import DriftKind, EngineFault, Fallback, MaskReason, ResumeCheck, Stage
 
 if TYPE_CHECKING:
     from tokentrail.trajectory.ledger import Ledger
@@ -196,6 +196,13 @@ class Metrics:
             ["answer"],
             registry=r,
         )
+        self.resume_checks = Counter(
+            "tokentrail_resume_checks_total",
+            "Requests translated both resumed and in full (serve --verify-resume), by whether "
+            "the two were the same.",
+            ["result"],
+            registry=r,
+        )
         self.in_flight_requests = Gauge(
             "tokentrail_requests_in_flight",
             "Requests the adapter is serving now.",
@@ -219,6 +226,8 @@ class Metrics:
             self.engine_errors.labels(fault=fault.value)
         for answer in RETRY_ANSWERS:
             self.retries.labels(answer=answer)
+        for check in ResumeCheck:
+            self.resume_checks.labels(result=check.value)
 
     # -- per request ----------------------------------------------------------------------------
 
@@ -249,6 +258,9 @@ class Metrics:
 
     def retried(self, *, recorded: bool) -> None:
         self.retries.labels(answer=RETRY_ANSWERS[0] if recorded else RETRY_ANSWERS[1]).inc()
+
+    def resume_checked(self, result: ResumeCheck) -> None:
+        self.resume_checks.labels(result=result.value).inc()
 
     def splice_fallback(self, reason: Fallback) -> None:
         self.splice_fallbacks.labels(reason=reason.value).inc()

@@ -129,6 +129,7 @@ class Adapter:
             sessions=self.sessions,
             pipeline=self.pipeline,
             default_max_tokens=config.default_max_tokens,
+            resume_checks=self.metrics if config.verify_resume else None,
         )
         # Per-stage seconds of the latest turns (benchmarks read them).
         self.timings = self.turns.timings
@@ -144,6 +145,7 @@ class Adapter:
             web.get("/healthz", self._healthz),
             web.get("/metrics", self._metrics),
             web.get("/", self._root),
+            web.head("/api/hello", self._hello),
             *admin.routes(),
         ]
         for proto in protocols():
@@ -232,6 +234,11 @@ class Adapter:
         response = web.Response(body=payload)
         response.headers["Content-Type"] = content_type
         return response
+
+    async def _hello(self, request: web.Request) -> web.StreamResponse:
+        """Claude Code's connectivity probe (`HEAD /api/hello`, in its default configuration):
+        200, no body."""
+        return web.Response(status=200)
 
     async def _root(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"name": "tokentrail"})

@@ -131,7 +131,10 @@ class ReplayCoverage:
 @dataclass
 class Ledger:
     turns: list[TurnLedger] = field(default_factory=list)
+    # Generated messages restored from a harness's echo (each once, with or without calls).
     restored_echoes: int = 0
+    # The tool calls in those messages, by tool name: another unit than `restored_echoes`
+    # (a restored message with two calls adds 2 here and 1 there; one with none, 0 here).
     restored_by_tool: dict[str, int] = field(default_factory=dict)
     # Per replay channel kept ("routed_experts", "indexer_topk"): the samples' coverage.
     replay: dict[str, ReplayCoverage] = field(default_factory=dict)
@@ -244,6 +247,8 @@ class Ledger:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The ledger as JSON. `restored_echoes` counts restored messages, `restored_by_tool`
+        the tool calls in them by name (two units: see the fields)."""
         return {
             "generated_tokens": self.generated_tokens,
             "trained_tokens": self.trained_tokens,
