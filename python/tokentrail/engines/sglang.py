@@ -20,7 +20,8 @@ import numpy as np
 
 from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
-from tokentrail.engines.http import HTTPEngine, answer_limit, base_url
+from tokentrail.engines.bound import answer_limit
+from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
 from tokentrail.errors import EngineError
 from tokentrail.kinds import Replay, ReplayGap
@@ -105,7 +106,7 @@ class SGLangEngine(HTTPEngine):
                 "/generate",
                 self.request_body(req),
                 self._headers(req),
-                max_bytes=answer_limit(req.sampling.max_new_tokens),
+                max_bytes=answer_limit(req),
             )
         except asyncio.CancelledError:
             # The client went away: closing the connection alone leaves SGLang decoding until it

@@ -1,0 +1,213 @@
+"""The engine boundary at the sizes the field runs at, over real sockets.
+
+The stand-in engines (tests/support/fake_engines.py) speak SGLang's and vLLM's wire formats and
+send their answers in one write, in many small pieces, with chunked transfer encoding or
+trickled: vLLM echoing a 128K-token prompt, SGLang routing at Qwen3-30B-A3B's shape (48 layers
+x top-8 of 128) for a 64K-token prompt, vLLM's `.npy` routing at the same size, an indexer
+top-k at a DeepSeek-V3.2-like width; and answers at the bound the request sets, and one byte
+over it (refused, the engine request aborted, nothing recorded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+from typing import Any
+
+import anthropic
+import numpy as np
+import pytest
+
+from support.fake_engines import IM_END, FakeSGLang, FakeVLLM
+from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.core.replay import IndexerShape, RoutingShape
+from tokentrail.engines import GenerateRequest, ReplayRequest, SamplingParams
+from tokentrail.engines.bound import answer_limit
+from tokentrail.engines.sglang import SGLangEngine
+from tokentrail.engines.vllm import VLLMEngine
+from tokentrail.errors import EngineError, EngineOutputError
+from tokentrail.kinds import EngineFault
+from tokentrail.sim.moe import KVRouting
+from tokentrail.text.tokenizer import load_tokenizer
+
+# What the stand-in samples: two ids and the end of turn.
+OUT_A, OUT_B = 40, 1079
+SAMPLED = [OUT_A, OUT_B, IM_END]
+K128, K64 = 128 * 1024, 64 * 1024
+QWEN3_MOE = RoutingShape(48, 8, 128)
+# DeepSeek V3.2's indexer keeps index_topk=2048 per position; three indexer layers here.
+V32_INDEXER = IndexerShape(3, 2048)
+
+
+def sampled(input_ids: list[int]) -> tuple[list[int], list[float], str]:
+    return list(SAMPLED), [-0.25, -1.5, -0.0625], "stop"
+
+
+def prompt(n: int) -> list[int]:
+    """`n` ids spread over Qwen3's vocabulary (six-digit ones among them, as in real text)."""
+    return ((np.arange(n, dtype=np.int64) * 7919 + 151) % 151_000).tolist()
+
+
+def request(
+    ids: list[int], replay: ReplayRequest | None = None, max_new_tokens: int = 64
+) -> GenerateRequest:
+    return GenerateRequest(
+        input_ids=ids,
+        sampling=SamplingParams(max_new_tokens=max_new_tokens),
+        session_id="big",
+        request_id="req-big",
+        replay=replay or ReplayRequest(),
+    )
+
+
+def generate(fake: Any, engine_cls: type, req: GenerateRequest) -> Any:
+    async def go() -> Any:
+        async with fake as srv:
+            engine = engine_cls(srv.url)
+            try:
+                return await engine.generate(req)
+            finally:
+                await engine.close()
+
+    return asyncio.run(go())
+
+
+DELIVERIES = [
+    {"delivery": "whole"},
+    {"delivery": "pieces", "piece_bytes": 4096},
+    {"delivery": "chunked", "piece_bytes": 4096},
+    {"delivery": "chunked", "piece_bytes": 64 * 1024, "trickle_s": 0.002},
+]
+
+
+@pytest.mark.parametrize("how", DELIVERIES, ids=lambda h: "-".join(map(str, h.values())))
+def test_vllm_answer_echoing_a_128k_token_prompt_is_read_whole(how: dict, caplog) -> None:
+    ids = prompt(K128)
+    fake = FakeVLLM(sampled, **how)
+    with caplog.at_level(logging.WARNING):
+        gen = generate(fake, VLLMEngine, request(ids))
+    assert fake.sent_bytes[0] > 800_000  # the echoed prompt ids alone
+    assert (gen.output_ids, gen.finish_reason, gen.prompt_tokens) == (SAMPLED, "stop", K128)
+    assert "different" not in caplog.text  # the echo matched what was sent
+
+
+def test_sglang_routing_at_48x8_for_a_64k_token_prompt() -> None:
+    ids = prompt(K64)
+    kv = KVRouting(QWEN3_MOE)
+    fake = FakeSGLang(sampled, routing=kv, delivery="pieces", piece_bytes=256 * 1024)
+    replay = ReplayRequest(routed_start=0, routing=QWEN3_MOE)
+    gen = generate(fake, SGLangEngine, request(ids, replay))
+    sent = np.frombuffer(base64.b64decode(fake.answers[0]["routed_experts"]), "<i4")
+    assert fake.sent_bytes[0] > 130_000_000  # ~100 MB of int32 rows as base64
+    rows = gen.routed_experts.rows
+    assert rows.shape == (K64 + len(SAMPLED) - 1, 48, 8)
+    assert np.array_equal(rows.reshape(-1), sent)
+    assert gen.output_ids == SAMPLED
+
+
+def test_vllm_npy_routing_at_48x8_for_a_64k_token_prompt() -> None:
+    ids = prompt(K64)
+    kv = KVRouting(QWEN3_MOE)
+    fake = FakeVLLM(sampled, routing=kv, delivery="chunked", piece_bytes=256 * 1024)
+    replay = ReplayRequest(routed_start=0, routing=QWEN3_MOE)
+    gen = generate(fake, VLLMEngine, request(ids, replay))
+    sent = np.load(io.BytesIO(base64.b64decode(_choice(fake)["routed_experts"])))
+    assert gen.routed_experts.rows.shape == (K64 + len(SAMPLED) - 1, 48, 8)
+    assert np.array_equal(gen.routed_experts.rows, sent)
+
+
+def _choice(fake: FakeVLLM) -> dict:
+    return fake.answered[0]["choices"][0]
+
+
+def test_indexer_topk_at_a_v32_like_width() -> None:
+    ids = prompt(2048)
+    fake = FakeSGLang(sampled, indexer=V32_INDEXER, delivery="pieces", piece_bytes=256 * 1024)
+    gen = generate(fake, SGLangEngine, request(ids, ReplayRequest(indexer=V32_INDEXER)))
+    sent = np.frombuffer(base64.b64decode(fake.answers[0]["indexer_topk"]), "<i4")
+    rows = gen.indexer_topk.rows
+    assert rows.shape == (2048 + len(SAMPLED) - 1, 3, 2048)
+    assert np.array_equal(rows.reshape(-1), sent)
+
+
+@pytest.mark.parametrize("delivery", ["whole", "chunked"])
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+def test_an_answer_at_the_bound_is_read_and_one_byte_more_is_refused(
+    kind: str, delivery: str
+) -> None:
+    fake_cls, engine_cls = (FakeSGLang, SGLangEngine) if kind == "sglang" else (FakeVLLM, VLLMEngine)
+    req = request(prompt(4096))
+    bound = answer_limit(req, echoes_prompt=kind == "vllm")
+    how = {"delivery": delivery, "piece_bytes": 64 * 1024}
+    at = fake_cls(sampled, pad_to=bound, **how)
+    assert generate(at, engine_cls, req).output_ids == SAMPLED
+    assert at.sent_bytes == [bound]
+    over = fake_cls(sampled, pad_to=bound + 1, **how)
+    with pytest.raises(EngineOutputError, match=f"more than {bound} bytes") as info:
+        generate(over, engine_cls, req)
+    assert info.value.fault == EngineFault.TOO_LONG
+
+
+def test_the_bound_counts_echoed_prompt_ids_and_replay_rows() -> None:
+    ids = prompt(K128)
+    plain = answer_limit(request(ids))
+    # vLLM's echo: up to 12 bytes an id.
+    assert answer_limit(request(ids), echoes_prompt=True) - plain >= 12 * K128
+    routed = answer_limit(request(ids, ReplayRequest(routed_start=0, routing=QWEN3_MOE)))
+    rows = (K128 + 64) * 48 * 8 * 4
+    assert routed - plain >= rows * 4 // 3
+    # From a later start, only the rows from there on.
+    later = answer_limit(request(ids, ReplayRequest(routed_start=K64, routing=QWEN3_MOE)))
+    assert later < routed - (K64 * 48 * 8 * 4 * 4 // 3)
+
+
+def test_an_engine_that_is_down_is_an_error_naming_its_url() -> None:
+    async def go() -> None:
+        engine = VLLMEngine("http://127.0.0.1:9", model="m", timeout=5)
+        try:
+            await engine.generate(request([1, 2, 3]))
+        finally:
+            await engine.close()
+
+    with pytest.raises(EngineError, match=r"cannot reach vllm at http://127\.0\.0\.1:9/v1/completions"):
+        asyncio.run(go())
+
+
+def test_an_answer_over_the_bound_is_a_502_with_the_engine_aborted_and_nothing_recorded(
+    caplog,
+) -> None:
+    tokenizer = load_tokenizer("builtin:qwen3")
+    max_tokens = 64
+    # Without replay SGLang's bound does not depend on the prompt.
+    bound = answer_limit(request([], max_new_tokens=max_tokens))
+
+    async def go() -> tuple[anthropic.APIStatusError, FakeSGLang, Adapter]:
+        async with FakeSGLang(sampled, pad_to=bound + 1, delivery="chunked") as fake:
+            adapter = Adapter(engine=SGLangEngine(fake.url, tokenizer), tokenizer=tokenizer)
+            runner, url = await start_server(adapter)
+            try:
+                client = anthropic.AsyncAnthropic(base_url=url, api_key="big-one", max_retries=0)
+                with pytest.raises(anthropic.APIStatusError) as info:
+                    await client.messages.create(
+                        model="m",
+                        max_tokens=max_tokens,
+                        messages=[{"role": "user", "content": "hi"}],
+                    )
+            finally:
+                await runner.cleanup()
+            return info.value, fake, adapter
+
+    with caplog.at_level(logging.WARNING):
+        error, fake, adapter = asyncio.run(go())
+    assert error.status_code == 502
+    assert error.body["type"] == "error" and error.body["error"]["type"] == "api_error"
+    assert f"more than {bound} bytes" in error.body["error"]["message"]
+    rid = fake.bodies("/generate")[0]["rid"]
+    assert fake.aborted == [rid]
+    assert adapter.manager.turn_count("big-one") == 0
+    logged = [r for r in caplog.records if r.levelno == logging.WARNING and "502" in r.message]
+    assert len(logged) == 1
+    assert "big-one" in logged[0].message and rid in logged[0].message
+    assert f"more than {bound} bytes" in logged[0].message
