@@ -137,7 +137,9 @@ def test_indexer_topk_at_a_v32_like_width() -> None:
 def test_an_answer_at_the_bound_is_read_and_one_byte_more_is_refused(
     kind: str, delivery: str
 ) -> None:
-    fake_cls, engine_cls = (FakeSGLang, SGLangEngine) if kind == "sglang" else (FakeVLLM, VLLMEngine)
+    fake_cls, engine_cls = (
+        (FakeSGLang, SGLangEngine) if kind == "sglang" else (FakeVLLM, VLLMEngine)
+    )
     req = request(prompt(4096))
     bound = answer_limit(req, echoes_prompt=kind == "vllm")
     how = {"delivery": delivery, "piece_bytes": 64 * 1024}
@@ -171,7 +173,9 @@ def test_an_engine_that_is_down_is_an_error_naming_its_url() -> None:
         finally:
             await engine.close()
 
-    with pytest.raises(EngineError, match=r"cannot reach vllm at http://127\.0\.0\.1:9/v1/completions"):
+    with pytest.raises(
+        EngineError, match=r"cannot reach vllm at http://127\.0\.0\.1:9/v1/completions"
+    ):
         asyncio.run(go())
 
 

@@ -249,9 +249,7 @@ class FakeSGLang(_FakeServer):
             ]
             meta["weight_version"] = self.weight_spans[-1][0]
         self.answers.append(meta)
-        return await self._answer(
-            request, {"text": "", "output_ids": ids, "meta_info": meta}, rid
-        )
+        return await self._answer(request, {"text": "", "output_ids": ids, "meta_info": meta}, rid)
 
     def _meta(
         self,

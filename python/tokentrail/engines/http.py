@@ -130,9 +130,7 @@ class HTTPEngine:
             del raw
             return json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise EngineError(
-                f"{self.name} at {url} answered with invalid JSON", status
-            ) from None
+            raise EngineError(f"{self.name} at {url} answered with invalid JSON", status) from None
 
     async def _abort_in_background(self, coro: Any) -> None:
         """Run an abort to completion even if the caller is cancelled again meanwhile."""
