@@ -169,8 +169,9 @@ class FakeSGLang(_FakeServer):
     weight_version: str = "default"
     # 0.5.20+ also sends spans `[(version, start, end)]` over the output.
     weight_spans: list[tuple[str, int, int]] | None = None
-    # Every `meta_info` answered, in order.
+    # Every `meta_info` answered, in order, and the routed experts rows sent in each.
     answers: list[dict[str, Any]] = field(default_factory=list)
+    routed_rows: list[np.ndarray] = field(default_factory=list)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -237,6 +238,7 @@ class FakeSGLang(_FakeServer):
         if body.get("return_routed_experts") and self.routing is not None:
             start = 0 if self.ignores_routing_start else start
             rows, cached = self.routing.serve(input_ids, ids, start, len(self.requests))
+            self.routed_rows.append(rows)
             meta["routed_experts"] = b64_int32(rows)
             meta["cached_tokens"] = cached
             meta["cached_tokens_details"] = {"device": cached, "host": 0}

@@ -2,7 +2,8 @@
 
 Output ids and logprobs both come from `meta_info.output_token_logprobs`; the stop token stays in
 them. Routed experts (`return_routed_experts`, from `routed_experts_start_len` on) and indexer
-top-k (`return_indexer_topk`) come back as base64 of little-endian int32 rows; the weight
+top-k (`return_indexer_topk`) come back as base64 of little-endian int32 rows, decoded into
+the store's element type (`engines.wire_rows`); the weight
 version is `meta_info.weight_version` (with `weight_versions` spans from 0.5.20). A cancelled
 `generate` sends `/abort_request` so the engine frees the slot at once.
 """
@@ -10,8 +11,6 @@ version is `meta_info.weight_version` (with `weight_versions` spans from 0.5.20)
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
+from tokentrail.engines.wire_rows import decode_int32_base64
 from tokentrail.errors import EngineError
 from tokentrail.kinds import Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -191,8 +191,11 @@ def parse_generate_response(data: Any, req: GenerateRequest, elapsed: float) -> 
     )
 
 
-def _int32_rows(meta: dict[str, Any], key: str, req: GenerateRequest) -> np.ndarray | ReplayRows:
-    """`meta_info[key]` decoded: standard base64 of raw little-endian int32, no header."""
+def _int32_rows(
+    meta: dict[str, Any], key: str, req: GenerateRequest, dtype: np.dtype
+) -> np.ndarray | ReplayRows:
+    """`meta_info[key]` decoded into `dtype` (the store's): standard base64 of raw
+    little-endian int32, no header."""
     raw = meta.get(key)
     if not isinstance(raw, str):
         flag = "--enable-return-" + key.replace("_", "-")
@@ -203,14 +206,11 @@ def _int32_rows(meta: dict[str, Any], key: str, req: GenerateRequest) -> np.ndar
             flag,
         )
         return ReplayRows.missing(ReplayGap.ENGINE_RETURNED_NONE)
-    try:
-        data: bytes | None = base64.b64decode(raw, validate=True)
-    except (binascii.Error, ValueError):
-        data = None
-    if data is None or len(data) % 4:
-        logger.warning("sglang %s of request %s is not int32 base64", key, req.request_id)
+    values = decode_int32_base64(raw, dtype)
+    if isinstance(values, str):
+        logger.warning("sglang %s of request %s: %s", key, req.request_id, values)
         return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
-    return np.frombuffer(data, dtype="<i4")
+    return values
 
 
 def _routed_experts(
@@ -219,7 +219,7 @@ def _routed_experts(
     replay = req.replay
     if replay.routed_start is None or replay.routing is None:
         return None
-    values = _int32_rows(meta, "routed_experts", req)
+    values = _int32_rows(meta, "routed_experts", req, replay.routing.dtype)
     if isinstance(values, ReplayRows):
         return values
     start = min(replay.routed_start, prompt)
@@ -254,7 +254,7 @@ def _indexer_topk(
     shape = req.replay.indexer
     if shape is None:
         return None
-    values = _int32_rows(meta, "indexer_topk", req)
+    values = _int32_rows(meta, "indexer_topk", req, np.dtype(np.int32))
     if isinstance(values, ReplayRows):
         return values
     layers = meta.get("indexer_topk_num_layers", shape.layers)  # sglang-miles reports it

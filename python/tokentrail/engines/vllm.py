@@ -10,20 +10,16 @@ its connection closes, so aborting is cancelling.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import io
 import logging
 import time
 from typing import Any
-
-import numpy as np
 
 from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
+from tokentrail.engines.wire_rows import decode_npy_base64
 from tokentrail.errors import EngineError
 from tokentrail.kinds import Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -213,12 +209,9 @@ def _routed_experts(
             req.request_id,
         )
         return ReplayRows.missing(ReplayGap.ENGINE_RETURNED_NONE)
-    try:
-        rows = np.load(io.BytesIO(base64.b64decode(raw, validate=True)), allow_pickle=False)
-    except (binascii.Error, ValueError, OSError, EOFError):
-        logger.warning("vllm routed_experts of request %s is not a .npy", req.request_id)
-        return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
-    if not isinstance(rows, np.ndarray) or rows.dtype.kind not in "iu":
+    rows = decode_npy_base64(raw, replay.routing.dtype)
+    if isinstance(rows, str):
+        logger.warning("vllm routed_experts of request %s: %s", req.request_id, rows)
         return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
     return checked_rows(
         Replay.ROUTED_EXPERTS,
