@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from support.fake_engines import IM_END, FakeSGLang, FakeVLLM
-from tokentrail.adapter.server import Adapter, start_server
+from tokentrail import TrajectoryManager
+from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.core.replay import IndexerShape, RoutingShape
 from tokentrail.engines import GenerateRequest, ReplayRequest, SamplingParams
 from tokentrail.engines.bound import answer_limit
@@ -30,7 +31,7 @@ from tokentrail.engines.vllm import VLLMEngine
 from tokentrail.errors import EngineError, EngineOutputError
 from tokentrail.kinds import EngineFault
 from tokentrail.sim.moe import KVRouting
-from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 # What the stand-in samples: two ids and the end of turn.
 OUT_A, OUT_B = 40, 1079
@@ -39,6 +40,11 @@ K128, K64 = 128 * 1024, 64 * 1024
 QWEN3_MOE = RoutingShape(48, 8, 128)
 # DeepSeek V3.2's indexer keeps index_topk=2048 per position; three indexer layers here.
 V32_INDEXER = IndexerShape(3, 2048)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> LoadedTokenizer:
+    return load_tokenizer("builtin:qwen3")
 
 
 def sampled(input_ids: list[int]) -> tuple[list[int], list[float], str]:
@@ -123,12 +129,12 @@ def _choice(fake: FakeVLLM) -> dict:
 
 
 def test_indexer_topk_at_a_v32_like_width() -> None:
-    ids = prompt(2048)
+    ids = prompt(1024)
     fake = FakeSGLang(sampled, indexer=V32_INDEXER, delivery="pieces", piece_bytes=256 * 1024)
     gen = generate(fake, SGLangEngine, request(ids, ReplayRequest(indexer=V32_INDEXER)))
     sent = np.frombuffer(base64.b64decode(fake.answers[0]["indexer_topk"]), "<i4")
     rows = gen.indexer_topk.rows
-    assert rows.shape == (2048 + len(SAMPLED) - 1, 3, 2048)
+    assert rows.shape == (1024 + len(SAMPLED) - 1, 3, 2048)
     assert np.array_equal(rows.reshape(-1), sent)
 
 
@@ -180,15 +186,15 @@ def test_an_engine_that_is_down_is_an_error_naming_its_url() -> None:
 
 
 def test_an_answer_over_the_bound_is_a_502_with_the_engine_aborted_and_nothing_recorded(
-    caplog,
+    tokenizer, caplog
 ) -> None:
-    tokenizer = load_tokenizer("builtin:qwen3")
     max_tokens = 64
     # Without replay SGLang's bound does not depend on the prompt.
     bound = answer_limit(request([], max_new_tokens=max_tokens))
 
     async def go() -> tuple[anthropic.APIStatusError, FakeSGLang, Adapter]:
-        async with FakeSGLang(sampled, pad_to=bound + 1, delivery="chunked") as fake:
+        over = FakeSGLang(sampled, pad_to=bound + 1, delivery="chunked", piece_bytes=64 * 1024)
+        async with over as fake:
             adapter = Adapter(engine=SGLangEngine(fake.url, tokenizer), tokenizer=tokenizer)
             runner, url = await start_server(adapter)
             try:
@@ -215,3 +221,54 @@ def test_an_answer_over_the_bound_is_a_502_with_the_engine_aborted_and_nothing_r
     assert len(logged) == 1
     assert "big-one" in logged[0].message and rid in logged[0].message
     assert f"more than {bound} bytes" in logged[0].message
+
+
+def test_a_routed_experts_session_at_48x8_trains_every_generated_token(tokenizer) -> None:
+    """Three turns through the adapter over the SGLang stand-in at Qwen3-30B-A3B's shape, the
+    first a long file pasted in (~10K tokens): every turn answered, every generated token
+    trained, every token's routing carried as the engine computed it."""
+    kv = KVRouting(QWEN3_MOE)
+    pasted = "\n".join(f"def step_{i}(x):\n    return x * {i} + {i % 7}" for i in range(900))
+
+    def reply(input_ids: list[int]) -> tuple[list[int], list[float], str]:
+        ids = [*tokenizer.encode(f"Read {len(input_ids)} tokens; done."), IM_END]
+        return ids, [-0.25] * len(ids), "stop"
+
+    async def go() -> Any:
+        async with FakeSGLang(reply, routing=kv, delivery="chunked", piece_bytes=64 * 1024) as fake:
+            adapter = Adapter(
+                engine=SGLangEngine(fake.url, tokenizer),
+                tokenizer=tokenizer,
+                manager=TrajectoryManager(routing=QWEN3_MOE),
+                config=AdapterConfig(routed_experts=True),
+            )
+            runner, url = await start_server(adapter)
+            try:
+                client = anthropic.AsyncAnthropic(base_url=url, api_key="moe", max_retries=0)
+                messages: list[dict[str, Any]] = [
+                    {"role": "user", "content": f"Review this file:\n{pasted}"}
+                ]
+                for k in range(3):
+                    answer = await client.messages.create(
+                        model="m", max_tokens=64, messages=messages
+                    )
+                    messages += [
+                        {"role": "assistant", "content": answer.content[0].text},
+                        {"role": "user", "content": f"and now part {k}"},
+                    ]
+                return await adapter.finish_trajectory("moe", reward=1.0), fake
+            finally:
+                await runner.cleanup()
+
+    traj, fake = asyncio.run(go())
+    assert len(fake.bodies("/generate")) == 3
+    assert len(fake.bodies("/generate")[0]["input_ids"]) > 10_000
+    ledger = traj.ledger
+    assert ledger.generated_tokens > 0 and ledger.trained_tokens == ledger.generated_tokens
+    coverage = ledger.replay["routed_experts"]
+    assert coverage.complete
+    (sample,) = traj.samples
+    n = len(sample.tokens)
+    held, _ = kv.rows_of(sample.tokens)
+    assert sample.routed_experts.shape == (n, 48, 8)
+    assert np.array_equal(sample.routed_experts[: n - 1], held[: n - 1])
