@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,10 @@ from support.claude_code import (
     install_claude_code,
     run_claude,
 )
+from support.engine_thread import engine_in_thread
+from support.fake_engines import FakeVLLM
 from support.serve import serving
+from tokentrail.engines.scripted import ScriptedEngine, scripted_logprob
 from tokentrail.text.tokenizer import load_tokenizer
 
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
@@ -185,4 +189,87 @@ def test_real_claude_code_parallel_results_render_after_their_own_calls(
     assert "slow done" in responses[3]
     assert "NOTES_MARKER" in responses[4]
     ledger = finished["ledger"]
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]
+
+
+# A table file Claude Code reads in three parts of ~22K Qwen3 tokens each (its Read tool caps
+# one read at 25K tokens), so the session's last prompt holds over 64K tokens.
+TABLE_LINES, TABLE_PART = 2100, 700
+
+
+def _long_context_script(repo: Path) -> list:
+    calc, table = str(repo / "calc.py"), str(repo / "table.py")
+    reads = [
+        [{"type": "tool_use", "name": "Read",
+          "input": {"file_path": table, "offset": 1 + k * TABLE_PART, "limit": TABLE_PART}}]
+        for k in range(TABLE_LINES // TABLE_PART)
+    ]  # fmt: skip
+    return [
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": calc}}],
+        *reads,
+        [
+            {
+                "type": "tool_use",
+                "name": "Edit",
+                "input": {
+                    "file_path": calc,
+                    "old_string": "    return a+b   \n",
+                    "new_string": "    return a + b\n",
+                },
+            }
+        ],
+        [{"type": "text", "text": "Fixed calc.py after reading the table."}],
+    ]
+
+
+def _vllm_script_reply(script: list) -> Any:
+    """A stand-in vLLM model: reply N to a prompt holding N assistant turns, as Qwen3 writes
+    it (the scripted engine's rule, read from the prompt's ids since vLLM sees only those)."""
+    tokenizer = load_tokenizer()
+    engine = ScriptedEngine(tokenizer, script)
+    im_end = tokenizer.token_id("<|im_end|>")
+
+    def reply(prompt_ids: list[int]) -> tuple[list[int], list[float], str]:
+        turns = tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1
+        ids = [*tokenizer.encode(engine.reply_text(turns)), im_end]
+        return ids, [scripted_logprob(t, i) for i, t in enumerate(ids)], "stop"
+
+    return reply
+
+
+def test_real_claude_code_over_vllm_at_a_64k_token_context(
+    claude_exe: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    (repo / "table.py").write_text(
+        "".join(
+            f"VALUE_{i:04d} = {i * 37}  # row {i} of the lookup table\n" for i in range(1, 2101)
+        )
+    )
+    script = _long_context_script(repo)
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    with engine_in_thread(FakeVLLM(_vllm_script_reply(script))) as vllm:
+        with serving(script_file, "--engine", f"vllm://{vllm.url}") as served:
+            run = run_claude(
+                claude_exe,
+                "Read table.py, then fix the spacing in calc.py.",
+                base_url=served.url,
+                session_id="cc-vllm",
+                cwd=repo,
+                timeout=240,
+            )
+            assert run.returncode == 0, run.stderr[-2000:]
+            finished = served.finish("cc-vllm")
+
+    prompts = [len(body["prompt"]) for body in vllm.bodies("/v1/completions")]
+    print("prompt tokens per request:", prompts)
+    assert max(prompts) > 64 * 1024, prompts
+    assert len(vllm.answered) == len(script), prompts  # no retries: every answer was taken
+    assert (repo / "calc.py").read_text() == CALC.replace("return a+b   ", "return a + b")
+    ledger = finished["ledger"]
+    assert finished["samples"], "the session produced no sample"
+    assert ledger["generated_tokens"] > 0
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
