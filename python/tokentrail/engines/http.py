@@ -24,6 +24,7 @@ from tokentrail.engines.base import (
     SESSION_HEADER,
     GenerateRequest,
 )
+from tokentrail.engines.wire_rows import lift_base64
 from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError
 from tokentrail.kinds import EngineFault
 
@@ -93,10 +94,25 @@ class HTTPEngine:
         body: Any = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
-        max_bytes: int | None = None,
     ) -> Any:
+        """The JSON answer of one call."""
+        data, _ = await self._request_answer(method, path, body, headers, timeout)
+        return data
+
+    async def _request_answer(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
+        lift: bool = False,
+    ) -> tuple[Any, dict[str, memoryview]]:
         """The JSON answer of one call; `max_bytes` bounds the answer read (a generation's
-        answer cannot be bigger than its request makes it: `engines.bound.answer_limit`)."""
+        answer cannot be bigger than its request makes it: `engines.bound.answer_limit`).
+        With `lift`, the replay rows' base64 comes back apart (`wire_rows.lift_base64`): by
+        the placeholder that stands in for it in the answer, views of the answer's bytes."""
         url = self.base_url + path
         kwargs: dict[str, Any] = {"headers": dict(headers or {})}
         if body is not None:
@@ -124,11 +140,11 @@ class HTTPEngine:
         if not ok:
             message = error_message(raw) if raw is not None else "error answer too long"
             raise EngineError(f"{self.name} at {url}: {message}", status)
-        # Decoded once and parsed as text: `json.loads(bytes)` would hold a second copy.
+        lifted: dict[str, memoryview] = {}
+        if lift and raw is not None:
+            raw, lifted = lift_base64(raw)
         try:
-            text = raw.decode("utf-8") if raw is not None else ""
-            del raw
-            return json.loads(text)
+            return json.loads(raw.decode("utf-8") if raw is not None else ""), lifted
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise EngineError(f"{self.name} at {url} answered with invalid JSON", status) from None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
-from tokentrail.engines.wire_rows import decode_int32_base64
+from tokentrail.engines.wire_rows import Base64, decode_int32_base64
 from tokentrail.errors import EngineError
 from tokentrail.kinds import Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -101,12 +102,13 @@ class SGLangEngine(HTTPEngine):
     async def generate(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
         try:
-            data = await self._request_json(
+            data, lifted = await self._request_answer(
                 "POST",
                 "/generate",
                 self.request_body(req),
                 self._headers(req),
                 max_bytes=answer_limit(req),
+                lift=req.replay.asks_rows(),
             )
         except asyncio.CancelledError:
             # The client went away: closing the connection alone leaves SGLang decoding until it
@@ -114,7 +116,7 @@ class SGLangEngine(HTTPEngine):
             await self._abort_in_background(self.abort(req.request_id))
             raise
         elapsed = time.perf_counter() - start
-        return parse_generate_response(data, req, elapsed)
+        return parse_generate_response(data, req, elapsed, lifted)
 
     async def abort(self, request_id: str) -> None:
         try:
@@ -125,8 +127,12 @@ class SGLangEngine(HTTPEngine):
             logger.debug("sglang: abort of %s failed: %s", request_id, exc)
 
 
-def parse_generate_response(data: Any, req: GenerateRequest, elapsed: float) -> Generation:
-    """A `Generation` from a non-streaming `/generate` answer."""
+def parse_generate_response(
+    data: Any, req: GenerateRequest, elapsed: float, lifted: Mapping[str, Base64] | None = None
+) -> Generation:
+    """A `Generation` from a non-streaming `/generate` answer; `lifted` holds the replay rows'
+    base64 taken out of it before parsing, by placeholder (`wire_rows.lift_base64`)."""
+    lifted = lifted or {}
     if isinstance(data, list) and len(data) == 1:
         data = data[0]  # a batch of one
     meta = data.get("meta_info") if isinstance(data, dict) else None
@@ -183,8 +189,8 @@ def parse_generate_response(data: Any, req: GenerateRequest, elapsed: float) -> 
         kind,
         prompt_tokens,
         elapsed,
-        routed_experts=_routed_experts(meta, req, prompt_tokens, len(ids)),
-        indexer_topk=_indexer_topk(meta, req, prompt_tokens, len(ids)),
+        routed_experts=_routed_experts(meta, req, prompt_tokens, len(ids), lifted),
+        indexer_topk=_indexer_topk(meta, req, prompt_tokens, len(ids), lifted),
         weight_versions=weight_spans(
             meta.get("weight_version"), meta.get("weight_versions"), len(ids), req.request_id
         ),
@@ -192,12 +198,18 @@ def parse_generate_response(data: Any, req: GenerateRequest, elapsed: float) -> 
 
 
 def _int32_rows(
-    meta: dict[str, Any], key: str, req: GenerateRequest, dtype: np.dtype
+    meta: dict[str, Any],
+    key: str,
+    req: GenerateRequest,
+    dtype: np.dtype,
+    lifted: Mapping[str, Base64],
 ) -> np.ndarray | ReplayRows:
     """`meta_info[key]` decoded into `dtype` (the store's): standard base64 of raw
     little-endian int32, no header."""
     raw = meta.get(key)
-    if not isinstance(raw, str):
+    if isinstance(raw, str):
+        raw = lifted.get(raw, raw)
+    if not isinstance(raw, str | memoryview):
         flag = "--enable-return-" + key.replace("_", "-")
         logger.warning(
             "sglang returned no %s for request %s (a server without %s, or an abort)",
@@ -214,12 +226,16 @@ def _int32_rows(
 
 
 def _routed_experts(
-    meta: dict[str, Any], req: GenerateRequest, prompt: int, output: int
+    meta: dict[str, Any],
+    req: GenerateRequest,
+    prompt: int,
+    output: int,
+    lifted: Mapping[str, Base64],
 ) -> ReplayRows | None:
     replay = req.replay
     if replay.routed_start is None or replay.routing is None:
         return None
-    values = _int32_rows(meta, "routed_experts", req, replay.routing.dtype)
+    values = _int32_rows(meta, "routed_experts", req, replay.routing.dtype, lifted)
     if isinstance(values, ReplayRows):
         return values
     start = min(replay.routed_start, prompt)
@@ -249,12 +265,16 @@ def _routed_experts(
 
 
 def _indexer_topk(
-    meta: dict[str, Any], req: GenerateRequest, prompt: int, output: int
+    meta: dict[str, Any],
+    req: GenerateRequest,
+    prompt: int,
+    output: int,
+    lifted: Mapping[str, Base64],
 ) -> ReplayRows | None:
     shape = req.replay.indexer
     if shape is None:
         return None
-    values = _int32_rows(meta, "indexer_topk", req, np.dtype(np.int32))
+    values = _int32_rows(meta, "indexer_topk", req, np.dtype(np.int32), lifted)
     if isinstance(values, ReplayRows):
         return values
     layers = meta.get("indexer_topk_num_layers", shape.layers)  # sglang-miles reports it
