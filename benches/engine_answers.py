@@ -168,8 +168,8 @@ def main() -> None:
     ctx = multiprocessing.get_context("spawn")
     print(f"first turn of {args.tokens} prompt tokens + {len(OUTPUT)} sampled, routed experts on")
     header = (
-        f"{'shape':<24}{'answer MB':>10}{'stored MB':>10}"
-        f"{'this: peak MB':>15}{'plain: peak MB':>16}{'ratio':>7}"
+        f"{'shape':<24}{'answer MiB':>11}{'stored MiB':>11}"
+        f"{'this: peak MiB':>15}{'plain: peak MiB':>16}{'ratio':>7}"
         f"{'this: s':>9}{'plain: s':>10}{'ratio':>7}"
     )
     print(header)
@@ -193,7 +193,7 @@ def main() -> None:
         server.join()
         (t_this, m_this, stored), (t_plain, m_plain, _) = results["this tree"], results["plain"]
         print(
-            f"{name:<24}{len(body) / 2**20:>10.0f}{stored:>10.0f}"
+            f"{name:<24}{len(body) / 2**20:>11.0f}{stored:>11.0f}"
             f"{m_this:>15.0f}{m_plain:>16.0f}{m_plain / m_this:>6.1f}x"
             f"{t_this:>9.2f}{t_plain:>10.2f}{t_plain / t_this:>6.1f}x"
         )
