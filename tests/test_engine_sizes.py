@@ -14,6 +14,7 @@ import asyncio
 import base64
 import io
 import logging
+import socket
 from typing import Any
 
 import anthropic
@@ -272,3 +273,34 @@ def test_a_routed_experts_session_at_48x8_trains_every_generated_token(tokenizer
     held, _ = kv.rows_of(sample.tokens)
     assert sample.routed_experts.shape == (n, 48, 8)
     assert np.array_equal(sample.routed_experts[: n - 1], held[: n - 1])
+
+
+def test_an_engine_that_never_takes_the_connection_is_an_error_naming_its_url() -> None:
+    """A listening socket whose backlog is full drops the engine client's SYNs, as an engine
+    host that is unreachable does: the client gives up after its connect timeout, not after the
+    generation timeout."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)
+        port = server.getsockname()[1]
+        fillers = []
+        for _ in range(4):  # fill the accept queue (nothing accepts)
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+
+        async def go() -> None:
+            engine = SGLangEngine(f"http://127.0.0.1:{port}", timeout=120)
+            engine.connect_timeout = 0.5
+            try:
+                await engine.generate(request([1, 2, 3]))
+            finally:
+                await engine.close()
+
+        try:
+            with pytest.raises(EngineError, match=r"cannot reach sglang at .*no connection"):
+                asyncio.run(asyncio.wait_for(go(), 60))
+        finally:
+            for filler in fillers:
+                filler.close()

@@ -61,6 +61,7 @@ class HTTPEngine:
     def __init__(self, base_url: str, *, timeout: float = 600.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.connect_timeout = CONNECT_TIMEOUT_S
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Strong references to fire-and-forget aborts, so they are not collected mid-flight.
@@ -75,9 +76,8 @@ class HTTPEngine:
             self._loop = loop
         return self._session
 
-    @staticmethod
-    def _timeout(total: float) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=total, sock_connect=min(total, CONNECT_TIMEOUT_S))
+    def _timeout(self, total: float) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=total, sock_connect=min(total, self.connect_timeout))
 
     def _headers(self, req: GenerateRequest) -> dict[str, str]:
         sid = header_value(req.session_id)
@@ -131,6 +131,11 @@ class HTTPEngine:
                         f"{self.name} at {url} answered with more than {max_bytes} bytes, "
                         "more than the request can take (tokens and replay rows asked for)",
                     )
+        except aiohttp.ConnectionTimeoutError:
+            raise EngineError(
+                f"cannot reach {self.name} at {url}: no connection within "
+                f"{self.connect_timeout:g} s"
+            ) from None
         except TimeoutError:
             raise EngineError(
                 f"{self.name} at {url} did not answer within {timeout or self.timeout:g} s"
