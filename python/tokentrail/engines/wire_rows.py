@@ -15,6 +15,7 @@ from __future__ import annotations
 import binascii
 import io
 import re
+import secrets
 
 import numpy as np
 
@@ -26,8 +27,9 @@ Base64 = str | memoryview
 # The value of a replay key: `"KEY": "` opening a string (the key itself cannot be inside a
 # string, where its quotes would be escaped).
 _REPLAY_KEY = re.compile(rb'"(routed_experts|indexer_topk)"[ \t\r\n]*:[ \t\r\n]*"')
-# What a lifted value is replaced by: a string no engine sends (an escaped NUL first).
-PLACEHOLDER = "\\u0000tokentrail-base64-{}"
+# What a lifted value is replaced by: a string no engine sends (an escaped NUL first, then a
+# nonce of the answer's own, so not even an engine echoing text can forge one).
+PLACEHOLDER = "\\u0000tokentrail-base64-{}-{}"
 
 # Base64 characters decoded at a time: 4 MiB of text, 3 MiB of int32 (a multiple of 16, so
 # every slice decodes to whole int32 values).
@@ -35,9 +37,10 @@ CHUNK_CHARS = 4 * 1024 * 1024
 
 
 def lift_base64(raw: bytes | bytearray) -> tuple[bytes | bytearray, dict[str, memoryview]]:
-    """`raw` (a JSON answer) with the values of its `routed_experts` and `indexer_topk` keys
-    replaced by placeholders, and those values by placeholder (as `json.loads` reads it):
-    views into `raw`. A value with an escape in it stays where it is."""
+    """`raw` (a JSON answer) with the string values of its `routed_experts` and `indexer_topk`
+    keys replaced by placeholders; and, by placeholder as `json.loads` reads it, those values as
+    views into `raw`. A value with an escape in it stays where it is, for the parser."""
+    nonce = secrets.token_hex(8)
     view = memoryview(raw)
     lifted: dict[str, memoryview] = {}
     pieces: list[bytes | memoryview] = []
@@ -49,7 +52,7 @@ def lift_base64(raw: bytes | bytearray) -> tuple[bytes | bytearray, dict[str, me
         end = raw.find(b'"', begin)
         if end < 0 or raw.find(b"\\", begin, end) >= 0 or begin < kept:
             continue
-        placeholder = PLACEHOLDER.format(len(lifted))
+        placeholder = PLACEHOLDER.format(nonce, len(lifted))
         lifted[placeholder.replace("\\u0000", "\0")] = view[begin:end]
         pieces += [view[kept:begin], placeholder.encode()]
         kept = end
