@@ -265,7 +265,6 @@ def test_real_claude_code_over_vllm_at_a_64k_token_context(
             finished = served.finish("cc-vllm")
 
     prompts = [len(body["prompt"]) for body in vllm.bodies("/v1/completions")]
-    print("prompt tokens per request:", prompts)
     assert max(prompts) > 64 * 1024, prompts
     assert len(vllm.answered) == len(script), prompts  # no retries: every answer was taken
     assert (repo / "calc.py").read_text() == CALC.replace("return a+b   ", "return a + b")
