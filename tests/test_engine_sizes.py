@@ -168,8 +168,25 @@ def test_the_bound_counts_echoed_prompt_ids_and_replay_rows() -> None:
     rows = (K128 + 64) * 48 * 8 * 4
     assert routed - plain >= rows * 4 // 3
     # From a later start, only the rows from there on.
-    later = answer_limit(request(ids, ReplayRequest(routed_start=K64, routing=QWEN3_MOE)))
+    later_request = request(ids, ReplayRequest(routed_start=K64, routing=QWEN3_MOE))
+    later = answer_limit(later_request)
     assert later < routed - (K64 * 48 * 8 * 4 * 4 // 3)
+    # Unless the engine may send them from position 0 anyway.
+    assert answer_limit(later_request, honours_start=False) == routed
+
+
+def test_an_sglang_that_ignores_the_start_is_read_within_the_bound() -> None:
+    """SGLang 0.5.9 to 0.5.11 send every position's rows on a later turn too: a long prompt's
+    rows are still a legitimate answer."""
+    ids = prompt(4096)
+    kv = KVRouting(QWEN3_MOE)
+    fake = FakeSGLang(sampled, routing=kv, ignores_routing_start=True)
+    replay = ReplayRequest(routed_start=4000, routing=QWEN3_MOE)
+    gen = generate(fake, SGLangEngine, request(ids, replay))
+    assert fake.sent_bytes[0] > answer_limit(request(ids, replay))  # as if it honoured it
+    rows = gen.routed_experts.rows
+    assert gen.routed_experts.start == 4000
+    assert np.array_equal(rows, fake.routed_rows[0][4000:])
 
 
 def test_an_engine_that_is_down_is_an_error_naming_its_url() -> None:

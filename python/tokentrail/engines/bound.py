@@ -3,7 +3,8 @@
 An answer holds the output ids and logprobs (at most `max_new_tokens` of them), the prompt ids
 where the engine echoes them (vLLM's `prompt_token_ids`), and the replay rows asked for: routed
 experts for the positions from the requested start, indexer top-k for every position, each
-`rows x layers x top_k x 4` bytes as base64. A margin covers the envelope and JSON escaping.
+`rows x layers x top_k x 4` bytes as base64 (SGLang's rows counted from position 0: some
+versions ignore the start). A margin covers the envelope and JSON escaping.
 Anything longer cannot be a real answer to the request: it is refused unread.
 """
 
@@ -32,9 +33,13 @@ def base64_len(n: int) -> int:
     return 4 * ((n + 2) // 3)
 
 
-def answer_limit(req: GenerateRequest, *, echoes_prompt: bool = False) -> int:
+def answer_limit(
+    req: GenerateRequest, *, echoes_prompt: bool = False, honours_start: bool = True
+) -> int:
     """The most bytes a legitimate answer to `req` can take: what its tokens and replay rows
-    make it, plus an eighth."""
+    make it, plus an eighth. `echoes_prompt`: the answer repeats the prompt ids;
+    `honours_start`: routed experts come from the start asked for (else from position 0, as
+    SGLang 0.5.9 to 0.5.11 send them)."""
     prompt = len(req.input_ids)
     new = max(0, req.sampling.max_new_tokens)
     size = ENVELOPE_BYTES + OUTPUT_TOKEN_BYTES * new
@@ -44,7 +49,8 @@ def answer_limit(req: GenerateRequest, *, echoes_prompt: bool = False) -> int:
     positions = prompt + new
     replay = req.replay
     if replay.routed_start is not None and replay.routing is not None:
-        rows = positions - min(max(0, replay.routed_start), prompt)
+        start = min(max(0, replay.routed_start), prompt) if honours_start else 0
+        rows = positions - start
         routing = replay.routing
         size += NPY_HEADER_BYTES + base64_len(rows * routing.layers * routing.top_k * VALUE_BYTES)
     if replay.indexer is not None:

@@ -107,7 +107,8 @@ class SGLangEngine(HTTPEngine):
                 "/generate",
                 self.request_body(req),
                 self._headers(req),
-                max_bytes=answer_limit(req),
+                # SGLang 0.5.9 to 0.5.11 send every position's rows, whatever the start.
+                max_bytes=answer_limit(req, honours_start=False),
                 lift=req.replay.asks_rows(),
             )
         except asyncio.CancelledError:
