@@ -26,9 +26,11 @@ from support.claude_code import (
     run_claude,
 )
 from support.engine_thread import engine_in_thread
-from support.fake_engines import FakeVLLM
+from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import serving
+from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.scripted import ScriptedEngine, scripted_logprob
+from tokentrail.sim.moe import KVRouting
 from tokentrail.text.tokenizer import load_tokenizer
 
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
@@ -272,3 +274,44 @@ def test_real_claude_code_over_vllm_at_a_64k_token_context(
     assert finished["samples"], "the session produced no sample"
     assert ledger["generated_tokens"] > 0
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
+
+
+def test_real_claude_code_over_sglang_with_routed_experts_at_48x8(
+    claude_exe: Path, tmp_path: Path
+) -> None:
+    """The session of the first test over `sglang://` (stand-in) with `--routed-experts` at
+    Qwen3-30B-A3B's shape: every turn's rows (~19K tokens x 48 x 8 on the first) come back
+    whole, every generated token trains and carries its routing."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    script = _script(repo)
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    fake = FakeSGLang(_vllm_script_reply(script), routing=KVRouting(RoutingShape(48, 8, 128)))
+    with engine_in_thread(fake) as sglang:
+        with serving(
+            script_file,
+            "--engine", f"sglang://{sglang.url}",
+            "--routed-experts", "--routing-shape", "48,8,128",
+        ) as served:  # fmt: skip
+            run = run_claude(
+                claude_exe,
+                "Fix the spacing in calc.py and add util.py with mul().",
+                base_url=served.url,
+                session_id="cc-moe",
+                cwd=repo,
+                timeout=240,
+            )
+            assert run.returncode == 0, run.stderr[-2000:]
+            finished = served.finish("cc-moe")
+
+    first = fake.bodies("/generate")[0]
+    assert len(first["input_ids"]) > 10_000 and first["return_routed_experts"] is True
+    assert len(fake.answers) == len(script)
+    assert (repo / "util.py").read_text() == "def mul(a, b):\n    return a * b\n"
+    ledger = finished["ledger"]
+    assert ledger["generated_tokens"] > 0
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    coverage = ledger["replay"]["routed_experts"]
+    assert coverage["missing"] == {} and coverage["present"] == coverage["tokens"] > 10_000
