@@ -4,7 +4,9 @@ The scripted model Reads a file, Edits it (trailing whitespace, no `replace_all`
 file with trailing whitespace, runs Bash and ends. Claude Code re-renders the Edit and the Write
 when it replays them; the adapter must restore both, and every turn must train. A second session
 makes parallel calls where one fails and one is slow: Claude Code (2.1.332) answers them in the
-order they finished, and each result must still render after its own call.
+order they finished, and each result must still render after its own call. Two more run over
+stand-in engines at real sizes: `vllm://` with the context past 64K tokens, and `sglang://` with
+routed experts at 48 x 8; every generated token must train in both.
 """
 
 from __future__ import annotations
@@ -224,9 +226,9 @@ def _long_context_script(repo: Path) -> list:
     ]
 
 
-def _vllm_script_reply(script: list) -> Any:
-    """A stand-in vLLM model: reply N to a prompt holding N assistant turns, as Qwen3 writes
-    it (the scripted engine's rule, read from the prompt's ids since vLLM sees only those)."""
+def _stand_in_reply(script: list) -> Any:
+    """A stand-in engine's model: reply N to a prompt holding N assistant turns, as Qwen3 writes
+    it (the scripted engine's rule, read from the prompt's ids: an engine sees only those)."""
     tokenizer = load_tokenizer()
     engine = ScriptedEngine(tokenizer, script)
     im_end = tokenizer.token_id("<|im_end|>")
@@ -253,7 +255,7 @@ def test_real_claude_code_over_vllm_at_a_64k_token_context(
     script = _long_context_script(repo)
     script_file = tmp_path / "script.json"
     script_file.write_text(json.dumps(script))
-    with engine_in_thread(FakeVLLM(_vllm_script_reply(script))) as vllm:
+    with engine_in_thread(FakeVLLM(_stand_in_reply(script))) as vllm:
         with serving(script_file, "--engine", f"vllm://{vllm.url}") as served:
             run = run_claude(
                 claude_exe,
@@ -288,7 +290,7 @@ def test_real_claude_code_over_sglang_with_routed_experts_at_48x8(
     script = _script(repo)
     script_file = tmp_path / "script.json"
     script_file.write_text(json.dumps(script))
-    fake = FakeSGLang(_vllm_script_reply(script), routing=KVRouting(RoutingShape(48, 8, 128)))
+    fake = FakeSGLang(_stand_in_reply(script), routing=KVRouting(RoutingShape(48, 8, 128)))
     with engine_in_thread(fake) as sglang:
         with serving(
             script_file,
