@@ -117,6 +117,9 @@ class SGLangEngine(HTTPEngine):
             await self._abort_in_background(self.abort(req.request_id))
             raise
         elapsed = time.perf_counter() - start
+        if lifted:
+            # Rows of a long turn take a while to decode: off the event loop.
+            return await asyncio.to_thread(parse_generate_response, data, req, elapsed, lifted)
         return parse_generate_response(data, req, elapsed, lifted)
 
     async def abort(self, request_id: str) -> None:

@@ -129,7 +129,11 @@ class VLLMEngine(HTTPEngine):
         finally:
             self._inflight.pop(req.request_id, None)
             self._aborted.discard(req.request_id)
-        return parse_completion_response(data, req, time.perf_counter() - start, lifted)
+        elapsed = time.perf_counter() - start
+        if lifted:
+            # Rows of a long turn take a while to decode: off the event loop.
+            return await asyncio.to_thread(parse_completion_response, data, req, elapsed, lifted)
+        return parse_completion_response(data, req, elapsed, lifted)
 
     async def abort(self, request_id: str) -> None:
         call = self._inflight.get(request_id)
