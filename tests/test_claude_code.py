@@ -6,7 +6,9 @@ when it replays them; the adapter must restore both, and every turn must train. 
 makes parallel calls where one fails and one is slow: Claude Code (2.1.332) answers them in the
 order they finished, and each result must still render after its own call. A third runs 2.1.332
 in its default configuration (only what a headless run needs) with a sub-agent: one sample for
-the main conversation, one for the sub-agent, nothing forked.
+the main conversation, one for the sub-agent, nothing forked. Two more run over
+stand-in engines at real sizes: `vllm://` with the context past 64K tokens, and `sglang://` with
+routed experts at 48 x 8; every generated token must train in both.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,10 +30,14 @@ from support.claude_code import (
     install_claude_code,
     run_claude,
 )
+from support.engine_thread import engine_in_thread
+from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import resume_checks, serving, serving_in_thread
 from tokentrail.adapter.server import Adapter, AdapterConfig
+from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest
-from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine
+from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine, scripted_logprob
+from tokentrail.sim.moe import KVRouting
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
@@ -289,3 +296,130 @@ def test_real_claude_code_in_its_default_configuration_gives_one_sample_per_conv
     )
     # Every request was translated resumed and in full, and the two were the same.
     assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)
+
+
+# A table file Claude Code reads in three parts of ~22K Qwen3 tokens each (its Read tool caps
+# one read at 25K tokens), so the session's last prompt holds over 64K tokens.
+TABLE_LINES, TABLE_PART = 2100, 700
+
+
+def _long_context_script(repo: Path) -> list:
+    calc, table = str(repo / "calc.py"), str(repo / "table.py")
+    reads = [
+        [{"type": "tool_use", "name": "Read",
+          "input": {"file_path": table, "offset": 1 + k * TABLE_PART, "limit": TABLE_PART}}]
+        for k in range(TABLE_LINES // TABLE_PART)
+    ]  # fmt: skip
+    return [
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": calc}}],
+        *reads,
+        [
+            {
+                "type": "tool_use",
+                "name": "Edit",
+                "input": {
+                    "file_path": calc,
+                    "old_string": "    return a+b   \n",
+                    "new_string": "    return a + b\n",
+                },
+            }
+        ],
+        [{"type": "text", "text": "Fixed calc.py after reading the table."}],
+    ]
+
+
+def _stand_in_reply(script: list) -> Any:
+    """A stand-in engine's model: reply N to a prompt holding N assistant turns, as Qwen3 writes
+    it (the scripted engine's rule, read from the prompt's ids: an engine sees only those)."""
+    tokenizer = load_tokenizer()
+    engine = ScriptedEngine(tokenizer, script)
+    im_end = tokenizer.token_id("<|im_end|>")
+
+    def reply(prompt_ids: list[int]) -> tuple[list[int], list[float], str]:
+        turns = tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1
+        ids = [*tokenizer.encode(engine.reply_text(turns)), im_end]
+        return ids, [scripted_logprob(t, i) for i, t in enumerate(ids)], "stop"
+
+    return reply
+
+
+def test_real_claude_code_over_vllm_at_a_64k_token_context(
+    claude_exe: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    (repo / "table.py").write_text(
+        "".join(
+            f"VALUE_{i:04d} = {i * 37}  # row {i} of the lookup table\n" for i in range(1, 2101)
+        )
+    )
+    script = _long_context_script(repo)
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    with engine_in_thread(FakeVLLM(_stand_in_reply(script))) as vllm:
+        with serving(script_file, "--engine", f"vllm://{vllm.url}") as served:
+            run = run_claude(
+                claude_exe,
+                "Read table.py, then fix the spacing in calc.py.",
+                base_url=served.url,
+                session_id="cc-vllm",
+                cwd=repo,
+                timeout=240,
+            )
+            assert run.returncode == 0, run.stderr[-2000:]
+            finished = served.finish("cc-vllm")
+            checks = served.resume_checks()
+
+    prompts = [len(body["prompt"]) for body in vllm.bodies("/v1/completions")]
+    assert max(prompts) > 64 * 1024, prompts
+    assert len(vllm.answered) == len(script), prompts  # no retries: every answer was taken
+    assert (repo / "calc.py").read_text() == CALC.replace("return a+b   ", "return a + b")
+    ledger = finished["ledger"]
+    assert finished["samples"], "the session produced no sample"
+    assert ledger["generated_tokens"] > 0
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
+
+
+def test_real_claude_code_over_sglang_with_routed_experts_at_48x8(
+    claude_exe: Path, tmp_path: Path
+) -> None:
+    """The session of the first test over `sglang://` (stand-in) with `--routed-experts` at
+    Qwen3-30B-A3B's shape: every turn's rows (~19K tokens x 48 x 8 on the first) come back
+    whole, every generated token trains and carries its routing."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    script = _script(repo)
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    fake = FakeSGLang(_stand_in_reply(script), routing=KVRouting(RoutingShape(48, 8, 128)))
+    with engine_in_thread(fake) as sglang:
+        with serving(
+            script_file,
+            "--engine", f"sglang://{sglang.url}",
+            "--routed-experts", "--routing-shape", "48,8,128",
+        ) as served:  # fmt: skip
+            run = run_claude(
+                claude_exe,
+                "Fix the spacing in calc.py and add util.py with mul().",
+                base_url=served.url,
+                session_id="cc-moe",
+                cwd=repo,
+                timeout=240,
+            )
+            assert run.returncode == 0, run.stderr[-2000:]
+            finished = served.finish("cc-moe")
+            checks = served.resume_checks()
+
+    first = fake.bodies("/generate")[0]
+    assert len(first["input_ids"]) > 10_000 and first["return_routed_experts"] is True
+    assert len(fake.answers) == len(script)
+    assert (repo / "util.py").read_text() == "def mul(a, b):\n    return a * b\n"
+    ledger = finished["ledger"]
+    assert ledger["generated_tokens"] > 0
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    coverage = ledger["replay"]["routed_experts"]
+    assert coverage["missing"] == {} and coverage["present"] == coverage["tokens"] > 10_000
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])

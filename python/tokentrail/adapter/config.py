@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.offload import DEFAULT_WORKERS
 from tokentrail.kinds import History, Restore, Retry
@@ -58,6 +59,8 @@ class AdapterConfig:
     verify_resume: bool = False
     # Refuse turns for sessions not opened with `open_session` (an adapter behind a pool).
     open_sessions_only: bool = False
+    # One line per request (`serve --access-log`); None: off.
+    access_log: AccessLog | None = None
 
     def side_patterns(self) -> list[str]:
         known = list(KNOWN_SIDE_PROMPTS.values()) if self.exclude_known_side_requests else []

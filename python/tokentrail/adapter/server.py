@@ -23,6 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter import notes as request_notes
+from tokentrail.adapter.access_log import access_log_middleware
 from tokentrail.adapter.admin import Admin
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
@@ -135,9 +137,11 @@ class Adapter:
         self.timings = self.turns.timings
         self.turn_slots = TurnSlots(limits.max_concurrent_turns)
         self.connections = ConnectionGuard(limits.connection_cap())
+        middlewares = [mark_busy(self.connections), errors_as_json]
+        if config.access_log is not None:
+            middlewares.insert(0, access_log_middleware(config.access_log))
         self.app = web.Application(
-            client_max_size=limits.max_body_bytes or 2**62,
-            middlewares=[mark_busy(self.connections), errors_as_json],
+            client_max_size=limits.max_body_bytes or 2**62, middlewares=middlewares
         )
         admin = Admin(config.admin_token, self.sessions, self.offload, limits)
         routes = [
@@ -310,9 +314,11 @@ class Adapter:
         if not self.config.session_from_body:
             # The credential decides the session: known (and not closed) before the body is read.
             sid = session_key(proto.session_id(request.headers, {}))
+            request_notes.current().session = sid
             self.sessions.check_open(sid)
         raw = await self._read(request)
         turn = await self.offload.run(self.requests.request, proto, raw, sid, request.headers)
+        request_notes.current().session = turn.sid
         timing.lap(Stage.TRANSLATE)
         session = self.sessions.admit(turn.sid)
         try:
