@@ -512,6 +512,7 @@ async def simulate(
     task: str = "Refactor the modules and keep the tests green.",
     request_memo: int = 256,
     routing: RoutingShape | None = None,
+    journal: Any = None,
 ) -> SimRun:
     """Serve an adapter over the simulated model on loopback, play one session, finish it.
     With `routing`, the adapter asks the engine for routed experts of that shape."""
@@ -533,6 +534,7 @@ async def simulate(
             request_memo=request_memo,
             routed_experts=routing is not None,
         ),
+        journal=journal,
     )
     runner, url = await start_server(adapter)
     try:
