@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Iterator

@@ -164,7 +164,9 @@ def _demo_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         return None, _demo_tokenizer(args)
     scheme, _, where = args.engine.partition(":")
     if scheme != "transformers" or not where or "+" in where:
-        raise SystemExit("tokentrail demo: --engine is scripted, transformers:DIR or transformers:tiny:NAME")
+        raise SystemExit(
+            "tokentrail demo: --engine is scripted, transformers:DIR or transformers:tiny:NAME"
+        )
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.engines.transformers_lm import TransformersEngine, model_dir
     from tokentrail.text.tokenizer import load_tokenizer
@@ -188,7 +190,9 @@ def _demo(args: argparse.Namespace) -> int:
         for sample in first["samples"]:
             f.write(json.dumps(sample) + "\n")
     calls = ", ".join(f"{k}={v}" for k, v in sorted(first_sim.tool_calls.items()))
-    what = "scripted engine" if engine is None else f"{engine.weight_version} on CPU, teacher-forced"
+    what = (
+        "scripted engine" if engine is None else f"{engine.weight_version} on CPU, teacher-forced"
+    )
     print(
         f"tokentrail demo: {what}, family {tokenizer.family or 'qwen3'} "
         f"({tokenizer.name}), Claude Code 2.1.197-style harness"
@@ -221,7 +225,7 @@ def _demo(args: argparse.Namespace) -> int:
     samples = [Sample.from_dict(s) for _, run in runs for s in run["samples"]]
     report = recompute_samples(engine.lm, [*samples, *codex.samples])
     print()
-    print(f"every sample above recomputed in one forward pass (tokentrail audit --recompute):")
+    print("every sample above recomputed in one forward pass (tokentrail audit --recompute):")
     print(report.table())
     return 0 if report.ok else 1
 

@@ -169,8 +169,7 @@ def recompute_samples(
     `temperature` is the one the rollout sampled at (its logprobs are at that temperature)."""
     lm = model if isinstance(model, CausalLM) else CausalLM(model)
     audits = [
-        _audit_one(lm, i, sample, temperature, tolerance, worst)
-        for i, sample in enumerate(samples)
+        _audit_one(lm, i, sample, temperature, tolerance, worst) for i, sample in enumerate(samples)
     ]
     return AuditReport(str(Path(lm.path)), tolerance, min_routing_share, audits)
 

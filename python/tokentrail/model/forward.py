@@ -10,6 +10,7 @@ audit recomputes with the very code the rollout ran, not through the engine's ca
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -89,6 +90,9 @@ class CausalLM:
         if self._routers and self.routing is None:
             raise ModelError(f"{self.path} has routers but its config names no expert count")
         self._captured: list[tuple[int, Any]] | None = None
+        # transformers 5 renames `past_key_values` to `cache` (the old name warns until 5.40).
+        params = inspect.signature(model.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
         for layer, module in self._routers:
             module.register_forward_hook(self._hook(layer))
 
@@ -119,13 +123,14 @@ class CausalLM:
             raise ModelError("a forward pass needs at least one token")
         tensor = torch.tensor([list(ids)], dtype=torch.long)
         if int(tensor.max()) >= self.vocab_size or int(tensor.min()) < 0:
-            raise ModelError(f"a token id is outside the model's vocabulary (0..{self.vocab_size - 1})")
+            raise ModelError(
+                f"a token id is outside the model's vocabulary (0..{self.vocab_size - 1})"
+            )
         self._captured = [] if self._routers else None
         try:
             with torch.inference_mode():
-                out = self.model.model(
-                    input_ids=tensor, cache=cache, use_cache=cache is not None
-                )
+                kwargs = {self._cache_arg: cache, "use_cache": cache is not None}
+                out = self.model.model(input_ids=tensor, **kwargs)
             captured = self._captured
         finally:
             self._captured = None
@@ -144,9 +149,7 @@ class CausalLM:
         with torch.inference_mode():
             return self.model.lm_head(hidden).float()
 
-    def logprobs(
-        self, hidden: Any, targets: Sequence[int], temperature: float = 1.0
-    ) -> np.ndarray:
+    def logprobs(self, hidden: Any, targets: Sequence[int], temperature: float = 1.0) -> np.ndarray:
         """log p(targets[i] | position i) at `temperature` (<= 0: the unscaled logits, as a
         greedy engine reports them), float64 from float32 logits."""
         torch = _torch()

@@ -207,6 +207,4 @@ def _spec(name: str) -> TinySpec:
     try:
         return TINY_MODELS[name]
     except KeyError:
-        raise ModelError(
-            f"no tiny model {name!r}; known: {', '.join(tiny_names())}"
-        ) from None
+        raise ModelError(f"no tiny model {name!r}; known: {', '.join(tiny_names())}") from None
