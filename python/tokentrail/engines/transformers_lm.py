@@ -91,8 +91,11 @@ class TransformersEngine:
         *,
         inner: Engine | None = None,
         threads: int | None = None,
+        prefix_reuse: bool = True,
     ) -> None:
         self.lm = CausalLM(path, threads=threads)
+        # Off: every turn computes its whole prompt again (the slow path reuse must equal).
+        self.prefix_reuse = prefix_reuse
         self.tokenizer = tokenizer
         if tokenizer.vocab_size > self.lm.vocab_size:
             raise ModelError(
@@ -221,6 +224,8 @@ class TransformersEngine:
         """The session's branch sharing the longest prefix with `prompt`, its cache cut back to
         what `prompt` reuses, and how many positions it keeps (at least the last prompt token
         is fed again, for the logits of the first output token)."""
+        if not self.prefix_reuse:
+            return _Branch([], self.lm.new_cache(), None), 0
         branches = self._sessions.pop(session_id, None) or []
         self._sessions[session_id] = branches
         while len(self._sessions) > MAX_SESSIONS:
