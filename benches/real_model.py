@@ -68,7 +68,8 @@ def main() -> None:
             report = recompute_samples(engine.lm, samples)
             audit_s = time.perf_counter() - start
             rows.append((reuse, seconds, engine, samples, report, audit_s))
-        (_, fast, fast_engine, fast_samples, _, _), (_, slow, slow_engine, slow_samples, _, _) = rows
+        _, fast, fast_engine, fast_samples, _, _ = rows[0]
+        _, slow, slow_engine, slow_samples, _, _ = rows[1]
         fed = slow_engine.computed_positions / max(1, fast_engine.computed_positions)
         same = len(fast_samples) == len(slow_samples) and all(
             np.array_equal(a.tokens, b.tokens) and np.array_equal(a.loss_mask, b.loss_mask)
