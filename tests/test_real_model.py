@@ -497,3 +497,14 @@ def test_a_replay_with_rendered_history_fails_the_audit(recorded, tmp_path: Path
     assert report.max_error > 100 * DEFAULT_TOLERANCE
     # A bad argument is a clear message, not a traceback.
     assert cli_main(["audit", "--recompute", "tiny:nope", str(good)]) == 2
+
+
+def test_the_demo_on_a_real_moe_ends_with_a_passing_audit(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "samples.jsonl"
+    code = cli_main(["demo", "--engine", "transformers:tiny:qwen3-moe", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "recompute audit against" in printed and "routing match" in printed
+    assert out.is_file()
+    # The samples it wrote pass `tokentrail audit --recompute` too.
+    assert cli_main(["audit", "--recompute", "tiny:qwen3-moe", str(out)]) == 0

@@ -61,7 +61,7 @@ async def _demo_run(
     from tokentrail.trajectory.manager import TrajectoryManager
 
     admin = secrets.token_hex(16)
-    routing = getattr(engine, "routing", None)
+    routing = None if engine is None else engine.routing
     adapter = Adapter(
         engine=engine or ScriptedEngine(tokenizer),
         tokenizer=tokenizer,
@@ -89,18 +89,26 @@ async def _demo_codex(tokenizer: Any, engine: Any = None) -> tuple[Any, Any]:
     """A Codex-shaped session (exec_command, the free-form apply_patch) over the Responses API."""
     import aiohttp
 
-    from tokentrail.adapter.server import Adapter, start_server
+    from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.sim.codex import CODEX_FILES, CODEX_SCRIPT, CODEX_TOOLS, CodexWorkspace
     from tokentrail.sim.harness import Behaviour, HarnessSim
+    from tokentrail.trajectory.manager import TrajectoryManager
 
     # One user turn of the script: read, two parallel commands, a failed and a good patch, the
     # test run, the answer. Codex sends every item back as it got it, so nothing is rewritten.
     script = CODEX_SCRIPT[:6]
     scripted = ScriptedEngine(tokenizer, script)
+    routing = None
     if engine is not None:
         engine.inner = scripted
-    adapter = Adapter(engine=engine or scripted, tokenizer=tokenizer)
+        routing = engine.routing
+    adapter = Adapter(
+        engine=engine or scripted,
+        tokenizer=tokenizer,
+        manager=TrajectoryManager(routing=routing),
+        config=AdapterConfig(routed_experts=routing is not None),
+    )
     runner, url = await start_server(adapter)
     try:
         async with aiohttp.ClientSession() as http:

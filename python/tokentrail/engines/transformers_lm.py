@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
+from tokentrail.core.replay import ReplayRows, RoutingShape, checked_rows, weight_spans
 from tokentrail.engines.base import (
     Engine,
     GenerateRequest,
@@ -112,7 +112,8 @@ class TransformersEngine:
         self.cached_positions = 0
 
     @property
-    def routing(self) -> Any:
+    def routing(self) -> RoutingShape | None:
+        """The model's routing shape (None for a dense model)."""
         return self.lm.routing
 
     async def generate(self, req: GenerateRequest) -> Generation:
@@ -170,6 +171,8 @@ class TransformersEngine:
             temperature = req.sampling.temperature
             if forced is not None:
                 output = list(forced.output_ids)
+                if not output:
+                    raise ModelError(f"{type(self.inner).__name__} chose no tokens to force")
                 fed = prompt + output[:-1]
                 hidden, rows = self.lm.forward(fed[keep:], branch.cache)
                 first = len(prompt) - 1 - keep
