@@ -10,6 +10,7 @@ versions) and cached under `$TOKENTRAIL_CACHE/tiny-models/`, like the builtin vo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -139,6 +140,16 @@ def tiny_model(
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """The directory of tiny model `name` (`tiny_names()`), built on first use."""
+    path = _tiny_model(name, seed, str(cache_root(cache_dir)))
+    if not (path / "model.safetensors").is_file():  # removed since: build it again
+        _tiny_model.cache_clear()
+        path = _tiny_model(name, seed, str(cache_root(cache_dir)))
+    return path
+
+
+@functools.lru_cache(maxsize=32)
+def _tiny_model(name: str, seed: int, cache_dir: str) -> Path:
+    # Cached in process: finding the directory loads the vocabulary, which takes a second.
     import torch
     import transformers
 
