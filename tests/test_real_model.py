@@ -108,9 +108,12 @@ def test_tiny_models_load_with_their_builtin_vocabulary(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["qwen3-moe", "deepseek-v3", "llama3"])
-def test_a_cached_forward_in_chunks_equals_one_pass(name: str) -> None:
+def test_a_cached_forward_in_chunks_equals_one_pass(name: str, monkeypatch) -> None:
     """The engine's fast path (KV cache, chunks, a crop and a re-feed) against one forward pass
-    over the whole sequence, on generated splits."""
+    over the whole sequence, on generated splits; prefill chunks of 64 positions."""
+    import tokentrail.model.forward
+
+    monkeypatch.setattr(tokentrail.model.forward, "PREFILL_CHUNK", 64)
     lm = CausalLM(tiny_model(name))
     rng = np.random.default_rng(7)
     ids = rng.integers(0, 120000, 600).tolist()
@@ -508,3 +511,21 @@ def test_the_demo_on_a_real_moe_ends_with_a_passing_audit(tmp_path: Path, capsys
     assert out.is_file()
     # The samples it wrote pass `tokentrail audit --recompute` too.
     assert cli_main(["audit", "--recompute", "tiny:qwen3-moe", str(out)]) == 0
+
+
+def test_engine_specs_that_cannot_work_are_refused_by_name(model_dirs, tmp_path: Path) -> None:
+    from tokentrail.engines import create_engine
+    from tokentrail.errors import EngineSpecError
+
+    qwen3 = load_tokenizer(str(model_dirs["qwen3"]))
+    with pytest.raises(EngineSpecError, match="needs a model directory"):
+        create_engine("transformers:", qwen3)
+    with pytest.raises(EngineSpecError, match="is not a model directory"):
+        create_engine(f"transformers:{tmp_path}", qwen3)
+    with pytest.raises(EngineSpecError, match="no tiny model 'nope'"):
+        create_engine("transformers:tiny:nope", qwen3)
+    # Qwen3's 151,669 ids over Llama 3's 128,256: they do not belong together.
+    with pytest.raises(EngineSpecError, match="do not belong together"):
+        create_engine("transformers:tiny:llama3", qwen3)
+    engine = create_engine(f"transformers:{model_dirs['qwen3']}+scripted", qwen3)
+    assert isinstance(engine, TransformersEngine) and engine.supports_constraints

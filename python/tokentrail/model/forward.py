@@ -33,6 +33,8 @@ _ROUTER_CLASS = re.compile(r"Top[kK]Router$")
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 # `TOKENTRAIL_TORCH_THREADS` caps torch's intra-op threads for every in-process model.
 THREADS_ENV = "TOKENTRAIL_TORCH_THREADS"
+# Positions fed at once after a cache (the first forward of a prompt is one pass).
+PREFILL_CHUNK = 2048
 
 
 def set_threads(threads: int | None = None) -> None:
@@ -118,6 +120,17 @@ class CausalLM:
         Returns the final hidden states `[len(ids), hidden]` and, for a MoE, the routed
         experts `[len(ids), layers, top_k]` int32 (None for a dense model).
         """
+        if cache is not None and len(ids) > PREFILL_CHUNK:
+            # Chunked, as engines prefill: attention over a cache takes an explicit mask of
+            # (new positions x cached positions), which one long chunk would make huge.
+            parts = [
+                self.forward(ids[i : i + PREFILL_CHUNK], cache)
+                for i in range(0, len(ids), PREFILL_CHUNK)
+            ]
+            torch = _torch()
+            hidden = torch.cat([h for h, _ in parts])
+            rows = [r for _, r in parts if r is not None]
+            return hidden, (np.concatenate(rows) if rows else None)
         torch = _torch()
         if not ids:
             raise ModelError("a forward pass needs at least one token")
