@@ -15,7 +15,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tokentrail.errors", "tokentrail.kinds", "tokentrail.messages", "tokentrail._core"),
     ("tokentrail.text", "tokentrail.core"),
     ("tokentrail.trajectory",),
-    ("tokentrail.storage", "tokentrail.engines"),
+    ("tokentrail.storage", "tokentrail.engines", "tokentrail.model"),
     ("tokentrail.adapter",),
     ("tokentrail.sim",),
     ("tokentrail.scale",),

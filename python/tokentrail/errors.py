@@ -102,6 +102,11 @@ class ScriptError(TokentrailError):
     """A scripted engine's script is malformed."""
 
 
+class ModelError(TokentrailError):
+    """An in-process model cannot be built or loaded (unknown tiny model, unreadable directory,
+    torch or transformers missing), or a sample does not fit it."""
+
+
 class EngineError(Exception):
     """The engine failed a request: unreachable, non-2xx, or an answer that cannot be read.
 

@@ -91,13 +91,15 @@ def resume_checks(metrics: str) -> dict[str, float]:
 
 
 @contextmanager
-def serving(script: Path, *extra_args: str) -> Iterator[Served]:
+def serving(script: Path, *extra_args: str, engine: str | None = None) -> Iterator[Served]:
+    """`engine` replaces the scripted one (`transformers:DIR+scripted:FILE` runs a real model
+    teacher-forced on the script)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokentrail", "serve", "--port", str(port),
-         "--engine", f"scripted:{script}", "--admin-token", ADMIN_TOKEN, "--verify-resume",
-         *extra_args],
+         "--engine", engine or f"scripted:{script}", "--admin-token", ADMIN_TOKEN,
+         "--verify-resume", *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

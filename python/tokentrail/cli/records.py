@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokentrail.cli import recompute
 from tokentrail.cli.names import names as _names
 from tokentrail.kinds import DriftPolicy, History, Restore, RewritePolicy
 
@@ -26,7 +27,10 @@ def add_command(sub: Any) -> None:
     rep.set_defaults(func=_replay)
 
     aud = sub.add_parser("audit", help="trained vs masked, per tool and reason; gate on it")
-    aud.add_argument("target", help="a journal, or a JSON/JSONL of /finish answers")
+    aud.add_argument(
+        "target",
+        help="a journal, or a JSON/JSONL of /finish answers (with --recompute: or a sample file)",
+    )
     aud.add_argument(
         "--max-masked",
         type=float,
@@ -39,6 +43,7 @@ def add_command(sub: Any) -> None:
         help="exit 1 unless every sample token carries its replay rows (routed experts, "
         "indexer top-k where kept)",
     )
+    recompute.add_flags(aud)
     aud.set_defaults(func=_audit)
 
     jour = sub.add_parser("journal", help="check, compact or export a journal")
@@ -97,7 +102,13 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
+<<<<<<< HEAD
     from tokentrail.storage.replay import audit_table, lost_table
+=======
+    if args.recompute:
+        return recompute.run(args)
+    from tokentrail.storage.replay import audit_table
+>>>>>>> real-model
     from tokentrail.trajectory.ledger import Ledger
 
     path = Path(args.target)

@@ -22,7 +22,9 @@ def add_command(sub: Any) -> None:
     serve.add_argument(
         "--engine",
         default="scripted",
-        help="sglang://H:P, vllm://H:P, scripted[:FILE], simulated",
+        help="sglang://H:P, vllm://H:P, scripted[:FILE], simulated, or transformers:DIR (a Hugging "
+        "Face model on CPU; DIR may be tiny:NAME; transformers:DIR+scripted:FILE teacher-forces "
+        "the script; torch threads from TOKENTRAIL_TORCH_THREADS)",
     )
     serve.add_argument(
         "--tokenizer",

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from tokentrail.adapter.answers import RETRY_HEADER
+from tokentrail.core.replay import RoutingShape
 from tokentrail.kinds import Retry
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
 from tokentrail.sim.wire import from_openai, from_responses, to_openai, to_responses, wire_tools
@@ -510,8 +511,11 @@ async def simulate(
     chat_template: str | None = None,
     task: str = "Refactor the modules and keep the tests green.",
     request_memo: int = 256,
+    routing: RoutingShape | None = None,
+    journal: Any = None,
 ) -> SimRun:
-    """Serve an adapter over the simulated model on loopback, play one session, finish it."""
+    """Serve an adapter over the simulated model on loopback, play one session, finish it.
+    With `routing`, the adapter asks the engine for routed experts of that shape."""
     from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
     from tokentrail.kinds import History, Restore
     from tokentrail.sim.model import SimulatedEngine
@@ -523,10 +527,14 @@ async def simulate(
         engine=engine or SimulatedEngine(tokenizer, family),
         tokenizer=tokenizer,
         chat_template=chat_template,
-        manager=TrajectoryManager(rewrite_policy=rewrite_policy),
+        manager=TrajectoryManager(rewrite_policy=rewrite_policy, routing=routing),
         config=AdapterConfig(
-            restore=Restore(restore), history=History(history), request_memo=request_memo
+            restore=Restore(restore),
+            history=History(history),
+            request_memo=request_memo,
+            routed_experts=routing is not None,
         ),
+        journal=journal,
     )
     runner, url = await start_server(adapter)
     try:
