@@ -63,6 +63,11 @@ class TemplateError(TokentrailError):
     """A chat template failed: bad syntax, or it rejected the messages (`raise_exception`)."""
 
 
+class TemplateBudgetExceeded(TemplateError):
+    """A chat template's startup renders ran past the CPU or memory budget
+    (`text.template_check`): it is refused before the server renders it."""
+
+
 class OutputFormatError(TokentrailError):
     """An unknown parser or format name, or a message `format_output` cannot write."""
 

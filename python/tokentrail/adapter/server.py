@@ -68,13 +68,16 @@ class Adapter:
         manager: TrajectoryManager | None = None,
         config: AdapterConfig | None = None,
         journal: Journal | None = None,
+        template_name: str | None = None,
     ) -> None:
+        """`template_name` names `chat_template` where it is refused (`--chat-template FILE`)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config = config or AdapterConfig()
         self.limits = limits = config.limits
         self.manager = manager or TrajectoryManager()
         self.replay = replay_request(config, self.manager)
+        template_name = template_name or ("--chat-template" if chat_template else None)
         self.pipeline = TurnPipeline(
             self.manager,
             tokenizer,
@@ -85,10 +88,9 @@ class Adapter:
             tool_parser=config.tool_parser,
             reasoning_parser=config.reasoning_parser,
             side_rules=SideRules.compile(config.side_patterns()),
+            template_name=template_name,
         )
-        probe_template(
-            self.pipeline.render, "--chat-template" if chat_template else "the chat template"
-        )
+        probe_template(self.pipeline.render, template_name or "the chat template")
         self.metrics = Metrics()
         self.journal = journal
         self.offload = Offload(config.workers)
