@@ -195,6 +195,18 @@ class RequestTimeout(TokentrailError):
     kind = "timeout_error"
 
 
+class BodyCutShort(RequestError):
+    """The client closed its sending side before the body its Content-Length announced was
+    complete: nothing more can arrive, so it is refused at once."""
+
+    def __init__(self, received: int, announced: int | None = None) -> None:
+        of = f" of the {announced} its Content-Length announced" if announced else ""
+        super().__init__(
+            f"the request body ended after {received} bytes{of}: the client closed its "
+            "sending side (shutdown) before the body was complete"
+        )
+
+
 class RequestTooLarge(TokentrailError):
     """A body, or a part of it, over the adapter's admission limits."""
 
