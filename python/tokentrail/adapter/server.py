@@ -31,6 +31,7 @@ from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
+from tokentrail.adapter.protocols.fields import json_content_type
 from tokentrail.adapter.requests import RequestReader
 from tokentrail.adapter.sessions import Sessions
 from tokentrail.adapter.turns import Turns, TurnSettings, replay_request
@@ -250,6 +251,7 @@ class Adapter:
         async def count_tokens(request: web.Request) -> web.StreamResponse:
             # A key like every other route, though a count records nothing and opens nothing.
             session_key(proto.session_id(request.headers, {}))
+            json_content_type(request.headers)
             raw = await self._read(request)
             tokens = await self.offload.run(self.requests.count, proto, raw)
             return web.json_response(proto.count_tokens_reply(tokens))
@@ -285,6 +287,7 @@ class Adapter:
     async def _admitted_turn(self, request: web.Request, proto: WireProtocol) -> web.StreamResponse:
         timing = TurnTiming()
         sid: str | None = None
+        json_content_type(request.headers)
         if not self.config.session_from_body:
             # The credential decides the session: known (and not closed) before the body is read.
             sid = session_key(proto.session_id(request.headers, {}))

@@ -36,6 +36,7 @@ from tokentrail.adapter.protocols.common import (
     tool_choice,
     tool_schema,
 )
+from tokentrail.adapter.protocols.fields import RESPONSES
 from tokentrail.adapter.protocols.openai import dump_arguments, parse_arguments
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
@@ -316,7 +317,7 @@ def _read_item(builder: _Builder, item: object, where: str) -> None:
         if not isinstance(name, str):
             raise RequestError(f"{where}: function_call needs a string name")
         internal = builder.tools.internal_name(name, item.get("namespace"))
-        arguments = parse_arguments(item.get("arguments", "{}"))
+        arguments = parse_arguments(item.get("arguments", "{}"), f"{where}.arguments")
         builder.call(internal, arguments, item.get("call_id"), where)
     elif kind == "custom_tool_call":
         tool, patch = item.get("name"), item.get("input")
@@ -489,6 +490,8 @@ class OpenAIResponses(WireProtocol):
     turn_path = "/v1/responses"
     count_tokens_path = "/v1/responses/input_tokens"
     path_prefixes = ("/v1/responses",)
+    fields = RESPONSES
+    count_fields = RESPONSES
 
     def translate(self, body: dict[str, Any]) -> Conversation:
         return translate_request(body)[0]
