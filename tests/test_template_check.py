@@ -12,7 +12,7 @@ from tokentrail.adapter.server import Adapter
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import TemplateBudgetExceeded, TemplateError
-from tokentrail.text.template_check import DEFAULT_BUDGET, TemplateBudget, check_template
+from tokentrail.text.template_check import DEFAULT_BUDGET, TemplateBudget, check_within_budget
 
 MEMORY_BOMB = "{{ 'x' * 10**10 }}"
 LOOP_BOMB = (
@@ -39,6 +39,13 @@ def test_a_memory_bomb_is_refused_at_startup_with_its_name_and_the_limit(tmp_pat
     assert peak_kib < (DEFAULT_BUDGET.memory_mib << 10)
 
 
+def test_check_template_refuses_a_bomb_before_rendering_it(tmp_path, capsys):
+    bomb = tmp_path / "bomb.jinja"
+    bomb.write_text(MEMORY_BOMB)
+    assert cli_main(["check-template", str(bomb)]) == 2
+    assert f"{bomb} was refused" in capsys.readouterr().err
+
+
 def test_two_nested_loops_are_stopped_by_the_cpu_limit(tokenizer):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with pytest.raises(
@@ -53,12 +60,12 @@ def test_two_nested_loops_are_stopped_by_the_cpu_limit(tokenizer):
 
 def test_a_bomb_in_the_tool_call_probe_alone_is_refused(tokenizer):
     with pytest.raises(TemplateBudgetExceeded, match="probe.jinja was refused.*MiB of memory"):
-        check_template(PROBE_BOMB, "probe.jinja")
+        check_within_budget(PROBE_BOMB, "probe.jinja")
 
 
 def test_the_wall_clock_backs_up_the_cpu_limit():
     with pytest.raises(TemplateBudgetExceeded, match="did not finish within 0.01 s"):
-        check_template(LOOP_BOMB, "slow.jinja", budget=TemplateBudget(wall_s=0.01))
+        check_within_budget(LOOP_BOMB, "slow.jinja", budget=TemplateBudget(wall_s=0.01))
 
 
 def test_a_template_within_the_budget_serves_and_renders_as_before(tokenizer):

@@ -34,7 +34,7 @@ __all__ = [
     "DEFAULT_BUDGET",
     "STARTUP_CONVERSATIONS",
     "TemplateBudget",
-    "check_template",
+    "check_within_budget",
 ]
 
 
@@ -99,7 +99,7 @@ STARTUP_CONVERSATIONS: dict[str, tuple[list[Message], list[ToolSchema] | None]] 
 }
 
 
-def check_template(
+def check_within_budget(
     source: str,
     name: str,
     *,
