@@ -112,6 +112,21 @@ def test_a_half_closed_request_is_answered_and_recorded(tokenizer) -> None:
     assert turns_of(adapter, "nc-1") == turns_of(adapter, "nc-2") == 1
 
 
+def test_a_half_closed_streamed_request_gets_its_whole_stream(tokenizer) -> None:
+    streamed = json.dumps({**json.loads(BODY), "stream": True}).encode()
+
+    async def body(adapter, url):
+        return await half_closed(url, request("nc-stream", streamed))
+
+    adapter, raw = served(tokenizer, body)
+    interim, _, rest = raw.partition(b"\r\n\r\n")
+    assert interim == b"HTTP/1.1 100 Continue"
+    head, _, stream = rest.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
+    assert b"100 Continue" not in stream and b"event: message_stop" in stream
+    assert turns_of(adapter, "nc-stream") == 1
+
+
 def test_pipelined_requests_before_a_half_close_are_all_answered(tokenizer) -> None:
     async def body(adapter, url):
         return await half_closed(url, request("pipe") + request("pipe"))

@@ -110,6 +110,8 @@ class GuardedHandler(web_protocol.RequestHandler):
         # The latest request parsed (its message and body stream), and how many were answered.
         self._latest: tuple[Any, StreamReader] | None = None
         self._answered = 0
+        # The request whose answer `finish_response` is writing.
+        self._finishing: BaseRequest | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._guard.admit(self):
@@ -142,10 +144,18 @@ class GuardedHandler(web_protocol.RequestHandler):
             length = getattr(message, "headers", {}).get("Content-Length")
             cut = BodyCutShort(payload.total_bytes, int(length) if length else None)
             payload.set_exception(cut)
-        if self.transport is not None and getattr(message, "version", None) == HttpVersion11:
+        http11 = getattr(message, "version", None) == HttpVersion11
+        if self.transport is not None and http11 and not self._answer_started():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self._watcher = asyncio.ensure_future(self._watch_reset())
+        # Once an answer is on its way, its own writes meet the reset of a peer that left.
         return True
+
+    def _answer_started(self) -> bool:
+        """Whether bytes of a final answer are on the wire (no interim answer may come then)."""
+        request = self._current_request or self._finishing
+        writer = getattr(request, "_payload_writer", None)
+        return bool(writer is not None and writer.output_size)
 
     async def _watch_reset(self) -> None:
         """Abort the connection (cancelling its handler, as a lost connection does) once the
@@ -174,7 +184,11 @@ class GuardedHandler(web_protocol.RequestHandler):
         self._answered += 1
         if self._peer_done and self._answered >= self._request_count:
             resp.force_close()  # the peer's last request: no more can come
-        return await super().finish_response(request, resp, start_time)
+        self._finishing = request
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._finishing = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._watcher is not None:
