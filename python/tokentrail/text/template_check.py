@@ -28,6 +28,8 @@ from typing import Any
 from tokentrail.errors import TemplateBudgetExceeded, TemplateError
 from tokentrail.kinds import TemplateOutcome
 from tokentrail.messages import Message, ToolSchema
+from tokentrail.text.chat_template import ChatTemplate
+from tokentrail.text.families import families
 
 __all__ = [
     "BASIC_CONVERSATIONS",
@@ -161,7 +163,7 @@ def _outcome(
     report = child.stdout.decode("utf-8", "replace").strip().splitlines()
     if child.returncode == 0 and report:
         return TemplateOutcome(json.loads(report[-1])["outcome"]), ""
-    if child.returncode in (-_SIGXCPU, -signal.SIGKILL):
+    if child.returncode in (-signal.SIGXCPU, -signal.SIGKILL):  # the CPU limit's signals
         return TemplateOutcome.OUT_OF_TIME, f"stopped after {time.monotonic() - started:.1f} s"
     last = child.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
     return (
@@ -170,13 +172,8 @@ def _outcome(
     )
 
 
-_SIGXCPU = signal.SIGXCPU
-
-
 @functools.cache
 def _shipped_templates() -> frozenset[str]:
-    from tokentrail.text.families import families
-
     return frozenset(f.template() for f in families())
 
 
@@ -197,8 +194,6 @@ def _limit_self(cpu_s: int, memory_bytes: int) -> None:
 
 
 def _run_job(job: Mapping[str, Any]) -> TemplateOutcome:
-    from tokentrail.text.chat_template import ChatTemplate
-
     _limit_self(int(job["cpu_s"]), int(job["memory_bytes"]))
     variables = dict(job["variables"])
     try:
