@@ -65,6 +65,11 @@ class TemplateError(TokentrailError):
     """A chat template failed: bad syntax, or it rejected the messages (`raise_exception`)."""
 
 
+class TemplateBudgetExceeded(TemplateError):
+    """A chat template's startup renders ran past the CPU or memory budget
+    (`text.template_check`): it is refused before the server renders it."""
+
+
 class OutputFormatError(TokentrailError):
     """An unknown parser or format name, or a message `format_output` cannot write."""
 
@@ -215,6 +220,18 @@ class RequestTimeout(TokentrailError):
 
     status = 408
     kind = "timeout_error"
+
+
+class BodyCutShort(RequestError):
+    """The client closed its sending side before the body its Content-Length announced was
+    complete: nothing more can arrive, so it is refused at once."""
+
+    def __init__(self, received: int, announced: int | None = None) -> None:
+        of = f" of the {announced} its Content-Length announced" if announced else ""
+        super().__init__(
+            f"the request body ended after {received} bytes{of}: the client closed its "
+            "sending side (shutdown) before the body was complete"
+        )
 
 
 class RequestTooLarge(TokentrailError):

@@ -189,6 +189,21 @@ class Fallback(StrEnum):
 FALLBACK_PREFIX = "splice_fallback:"
 
 
+class TemplateOutcome(StrEnum):
+    """How a chat template's bounded startup renders ended (`text.template_check`)."""
+
+    # Within the budget (whether the renders succeeded is the server's to see).
+    FINISHED = "finished"
+    # An allocation past the memory budget.
+    OUT_OF_MEMORY = "out of memory"
+    # Stopped by the CPU limit.
+    OUT_OF_TIME = "out of time"
+    # Not done within the wall-clock backstop.
+    OUT_OF_WALL_TIME = "out of wall time"
+    # The checking process itself failed.
+    BROKEN = "broken"
+
+
 class Stage(StrEnum):
     """The stages of one turn, in order; each is timed."""
 

@@ -98,7 +98,9 @@ class RequestReader:
 
     def count(self, proto: WireProtocol, raw: bytes) -> int:
         """count_tokens: the full render's length; nothing is recorded or opened."""
-        return self.pipeline.count_tokens(self.translate(proto, self.parse(raw)))
+        body = self.parse(raw)
+        proto.check_fields(body, counting=True)
+        return self.pipeline.count_tokens(self.translate(proto, body))
 
     def request(
         self, proto: WireProtocol, raw: bytes, sid: str | None, headers: Mapping[str, str]
@@ -112,15 +114,17 @@ class RequestReader:
         remember = sid is not None and parsed.index is not None
         if sid is None:
             sid = session_key(proto.session_id(headers, body, trust_body=True), "the session id")
+        opened = self.sessions.get(sid)
+        defaults = opened.sampling_defaults if opened is not None else {}
+        proto.check_fields(body, defaults=defaults)
         translated = self._translate(proto, parsed, sid)
         if remember and parsed.index is not None:
             known = KnownRequest(proto.name, raw, parsed.index, body, translated)
             self.sessions.memo.put(sid, known)
         conversation = translated.conversation
-        opened = self.sessions.get(sid)
         sampling = (
             SamplingParams(max_new_tokens=self.default_max_tokens)
-            .merged(opened.sampling_defaults if opened is not None else {})
+            .merged(defaults)
             .merged(proto.sampling(body))
         )
         self.limits.check_sampling(sampling)

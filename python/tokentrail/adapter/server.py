@@ -34,6 +34,7 @@ from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
+from tokentrail.adapter.protocols.fields import json_content_type
 from tokentrail.adapter.requests import RequestReader
 from tokentrail.adapter.sessions import Sessions, recover
 from tokentrail.adapter.turns import Turns, TurnSettings, replay_request
@@ -71,13 +72,16 @@ class Adapter:
         manager: TrajectoryManager | None = None,
         config: AdapterConfig | None = None,
         journal: Journal | None = None,
+        template_name: str | None = None,
     ) -> None:
+        """`template_name` names `chat_template` where it is refused (`--chat-template FILE`)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config = config or AdapterConfig()
         self.limits = limits = config.limits
         self.manager = manager or TrajectoryManager()
         self.replay = replay_request(config, self.manager)
+        template_name = template_name or ("--chat-template" if chat_template else None)
         self.pipeline = TurnPipeline(
             self.manager,
             tokenizer,
@@ -88,10 +92,9 @@ class Adapter:
             tool_parser=config.tool_parser,
             reasoning_parser=config.reasoning_parser,
             side_rules=SideRules.compile(config.side_patterns()),
+            template_name=template_name,
         )
-        probe_template(
-            self.pipeline.render, "--chat-template" if chat_template else "the chat template"
-        )
+        probe_template(self.pipeline.render, template_name or "the chat template")
         self.metrics = Metrics()
         self.journal = journal
         self.offload = Offload(config.workers)
@@ -276,6 +279,7 @@ class Adapter:
         async def count_tokens(request: web.Request) -> web.StreamResponse:
             # A key like every other route, though a count records nothing and opens nothing.
             session_key(proto.session_id(request.headers, {}))
+            json_content_type(request.headers)
             raw = await self._read(request)
             tokens = await self.offload.run(self.requests.count, proto, raw)
             return web.json_response(proto.count_tokens_reply(tokens))
@@ -311,6 +315,7 @@ class Adapter:
     async def _admitted_turn(self, request: web.Request, proto: WireProtocol) -> web.StreamResponse:
         timing = TurnTiming()
         sid: str | None = None
+        json_content_type(request.headers)
         if not self.config.session_from_body:
             # The credential decides the session: known (and not closed) before the body is read.
             sid = session_key(proto.session_id(request.headers, {}))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -239,7 +240,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _check_template(args: argparse.Namespace) -> int:
+    from tokentrail.errors import TemplateError
     from tokentrail.text.families import resolve_family
+    from tokentrail.text.template_check import check_within_budget
     from tokentrail.text.tokenizer import load_tokenizer
     from tokentrail.trajectory.splice import check_template
 
@@ -249,6 +252,16 @@ def _check_template(args: argparse.Namespace) -> int:
     else:
         tokenizer, template = load_tokenizer(args.tokenizer), target.read_text()
     fam = resolve_family(tokenizer, template)
+    try:
+        check_within_budget(
+            template or tokenizer.chat_template,
+            str(target),
+            call_id=fam.call_id,
+            variables=tokenizer.special_tokens_map,
+        )
+    except TemplateError as exc:
+        print(f"tokentrail check-template: {exc}", file=sys.stderr)
+        return 2
     reports = check_template(tokenizer, template, fam)
     ends = sorted({fam.end_after_calls, fam.end_after_text})
     print(

@@ -247,6 +247,7 @@ def _serve(args: argparse.Namespace) -> int:
             engine=create_engine(args.engine, tokenizer, timeout=args.engine_timeout),
             tokenizer=tokenizer,
             chat_template=template,
+            template_name=f"--chat-template {args.chat_template}" if template else None,
             manager=manager,
             config=config,
             journal=journal,

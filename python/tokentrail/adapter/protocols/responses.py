@@ -35,6 +35,7 @@ from tokentrail.adapter.protocols.common import (
     tool_choice,
     tool_schema,
 )
+from tokentrail.adapter.protocols.fields import RESPONSES
 from tokentrail.adapter.protocols.openai import dump_arguments, parse_arguments
 from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
 from tokentrail.errors import RequestError
@@ -354,7 +355,7 @@ def _read_item(builder: _Builder, item: object, where: str) -> None:
         if not isinstance(name, str):
             raise RequestError(f"{where}: function_call needs a string name")
         internal = internal_name(name, item.get("namespace"))
-        arguments = parse_arguments(item.get("arguments", "{}"))
+        arguments = parse_arguments(item.get("arguments", "{}"), f"{where}.arguments")
         builder.call(internal, arguments, item.get("call_id"), where)
     elif kind == "custom_tool_call":
         tool, patch = item.get("name"), item.get("input")
@@ -529,6 +530,8 @@ class OpenAIResponses(ResumableProtocol):
     path_prefixes = ("/v1/responses",)
     array_field = "input"
     context_fields = frozenset({"instructions", "tools", "tool_choice"})
+    fields = RESPONSES
+    count_fields = RESPONSES
 
     def translate_from(
         self, body: dict[str, Any], previous: Translated | None, first_changed: int
