@@ -102,13 +102,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-<<<<<<< HEAD
-    from tokentrail.storage.replay import audit_table, lost_table
-=======
     if args.recompute:
         return recompute.run(args)
-    from tokentrail.storage.replay import audit_table
->>>>>>> real-model
+    from tokentrail.storage.replay import audit_table, lost_table
     from tokentrail.trajectory.ledger import Ledger
 
     path = Path(args.target)
