@@ -144,11 +144,19 @@ class SessionSpec:
     think: float = 0.5
     answer_words: int = 60
     files: int = 4
+    # How many of the main conversation's steps call a sub-agent (with `Behaviour.subagents`).
+    subagents: int = 1
 
     def plan(self, *, agent: bool, seed_offset: int = 0, steps: int | None = None) -> Plan:
-        agent_at = -1
+        agent_at: tuple[int, ...] = ()
         if agent and self.steps > 1:
-            agent_at = random.Random(self.seed).randrange(1, self.steps)
+            rng = random.Random(self.seed)
+            # The first draw is the one-sub-agent session's step, so those sessions stay as
+            # they were; further ones are other steps.
+            first = rng.randrange(1, self.steps)
+            rest = [k for k in range(1, self.steps) if k != first]
+            extra = rng.sample(rest, min(len(rest), max(0, self.subagents - 1)))
+            agent_at = (first, *sorted(extra))
         return Plan(
             seed=self.seed + seed_offset,
             steps=self.steps if steps is None else steps,
