@@ -58,6 +58,8 @@ class Session:
     side_rules: SideRules = field(default_factory=SideRules)
     # The session's own rule for retried requests (None: the adapter's).
     retry: Retry | None = None
+    # The group it was opened in (a GRPO group's task): every sample's `metadata["group"]`.
+    group: str | None = None
     # Its recent recorded replies, for retries, and its turns in flight.
     answers: Answers = field(default_factory=Answers)
     in_flight: int = 0
@@ -222,13 +224,17 @@ class Sessions:
         exclude_patterns: list[str] | None = None,
         retry: Retry | str | None = None,
         *,
+        group: str | None = None,
         journaled: bool = True,
     ) -> Session:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
         `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations from training."""
+        exclude its side conversations from training, `group` names the group its samples
+        belong to (`metadata["group"]`: sessions of one GRPO task merge into one prefix tree)."""
         if not isinstance(sid, str) or not sid:
             raise SessionError("session id must be a non-empty string")
+        if group is not None and (not isinstance(group, str) or not group):
+            raise SessionError("a session's group must be a non-empty string")
         rules = SideRules.compile(exclude_patterns)
         self._closed.pop(sid)
         session = self._open[sid] = Session(
@@ -237,6 +243,7 @@ class Sessions:
             History(history) if history is not None else None,
             rules,
             Retry(retry) if retry is not None else None,
+            group,
         )
         if self.journal is not None and journaled:
             settings: dict[str, Any] = {
@@ -247,6 +254,8 @@ class Sessions:
             }
             if exclude_patterns:
                 settings["exclude_patterns"] = list(exclude_patterns)
+            if group is not None:
+                settings["group"] = group
             self.offload.journal_soon(self.journal.session_opened, sid, settings)
         return session
 
@@ -327,6 +336,8 @@ class Sessions:
         tomb = self._closed.get(sid)
         if tomb is None:
             session = self._open.get(sid)
+            if session is not None and session.group is not None:
+                metadata.setdefault("group", session.group)
             if session is None and not self.manager.has_session(sid):
                 raise SessionError(f"unknown session {sid!r}")
             tomb = self._closed.remember(sid, Tombstone(Closed.FINISHED, time.time()))
@@ -486,6 +497,7 @@ def recover(sessions: Sessions, journal: Journal) -> None:
                 settings.get("history"),
                 settings.get("exclude_patterns"),
                 settings.get("retry"),
+                group=settings.get("group"),
                 journaled=False,
             )
         elif event.kind is JournalEvent.TURN and event.turn is not None:

@@ -518,8 +518,11 @@ async def simulate(
     chat_template: str | None = None,
     task: str = "Refactor the modules and keep the tests green.",
     request_memo: int = 256,
+    session_id: str = "sim",
+    group: str | None = None,
 ) -> SimRun:
-    """Serve an adapter over the simulated model on loopback, play one session, finish it."""
+    """Serve an adapter over the simulated model on loopback, play one session (opened in
+    `group`, when given), finish it."""
     from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
     from tokentrail.kinds import History, Restore
     from tokentrail.sim.model import SimulatedEngine
@@ -538,9 +541,11 @@ async def simulate(
     )
     runner, url = await start_server(adapter)
     try:
-        sim = HarnessSim(url, "sim", behaviour=behaviour, spec=spec, protocol=protocol)
+        if group is not None:
+            adapter.open_session(session_id, group=group)
+        sim = HarnessSim(url, session_id, behaviour=behaviour, spec=spec, protocol=protocol)
         result = await sim.run(task)
-        trajectory = await adapter.finish_trajectory("sim", reward=1.0)
+        trajectory = await adapter.finish_trajectory(session_id, reward=1.0)
     finally:
         await runner.cleanup()
     return SimRun(result, trajectory)

@@ -21,6 +21,7 @@ import numpy as np
 from tokentrail.core.backend import LinearizedLike
 from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason
 from tokentrail.messages import tool_names
+from tokentrail.trajectory.layout_stats import TreeStats
 from tokentrail.trajectory.tree import Node, iter_nodes
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ class Ledger:
     replay: dict[str, ReplayCoverage] = field(default_factory=dict)
     # Per weight version: output tokens it sampled ("generated") and of those, trained.
     weight_versions: dict[str, dict[str, int]] = field(default_factory=dict)
+    # The samples' tokens as rows against as one prefix tree (`trajectory.prefix_tree`).
+    layout: TreeStats | None = None
 
     @property
     def generated_tokens(self) -> int:
@@ -225,6 +228,7 @@ class Ledger:
                 str(k): {"generated": int(v["generated"]), "trained": int(v["trained"])}
                 for k, v in (d.get("weight_versions") or {}).items()
             },
+            layout=TreeStats.from_dict(d["layout"]) if d.get("layout") else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -242,6 +246,7 @@ class Ledger:
             "replay": {k: v.to_dict() for k, v in self.replay.items()},
             "weight_versions": dict(sorted(self.weight_versions.items())),
             "retries": self.retries,
+            "layout": self.layout.to_dict() if self.layout is not None else None,
         }
 
 
