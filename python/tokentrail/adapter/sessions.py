@@ -72,6 +72,8 @@ class Session:
 
     def __post_init__(self) -> None:
         self.idle.set()
+        if self.group is not None and (not isinstance(self.group, str) or not self.group):
+            raise SessionError("a session's group must be a non-empty string")
 
 
 @dataclass
@@ -167,6 +169,35 @@ def _checked_finish(reward: object, metadata: dict[str, Any] | None) -> dict[str
     return out
 
 
+def _settings(
+    sampling_defaults: dict[str, Any] | None,
+    max_context_tokens: int,
+    history: History | str | None,
+    exclude_patterns: list[str] | None,
+    retry: Retry | str | None,
+    group: str | None,
+) -> dict[str, Any]:
+    """What the journal keeps of a session's opening, for recovery to open it again."""
+    settings: dict[str, Any] = {
+        "sampling_defaults": dict(sampling_defaults or {}),
+        "max_context_tokens": int(max_context_tokens),
+        "history": str(history) if history is not None else None,
+        "retry": str(retry) if retry is not None else None,
+    }
+    if exclude_patterns:
+        settings["exclude_patterns"] = list(exclude_patterns)
+    if group is not None:
+        settings["group"] = group
+    return settings
+
+
+def _grouped(metadata: dict[str, Any], session: Session | None) -> dict[str, Any]:
+    """A finish's metadata with the session's group (`metadata["group"]`), unless it names one."""
+    if session is not None and session.group is not None:
+        metadata.setdefault("group", session.group)
+    return metadata
+
+
 class Sessions:
     """Every open session of one adapter, over its pipeline, journal and metrics."""
 
@@ -229,12 +260,9 @@ class Sessions:
     ) -> Session:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
         `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations from training, `group` names the group its samples
-        belong to (`metadata["group"]`: sessions of one GRPO task merge into one prefix tree)."""
+        exclude its side conversations from training, `group` is its samples' group."""
         if not isinstance(sid, str) or not sid:
             raise SessionError("session id must be a non-empty string")
-        if group is not None and (not isinstance(group, str) or not group):
-            raise SessionError("a session's group must be a non-empty string")
         rules = SideRules.compile(exclude_patterns)
         self._closed.pop(sid)
         session = self._open[sid] = Session(
@@ -246,16 +274,9 @@ class Sessions:
             group,
         )
         if self.journal is not None and journaled:
-            settings: dict[str, Any] = {
-                "sampling_defaults": dict(sampling_defaults or {}),
-                "max_context_tokens": int(max_context_tokens),
-                "history": str(history) if history is not None else None,
-                "retry": str(retry) if retry is not None else None,
-            }
-            if exclude_patterns:
-                settings["exclude_patterns"] = list(exclude_patterns)
-            if group is not None:
-                settings["group"] = group
+            settings = _settings(
+                sampling_defaults, max_context_tokens, history, exclude_patterns, retry, group
+            )
             self.offload.journal_soon(self.journal.session_opened, sid, settings)
         return session
 
@@ -336,8 +357,7 @@ class Sessions:
         tomb = self._closed.get(sid)
         if tomb is None:
             session = self._open.get(sid)
-            if session is not None and session.group is not None:
-                metadata.setdefault("group", session.group)
+            metadata = _grouped(metadata, session)
             if session is None and not self.manager.has_session(sid):
                 raise SessionError(f"unknown session {sid!r}")
             tomb = self._closed.remember(sid, Tombstone(Closed.FINISHED, time.time()))
