@@ -110,8 +110,8 @@ def write_tree_pack(path: str | os.PathLike[str], pack: TreePack) -> None:
         text = json.dumps(header, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as err:
         raise TreeError(f"row metadata is not JSON: {err}") from None
-    with Path(path).open("wb") as f:
-        np.savez(f, header=np.array(text), **arrays)  # type: ignore[arg-type]
+    with Path(path).open("wb") as out:
+        np.savez(out, header=np.array(text), **arrays)  # type: ignore[arg-type]
 
 
 def read_tree_pack(path: str | os.PathLike[str]) -> TreePack:
