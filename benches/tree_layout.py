@@ -5,10 +5,12 @@ Sessions are simulated Claude Code sessions over loopback HTTP (`sim.harness`, t
 engine, builtin:qwen3, rewrite policy fork): one with two sub-agents and a compaction, a GRPO
 group of 8 rollouts of one task (one plan, one group id, the engine sampling with a seed per
 rollout), and every simulated harness behaviour of `benches/harness_behaviours.py`. The forward
-pass is a transformers Qwen3 built from a config with seeded random weights (float32, CPU,
-`sdpa`): rows one at a time (causal), the tree in one pass with its dense ancestor mask; the
-transformer body only (the LM head costs the same per token on both sides). Every timed tree
-pass is checked against the rows (max |hidden state difference|).
+pass is a transformers Qwen3 built from a config with seeded random weights (float32, CPU):
+rows one at a time (causal `sdpa`), the tree in one pass with its dense ancestor mask (`sdpa`),
+and the tree block by block (an attention function registered here: each block's queries
+against its ancestors' keys and its own, what a block-sparse kernel computes); the transformer
+body only (the LM head costs the same per token on both sides). Every timed tree pass is
+checked against the rows (max |hidden state difference|).
 
     python benches/tree_layout.py [--sessions 4] [--steps 8] [--context 4000]
         [--forward-context 1000] [--repeat 3]
@@ -93,7 +95,46 @@ def token_row(name: str, stats: TreeStats) -> str:
     )
 
 
-def tiny_qwen3(torch: Any, transformers: Any) -> Any:
+# The block plan the `tree_blocks` attention reads: per block, its node range and the nodes of
+# its ancestor blocks (a bench-side stand-in for a block-sparse kernel such as flex attention).
+PLAN: list[tuple[int, int, Any]] = []
+
+
+def block_plan(torch: Any, tree: Any) -> list[tuple[int, int, Any]]:
+    offsets, parents = tree.block_offsets, tree.block_parent
+    ancestors: list[list[int]] = []
+    plan = []
+    for b, p in enumerate(parents.tolist()):
+        above = ancestors[p] + list(range(offsets[p], offsets[p + 1])) if p >= 0 else []
+        ancestors.append(above)
+        plan.append((int(offsets[b]), int(offsets[b + 1]), torch.tensor(above, dtype=torch.long)))
+    return plan
+
+
+def tree_blocks(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kw: Any):
+    """Attention block by block: a block's queries against its ancestors' keys and its own
+    (causal), so no score outside the tree is computed. query `[1, H, N, D]`, key/value
+    `[1, KV, N, D]`; returns `[1, N, H, D]` as transformers' attention functions do."""
+    import torch
+
+    repeat = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(repeat, 1), value.repeat_interleave(repeat, 1)
+    out = torch.empty_like(query)
+    for start, end, above in PLAN:
+        n, a = end - start, len(above)
+        mask = torch.ones(n, a + n, dtype=torch.bool)
+        mask[:, a:] = torch.ones(n, n, dtype=torch.bool).tril()
+        out[:, :, start:end] = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, start:end],
+            torch.cat([key[:, :, above], key[:, :, start:end]], 2),
+            torch.cat([value[:, :, above], value[:, :, start:end]], 2),
+            attn_mask=mask,
+            scale=kw.get("scaling"),
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def tiny_qwen3(torch: Any, transformers: Any, attention: str = "sdpa") -> Any:
     config = transformers.Qwen3Config(
         vocab_size=151_936,
         hidden_size=256,
@@ -104,18 +145,22 @@ def tiny_qwen3(torch: Any, transformers: Any) -> Any:
         head_dim=64,
         max_position_embeddings=65_536,
         tie_word_embeddings=False,
-        attn_implementation="sdpa",
+        attn_implementation=attention,
     )
     torch.manual_seed(0)
     return transformers.Qwen3ForCausalLM(config).eval()
 
 
-def forward_times(model: Any, torch: Any, samples: list[Sample], repeat: int) -> tuple[float, ...]:
-    """Median seconds over `repeat`: every row alone, the tree in one pass; the max |diff|."""
+def forward_times(
+    model: Any, blocked: Any, torch: Any, samples: list[Sample], repeat: int
+) -> tuple[float, ...]:
+    """Median seconds over `repeat`: every row alone, the tree in one pass (dense mask), the
+    tree block by block; the max |hidden difference| of each tree pass against the rows."""
     tree = build_prefix_tree(samples)
     batch = tree.to_torch()
+    PLAN[:] = block_plan(torch, tree)
     rows = [torch.from_numpy(s.tokens.astype(np.int64))[None] for s in samples]
-    row_times, tree_times = [], []
+    row_times, tree_times, block_times = [], [], []
     with torch.no_grad():
         for _ in range(repeat):
             start = time.perf_counter()
@@ -128,11 +173,25 @@ def forward_times(model: Any, torch: Any, samples: list[Sample], repeat: int) ->
                 attention_mask=batch["attention_mask"],
             ).last_hidden_state[0]
             tree_times.append(time.perf_counter() - start)
-    diff = max(
-        float((hidden[torch.from_numpy(tree.row_path(r).astype(np.int64))] - a).abs().max())
-        for r, a in enumerate(alone)
+            start = time.perf_counter()
+            by_block = blocked.model(
+                input_ids=batch["input_ids"],
+                position_ids=batch["position_ids"],
+                # Any 4-D mask: transformers then passes it through; `tree_blocks` ignores it.
+                attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool),
+            ).last_hidden_state[0]
+            block_times.append(time.perf_counter() - start)
+    paths = [torch.from_numpy(tree.row_path(r).astype(np.int64)) for r in range(len(rows))]
+    diff = max(float((hidden[p] - a).abs().max()) for p, a in zip(paths, alone, strict=True))
+    block_diff = max(
+        float((by_block[p] - a).abs().max()) for p, a in zip(paths, alone, strict=True)
     )
-    return float(np.median(row_times)), float(np.median(tree_times)), diff
+    return (
+        float(np.median(row_times)),
+        float(np.median(tree_times)),
+        float(np.median(block_times)),
+        max(diff, block_diff),
+    )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -173,14 +232,19 @@ async def main(args: argparse.Namespace) -> None:
     import transformers
 
     torch.set_num_threads(os.cpu_count() or 1)
+    transformers.AttentionInterface.register("tree_blocks", tree_blocks)
     model = tiny_qwen3(torch, transformers)
+    blocked = tiny_qwen3(torch, transformers, "tree_blocks")
     print()
     print(
         "forward pass, tiny Qwen3 (4 layers, hidden 256, 4 heads / 2 KV, vocab 151,936, "
         f"float32, CPU, sdpa), transformer body, median of {args.repeat}"
     )
-    print("| input | row tokens | rows: s | tree tokens | tree: s | rows/tree time | max diff |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| input | row tokens | rows: s | tree tokens | blocks | tree, dense mask: s | "
+        "rows/tree | tree, by block: s | rows/tree | max diff |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     # Smaller sessions: the dense mask and the attention scores grow with the tree squared.
     small, _ = await session(tokenizer, args.steps, args.forward_context)
     small_group = await group(tokenizer, 8, args.steps, args.forward_context)
@@ -188,11 +252,13 @@ async def main(args: argparse.Namespace) -> None:
         (f"the session, context ~{args.forward_context}", small),
         (f"the GRPO group, context ~{args.forward_context}", small_group),
     ):
-        stats = build_prefix_tree(samples).stats
-        rows_s, tree_s, diff = forward_times(model, torch, samples, args.repeat)
+        tree = build_prefix_tree(samples)
+        stats = tree.stats
+        rows_s, tree_s, block_s, diff = forward_times(model, blocked, torch, samples, args.repeat)
         print(
             f"| {name} | {stats.row_tokens:,} | {rows_s:.3f} | {stats.tree_tokens:,} | "
-            f"{tree_s:.3f} | {rows_s / tree_s:.2f}x | {diff:.1e} |"
+            f"{len(tree.block_parent)} | {tree_s:.3f} | {rows_s / tree_s:.2f}x | {block_s:.3f} | "
+            f"{rows_s / block_s:.2f}x | {diff:.1e} |"
         )
     print()
     load = os.getloadavg()
