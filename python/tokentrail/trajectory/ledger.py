@@ -6,7 +6,8 @@ turn and in total, so a lost training signal is a number a trainer can see and g
 `build_ledger` assigns each token its fate from the tree and the linearization. Beside it: what
 the model never saw (images and documents its prompts held as placeholders), how many sample
 tokens carry their replay rows (routed experts, indexer top-k) and why the others do not
-(`ReplayGap`), and tokens per weight version.
+(`ReplayGap`), tokens per weight version, and the samples' tokens as rows against as one
+prefix tree (`layout`).
 """
 
 from __future__ import annotations
