@@ -325,12 +325,19 @@ def _rows(samples: Sequence[Sample], replay: dict[str, list[np.ndarray]]) -> lis
     out = []
     for i, sample in enumerate(samples):
         tokens = np.ascontiguousarray(np.asarray(sample.tokens, dtype=np.uint32))
-        flat = [
-            np.ascontiguousarray(rows).reshape(len(tokens), int(np.prod(rows.shape[1:])))
-            for rows in (replay[name][i] for name in replay)
-        ]
+        flat = [_row_words(replay[name][i], len(tokens)) for name in replay]
         out.append(_Row(tokens, flat))
     return out
+
+
+def _row_words(rows: np.ndarray, n: int) -> np.ndarray:
+    """Replay rows as `[n, words]` of the widest unsigned type their bytes divide into, so
+    comparing a 48 x 8 uint8 row is 48 word compares, not 384 byte compares."""
+    raw = np.ascontiguousarray(rows).view(np.uint8).reshape(n, -1)
+    for word in (np.uint64, np.uint32, np.uint16):
+        if raw.shape[1] % np.dtype(word).itemsize == 0:
+            return raw.view(word)
+    return raw
 
 
 def _row_labels(samples: Sequence[Sample], versions: dict[str, int]) -> Iterable[tuple[Any, ...]]:
