@@ -333,7 +333,7 @@ def _rows(samples: Sequence[Sample], replay: dict[str, list[np.ndarray]]) -> lis
 def _row_words(rows: np.ndarray, n: int) -> np.ndarray:
     """Replay rows as `[n, words]` of the widest unsigned type their bytes divide into, so
     comparing a 48 x 8 uint8 row is 48 word compares, not 384 byte compares."""
-    raw = np.ascontiguousarray(rows).view(np.uint8).reshape(n, -1)
+    raw = np.ascontiguousarray(rows).view(np.uint8).reshape(n, rows[0].nbytes if n else 0)
     for word in (np.uint64, np.uint32, np.uint16):
         if raw.shape[1] % np.dtype(word).itemsize == 0:
             return raw.view(word)
