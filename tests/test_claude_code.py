@@ -4,11 +4,14 @@ The scripted model Reads a file, Edits it (trailing whitespace, no `replace_all`
 file with trailing whitespace, runs Bash and ends. Claude Code re-renders the Edit and the Write
 when it replays them; the adapter must restore both, and every turn must train. A second session
 makes parallel calls where one fails and one is slow: Claude Code (2.1.332) answers them in the
-order they finished, and each result must still render after its own call.
+order they finished, and each result must still render after its own call. A third runs 2.1.332
+in its default configuration (only what a headless run needs) with a sub-agent: one sample for
+the main conversation, one for the sub-agent, nothing forked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -24,8 +27,11 @@ from support.claude_code import (
     install_claude_code,
     run_claude,
 )
-from support.serve import serving
-from tokentrail.text.tokenizer import load_tokenizer
+from support.serve import resume_checks, serving, serving_in_thread
+from tokentrail.adapter.server import Adapter, AdapterConfig
+from tokentrail.engines.base import GenerateRequest
+from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine
+from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
 
@@ -109,6 +115,7 @@ def test_real_claude_code_session_trains_every_edit_and_write(
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.result is not None and "util.py" in run.result.get("result", "")
         finished = served.finish("cc-session")
+        checks = served.resume_checks()
 
     # The edits happened on disk, as Claude Code ran them (right-stripped).
     assert (repo / "calc.py").read_text() == (
@@ -127,6 +134,8 @@ def test_real_claude_code_session_trains_every_edit_and_write(
     assert ledger["restored_echoes"] == 2
     assert ledger["restored_by_tool"] == {"Edit": 1, "Write": 1}
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    # Every request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
 
 
 def _parallel_script(repo: Path) -> list:
@@ -172,6 +181,7 @@ def test_real_claude_code_parallel_results_render_after_their_own_calls(
         )
         assert run.returncode == 0, run.stderr[-2000:]
         finished = served.finish("cc-parallel")
+        checks = served.resume_checks()
 
     (sample,) = finished["samples"]
     prompt = load_tokenizer().decode(sample["tokens"])
@@ -186,3 +196,96 @@ def test_real_claude_code_parallel_results_render_after_their_own_calls(
     assert "NOTES_MARKER" in responses[4]
     ledger = finished["ledger"]
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
+
+
+# The sub-agent's prompt; its conversation is the one whose first user message holds it.
+SUBAGENT_PROMPT = (
+    "Search every file under the repository for TODO comments and report each one with its file."
+)
+
+
+class _TwoConversations(ScriptedEngine):
+    """The scripted engine with a second script for the sub-agent's conversation (a script
+    answers by the prompt's assistant count, which both conversations start at 0)."""
+
+    def __init__(self, tokenizer: LoadedTokenizer, main: list, sub: list) -> None:
+        super().__init__(tokenizer, main)
+        self.sub = sub
+
+    def choose(self, req: GenerateRequest) -> list[dict]:
+        first = next((m for m in req.messages if m.get("role") == "user"), {})
+        replies = self.sub if SUBAGENT_PROMPT in str(first.get("content")) else self.replies
+        index = self.reply_index(req.messages)
+        return replies[index] if index < len(replies) else FINAL_REPLY
+
+
+def test_real_claude_code_in_its_default_configuration_gives_one_sample_per_conversation(
+    claude_exe_completion_order: Path, tmp_path: Path
+) -> None:
+    # Without the two quieting switches Claude Code probes HEAD /api/hello, sends its betas and
+    # a mid-conversation `system` note (its ~9 KB `# Environment` block) that it moves from a
+    # block list to a string: the resumed translation must join that note once, every turn.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("x = 1  # TODO: name it\n")
+    main = [
+        [
+            {"type": "text", "text": "Delegating the search."},
+            {
+                "type": "tool_use",
+                "name": "Agent",
+                "input": {
+                    "description": "Find TODOs",
+                    "prompt": SUBAGENT_PROMPT,
+                    "subagent_type": "general-purpose",
+                },
+            },
+        ],
+        [{"type": "text", "text": "One TODO, in a.py."}],
+    ]
+    sub = [
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": str(repo / "a.py")}}],
+        [{"type": "text", "text": "a.py line 1: TODO: name it"}],
+    ]
+    tokenizer = load_tokenizer()
+    adapter = Adapter(
+        engine=_TwoConversations(tokenizer, main, sub),
+        tokenizer=tokenizer,
+        config=AdapterConfig(verify_resume=True),
+    )
+    with serving_in_thread(adapter) as (url, loop):
+        run = run_claude(
+            claude_exe_completion_order,
+            "Find the TODOs in this repository with a sub-agent.",
+            base_url=url,
+            session_id="cc-default",
+            cwd=repo,
+            timeout=180,
+            quiet=False,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        trajectory = asyncio.run_coroutine_threadsafe(
+            adapter.finish_trajectory("cc-default", reward=1.0), loop
+        ).result(60)
+    checks = resume_checks(adapter.metrics.render()[0].decode())
+
+    ledger = trajectory.ledger
+    tags = sorted(s.metadata["conversation"]["subagent"] for s in trajectory.samples)
+    assert tags == [False, True], [s.metadata["turns"] for s in trajectory.samples]
+    assert "fork" not in trajectory.drift_counts
+    # Each conversation's first turn is rendered, every later one spliced onto the tokens held.
+    assert [t.history for t in ledger.turns].count("splice") == len(ledger.turns) - 2
+    assert ledger.trained_tokens == ledger.generated_tokens > 0
+    # The sub-agent's two turns are its own sample; the main conversation holds the rest.
+    (sub_sample,) = [s for s in trajectory.samples if s.metadata["conversation"]["subagent"]]
+    assert len(sub_sample.metadata["turns"]) == len(sub)
+    for sample in trajectory.samples:
+        prompt = tokenizer.decode(list(sample.tokens))
+        assert prompt.count("You have been invoked in the following environment") <= 1
+    main_sample = next(s for s in trajectory.samples if s is not sub_sample)
+    assert "You have been invoked in the following environment" in tokenizer.decode(
+        list(main_sample.tokens)
+    )
+    # Every request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)

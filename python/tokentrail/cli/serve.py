@@ -59,6 +59,13 @@ def add_command(sub: Any) -> None:
         help="keep the latest request of this many recent sessions, so the next is parsed and "
         "translated only where it differs (0: every request in full)",
     )
+    serve.add_argument(
+        "--verify-resume",
+        action="store_true",
+        help="debugging: translate every request both resumed (--request-memo) and in full, "
+        "count them in tokentrail_resume_checks_total and warn when they differ (the full "
+        "translation is then used)",
+    )
     serve.add_argument("--max-turns-per-session", type=int, default=0)
     serve.add_argument(
         "--max-context-tokens",
@@ -125,8 +132,8 @@ def add_command(sub: Any) -> None:
     serve.add_argument(
         "--exclude-side-requests",
         action="store_true",
-        help="exclude the known side requests of Qwen Code (memory extraction) and hermes-agent "
-        "(context summarizer) from training",
+        help="exclude the known side requests of Qwen Code (memory extraction), hermes-agent "
+        "(context summarizer) and opencode/kilo (title generator) from training",
     )
     serve.set_defaults(func=_serve)
 
@@ -176,6 +183,7 @@ def _serve(args: argparse.Namespace) -> int:
         history=History(args.history),
         splice_verify_every=args.splice_verify_every,
         request_memo=args.request_memo,
+        verify_resume=args.verify_resume,
         exclude_patterns=tuple(args.exclude_system),
         exclude_known_side_requests=args.exclude_side_requests,
         routed_experts=args.routed_experts,
