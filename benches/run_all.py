@@ -39,6 +39,10 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("loop_responsiveness.py", ["--quick"]),
     ("hostile_requests.py", ["--quick"]),
     ("ray_pool.py", ["--quick"]),
+    (
+        "tree_layout.py",
+        ["--sessions", "1", "--steps", "4", "--context", "1000", "--forward-context", "300"],
+    ),
 ]
 
 

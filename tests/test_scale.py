@@ -266,6 +266,24 @@ def test_eight_sessions_on_two_actors_equal_one_process(pool: AdapterPool, tmp_p
             assert b"tokentrail_generated_tokens_total" in resp.read()
 
 
+def test_a_group_over_both_actors_packs_into_one_tree(pool: AdapterPool) -> None:
+    """Rollouts of one group placed on different actors merge at their shared prompt."""
+    sids = [f"grpo-{i}" for i in range(4)]
+    placed = {sid: pool.open_session(sid, group="task-3") for sid in sids}
+    assert {p.actor for p in placed.values()} == {0, 1}
+    asyncio.run(run_harnesses({sid: p.url for sid, p in placed.items()}))
+    batch = pool.finish_many({sid: float(i) for i, sid in enumerate(sids)})
+    assert batch.lost == {}
+    assert {s.metadata["group"] for s in batch.samples()} == {"task-3"}
+    packed = batch.pack_tree()
+    (tree,) = packed.trees.values()
+    assert tree.num_rows == len(batch.samples())
+    # One root block: the system prompt's first tokens, shared by every rollout.
+    assert tree.block_parent.tolist().count(-1) == 1
+    assert tree.stats.tree_tokens < tree.stats.row_tokens
+    assert packed.session_stats() == {sid: s.ledger.layout for sid, s in batch.sessions.items()}
+
+
 def test_a_turn_sent_to_another_actor_is_refused(pool: AdapterPool) -> None:
     session = pool.open_session("sticky")
     (wrong,) = [h for h in alive(pool) if h.index != session.actor]

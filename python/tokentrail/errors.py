@@ -39,6 +39,12 @@ class PackError(TokentrailError):
     longer than its sample, or the inputs differ in number."""
 
 
+class TreeError(TokentrailError):
+    """Samples cannot be laid out as a prefix tree (replay rows some samples carry and others
+    not, or of two shapes), or a tree asked for a mask it cannot give (too many tokens for a
+    dense mask, no flex attention in this torch)."""
+
+
 class BodyShapeError(TokentrailError):
     """A request body the core's index does not take (broken structure, a top-level key with
     escapes or given twice): the adapter then parses it whole, and that parse names what is

@@ -279,3 +279,14 @@ class LostReason(StrEnum):
     # The actor is restarting and did not come back in time; the pool still holds the session,
     # and a later finish may succeed.
     UNAVAILABLE = "unavailable"
+
+
+class TreeMask(StrEnum):
+    """The attention mask `PrefixTree.to_torch` builds for the tree layout."""
+
+    # A boolean `[1, 1, nodes, nodes]` tensor for `scaled_dot_product_attention` (True: attend).
+    DENSE = "dense"
+    # A flex-attention `BlockMask` from the preorder bounds (torch >= 2.5), no dense tensor.
+    FLEX = "flex"
+    # No mask: the trainer builds its own from `subtree_end` (or `parent`).
+    NONE = "none"

@@ -186,12 +186,21 @@ class Adapter:
         history: History | str | None = None,
         exclude_patterns: list[str] | None = None,
         retry: Retry | str | None = None,
+        *,
+        group: str | None = None,
     ) -> None:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
         `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations (beside the adapter's own patterns)."""
+        exclude its side conversations (beside the adapter's own patterns), `group` is the
+        group its samples belong to (`metadata["group"]`, for `pack_tree`)."""
         self.sessions.open(
-            sid, sampling_defaults, max_context_tokens, history, exclude_patterns, retry
+            sid,
+            sampling_defaults,
+            max_context_tokens,
+            history,
+            exclude_patterns,
+            retry,
+            group=group,
         )
 
     async def finish_trajectory(

@@ -63,6 +63,8 @@ class Session:
     side_rules: SideRules = field(default_factory=SideRules)
     # The session's own rule for retried requests (None: the adapter's).
     retry: Retry | None = None
+    # The group it was opened in (a GRPO group's task): every sample's `metadata["group"]`.
+    group: str | None = None
     # Its recent recorded replies, for retries, and its turns in flight.
     answers: Answers = field(default_factory=Answers)
     in_flight: int = 0
@@ -75,6 +77,8 @@ class Session:
 
     def __post_init__(self) -> None:
         self.idle.set()
+        if self.group is not None and (not isinstance(self.group, str) or not self.group):
+            raise SessionError("a session's group must be a non-empty string")
 
 
 @dataclass
@@ -170,6 +174,35 @@ def _checked_finish(reward: object, metadata: dict[str, Any] | None) -> dict[str
     return out
 
 
+def _settings(
+    sampling_defaults: dict[str, Any] | None,
+    max_context_tokens: int,
+    history: History | str | None,
+    exclude_patterns: list[str] | None,
+    retry: Retry | str | None,
+    group: str | None,
+) -> dict[str, Any]:
+    """What the journal keeps of a session's opening, for recovery to open it again."""
+    settings: dict[str, Any] = {
+        "sampling_defaults": dict(sampling_defaults or {}),
+        "max_context_tokens": int(max_context_tokens),
+        "history": str(history) if history is not None else None,
+        "retry": str(retry) if retry is not None else None,
+    }
+    if exclude_patterns:
+        settings["exclude_patterns"] = list(exclude_patterns)
+    if group is not None:
+        settings["group"] = group
+    return settings
+
+
+def _grouped(metadata: dict[str, Any], session: Session | None) -> dict[str, Any]:
+    """A finish's metadata with the session's group (`metadata["group"]`), unless it names one."""
+    if session is not None and session.group is not None:
+        metadata.setdefault("group", session.group)
+    return metadata
+
+
 class Sessions:
     """Every open session of one adapter, over its pipeline, journal and metrics."""
 
@@ -228,11 +261,12 @@ class Sessions:
         exclude_patterns: list[str] | None = None,
         retry: Retry | str | None = None,
         *,
+        group: str | None = None,
         journaled: bool = True,
     ) -> Session:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
         `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations from training."""
+        exclude its side conversations from training, `group` is its samples' group."""
         if not isinstance(sid, str) or not sid:
             raise SessionError("session id must be a non-empty string")
         rules = SideRules.compile(exclude_patterns)
@@ -243,16 +277,12 @@ class Sessions:
             History(history) if history is not None else None,
             rules,
             Retry(retry) if retry is not None else None,
+            group,
         )
         if self.journal is not None and journaled:
-            settings: dict[str, Any] = {
-                "sampling_defaults": dict(sampling_defaults or {}),
-                "max_context_tokens": int(max_context_tokens),
-                "history": str(history) if history is not None else None,
-                "retry": str(retry) if retry is not None else None,
-            }
-            if exclude_patterns:
-                settings["exclude_patterns"] = list(exclude_patterns)
+            settings = _settings(
+                sampling_defaults, max_context_tokens, history, exclude_patterns, retry, group
+            )
             self.offload.journal_soon(self.journal.session_opened, sid, settings)
         return session
 
@@ -333,6 +363,7 @@ class Sessions:
         tomb = self._closed.get(sid)
         if tomb is None:
             session = self._open.get(sid)
+            metadata = _grouped(metadata, session)
             if session is None and not self.manager.has_session(sid):
                 raise SessionError(f"unknown session {sid!r}")
             tomb = self._closed.remember(sid, Tombstone(Closed.FINISHED, time.time()))
@@ -490,6 +521,7 @@ def recover(sessions: Sessions, journal: Journal) -> None:
                 settings.get("history"),
                 settings.get("exclude_patterns"),
                 settings.get("retry"),
+                group=settings.get("group"),
                 journaled=False,
             )
         elif event.kind is JournalEvent.TURN and event.turn is not None:

@@ -174,17 +174,22 @@ class AdapterActor:
         history: str | None = None,
         exclude_patterns: list[str] | None = None,
         retry: str | None = None,
+        group: str | None = None,
     ) -> str:
-        """Open a session (journaled); returns the base URL its harness talks to."""
-        self._on_loop(
-            self.adapter.open_session,
-            sid,
-            sampling_defaults,
-            max_context_tokens,
-            history,
-            exclude_patterns,
-            retry,
-        )
+        """Open a session (journaled) in `group`; returns the base URL its harness talks to."""
+
+        def open_it() -> None:
+            self.adapter.open_session(
+                sid,
+                sampling_defaults,
+                max_context_tokens,
+                history,
+                exclude_patterns,
+                retry,
+                group=group,
+            )
+
+        self._on_loop(open_it)
         return self.url
 
     def finish(

@@ -154,11 +154,13 @@ class AdapterPool:
         history: str | None = None,
         exclude_patterns: list[str] | None = None,
         retry: str | None = None,
+        group: str | None = None,
     ) -> PooledSession:
         """Place a new session on the least-loaded live actor and open it there (journaled).
 
         The harness then talks to `url` with the session id as its API key; every turn of the
-        session reaches that actor, and no other actor accepts it.
+        session reaches that actor, and no other actor accepts it. Sessions opened with one
+        `group` (a GRPO group's task) pack into one prefix tree (`FinishedBatch.pack_tree`).
         """
         sid = sid or uuid.uuid4().hex
         if self._sessions.is_open(sid):
@@ -166,7 +168,15 @@ class AdapterPool:
         while True:
             alive = [s.index for s in self._slots if s.dead is None]
             slot = self._slots[self._sessions.least_loaded(alive)]
-            args = (sid, sampling_defaults, max_context_tokens, history, exclude_patterns, retry)
+            args = (
+                sid,
+                sampling_defaults,
+                max_context_tokens,
+                history,
+                exclude_patterns,
+                retry,
+                group,
+            )
             try:
                 slot.url = self._supervisor.call(slot, "open_session", *args)
             except SessionLost as lost:

@@ -22,6 +22,7 @@ from tokentrail.storage.export import (
     sample_columns,
     samples_from_columns,
 )
+from tokentrail.storage.tree_pack import TreePack, pack_tree
 from tokentrail.trajectory.ledger import Ledger
 from tokentrail.trajectory.manager import Trajectory
 from tokentrail.trajectory.sample import Sample
@@ -119,6 +120,10 @@ class FinishedBatch:
     def pack(self, backend: str | None = None) -> PackedBatch:
         """Every finished sample packed for variable-length attention (`pack_samples`)."""
         return pack_samples(self.samples(), backend=backend)
+
+    def pack_tree(self) -> TreePack:
+        """Every finished sample packed as one prefix tree per group (`pack_tree`)."""
+        return pack_tree(self.samples())
 
 
 __all__ = ["FinishedBatch", "FinishedSession", "ShippedBatch", "ShippedSession"]

@@ -140,7 +140,11 @@ def linearize_record(
     for seq in record.replays:
         if seq in by_seq:
             manager.answered_again(record.sid, by_seq[seq])
-    trajectory = manager.finish(record.sid, reward=record.reward)
+    # The finish's metadata (its group, the trainer's own keys) is in every sample, as the
+    # finish answered it.
+    trajectory = manager.finish(
+        record.sid, reward=record.reward, extra_metadata=dict(record.metadata) or None
+    )
     trajectory.mark_lost(record.losses())
     pipeline.forget(record.sid)
     return trajectory

@@ -6,8 +6,9 @@ turn and in total, so a lost training signal is a number a trainer can see and g
 `build_ledger` assigns each token its fate from the tree and the linearization. Beside it: what
 the model never saw (images and documents its prompts held as placeholders), how many sample
 tokens carry their replay rows (routed experts, indexer top-k) and why the others do not
-(`ReplayGap`), tokens per weight version, and the journaled turns a crash or damage lost
-before linearization (`lost`, see `trajectory.loss`).
+(`ReplayGap`), tokens per weight version, the journaled turns a crash or damage lost
+before linearization (`lost`, see `trajectory.loss`), and the samples' tokens as rows against
+as one prefix tree (`layout`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from tokentrail.core.backend import LinearizedLike
 from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason
 from tokentrail.messages import tool_names
+from tokentrail.trajectory.layout_stats import TreeStats
 from tokentrail.trajectory.loss import LostSpan, lost_events, lost_turns
 from tokentrail.trajectory.tree import Node, iter_nodes
 
@@ -143,6 +145,8 @@ class Ledger:
     # Journaled events of the session that were not recovered (a crash, a damaged journal):
     # turns in none of the rows above, whose tokens no count here includes.
     lost: list[LostSpan] = field(default_factory=list)
+    # The samples' tokens as rows against as one prefix tree (`trajectory.prefix_tree`).
+    layout: TreeStats | None = None
 
     @property
     def lost_turns(self) -> int:
@@ -243,6 +247,7 @@ class Ledger:
                 str(k): {"generated": int(v["generated"]), "trained": int(v["trained"])}
                 for k, v in (d.get("weight_versions") or {}).items()
             },
+            layout=TreeStats.from_dict(d["layout"]) if d.get("layout") else None,
             lost=[LostSpan.from_dict(x) for x in d.get("lost") or ()],
         )
 
@@ -263,6 +268,7 @@ class Ledger:
             "replay": {k: v.to_dict() for k, v in self.replay.items()},
             "weight_versions": dict(sorted(self.weight_versions.items())),
             "retries": self.retries,
+            "layout": self.layout.to_dict() if self.layout is not None else None,
             "lost_turns": self.lost_turns,
             "lost_events": self.lost_events,
             "lost": [span.to_dict() for span in self.lost],

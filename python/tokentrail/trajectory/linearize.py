@@ -4,21 +4,26 @@ decisions taken on the way (the chains of generated turns go through the core ba
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
+from tokentrail.errors import TreeError
 from tokentrail.kinds import DriftKind, DriftPolicy, Replay
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
 from tokentrail.trajectory.loss import LostSpan
 from tokentrail.trajectory.loss import summary as loss_summary
+from tokentrail.trajectory.prefix_tree import tree_stats
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tree import Node, iter_nodes, leaves
 from tokentrail.trajectory.turn import StoredTurn
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,10 @@ def linearize_session(
         replays=replays,
         mask_superseded=not train_superseded,
     )
+    try:
+        ledger.layout = tree_stats(samples)
+    except TreeError as exc:  # replay rows of mixed shapes: the samples still train as rows
+        logger.debug("session %s: no tree layout stats: %s", sid, exc)
     drifts = [
         DriftRecord(generated[d.turn].turn_index or 0, DriftKind(d.kind), d.at, d.drifted)
         for d in lin.drifts
