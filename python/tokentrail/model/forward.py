@@ -129,8 +129,8 @@ class CausalLM:
             ]
             torch = _torch()
             hidden = torch.cat([h for h, _ in parts])
-            rows = [r for _, r in parts if r is not None]
-            return hidden, (np.concatenate(rows) if rows else None)
+            chunk_rows = [r for _, r in parts if r is not None]
+            return hidden, (np.concatenate(chunk_rows) if chunk_rows else None)
         torch = _torch()
         if not ids:
             raise ModelError("a forward pass needs at least one token")
@@ -148,7 +148,7 @@ class CausalLM:
         finally:
             self._captured = None
         hidden = out.last_hidden_state[0]
-        rows = None
+        rows: np.ndarray | None = None
         if captured is not None:
             assert self.routing is not None
             rows = np.zeros((len(ids), self.routing.layers, self.routing.top_k), dtype=np.int32)
