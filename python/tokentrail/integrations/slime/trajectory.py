@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tokentrail.integrations.slime.sample import sample_class, to_slime
+from tokentrail.integrations.slime.sample import to_slime
 from tokentrail.kinds import DriftPolicy, RewritePolicy
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.trajectory.linearize import Trajectory
@@ -133,7 +133,7 @@ class TrajectoryManager:
         self,
         sid: str,
         *,
-        base_sample: Any = None,
+        base_sample: Any,
         reward: float = 0.0,
         extra_metadata: dict[str, Any] | None = None,
         max_sample_tokens: int = 0,
@@ -143,9 +143,7 @@ class TrajectoryManager:
         trajectory = self.finish(
             sid, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=max_sample_tokens
         )
-        return slime_samples(
-            trajectory, base_sample if base_sample is not None else sample_class()()
-        )
+        return slime_samples(trajectory, base_sample)
 
     def drop_session(self, sid: str) -> None:
         self.core.drop_session(sid)
