@@ -438,12 +438,15 @@ def test_max_turns_per_sid_returns_429(hf) -> None:
     asyncio.run(run())
 
 
-def test_mid_list_system_message_is_accepted(hf) -> None:
-    """slime folds a mid-list system message into the user turn before it; tokentrail keeps
-    it where it is and renders what the template makes of it (Qwen3's: a system turn)."""
+def test_mid_list_system_folds_into_user(hf) -> None:
+    """slime folds a mid-list system message into the user turn before it (wrapped in its own
+    `<system-reminder>`); tokentrail joins it to that user turn as text."""
+    seen: list[tuple] = []
 
     async def run() -> None:
-        async with served(AnthropicAdapter, hf, ["ok"], "sid-s") as (ad, client, sg, _):
+        async with served(
+            AnthropicAdapter, hf, ["ok"], "sid-s", debug_callback=lambda *a: seen.append(a)
+        ) as (ad, client, _, _):
             body = {
                 "model": "m",
                 "max_tokens": 8,
@@ -456,10 +459,40 @@ def test_mid_list_system_message_is_accepted(hf) -> None:
             resp = await client.post("/v1/messages", headers=_bearer("sid-s"), json=body)
             assert resp.status == 200, await resp.text()
             assert len(await _drain(ad, "sid-s")) == 1
-            prompt = hf.decode(sg.bodies("/generate")[0]["input_ids"])
-        assert "skills list" in prompt and prompt.index("hello") < prompt.index("skills list")
 
     asyncio.run(run())
+    translated = seen[0][1]
+    assert [m["role"] for m in translated] == ["user", "user"]
+    assert "hello" in translated[0]["content"] and "skills list" in translated[0]["content"]
+
+
+def test_model_output_parsing() -> None:
+    """slime's parsing cases, with Qwen3's parsers (what the adapters pick for Qwen3)."""
+    from tokentrail.text.parsing import parse_output
+
+    assert parse_output("just text", None, None).message == {
+        "role": "assistant",
+        "content": "just text",
+    }
+    think = parse_output("<think>reason here</think>visible", None, "qwen3").message
+    assert (think["content"], think["reasoning_content"]) == ("visible", "reason here")
+    lookup = [
+        {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    ]
+    call = "<tool_call><function=lookup><parameter=q>slime</parameter></function></tool_call>"
+    parsed = parse_output(f"lead {call}", "qwen3_coder", None, tools=lookup)
+    assert parsed.message["content"] == "lead "  # kept as sampled
+    assert parsed.message["tool_calls"][0]["function"] == {
+        "name": "lookup",
+        "arguments": {"q": "slime"},
+    }
+    # Deliberate differences (README, "Coming from slime"): text after the calls makes the
+    # turn ill-formed text; a call to a tool the request did not list is still a call.
+    after = parse_output(f"lead {call} tail", "qwen3_coder", None, tools=lookup)
+    assert after.ill_formed and "tool_calls" not in after.message
+    unknown = call.replace("lookup", "unknown")
+    calls = parse_output(unknown, "qwen3_coder", None, tools=lookup).message["tool_calls"]
+    assert calls[0]["function"]["name"] == "unknown"
 
 
 def test_open_session_twice_raises_and_finish_is_idempotent(hf) -> None:
