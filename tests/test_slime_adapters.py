@@ -665,3 +665,46 @@ def test_samples_are_slimes_shape_without_slime() -> None:
     assert sample_class() is CompatSample  # slime is not installed here
     s = CompatSample(index=3, prompt="p")
     assert s.status is CompatSample.Status.PENDING and s.rollout_id is None and s.tokens == []
+
+
+def test_routed_experts_fill_slimes_field_at_a_real_moe_shape(hf) -> None:
+    """48 layers x top-8 of 128 experts (Qwen3-30B-A3B's shape): every fed-forward position's
+    row, taken from the request that computed it, in slime's (len(tokens) - 1, layers, top-k)."""
+    import numpy as np
+
+    from tokentrail.core.replay import RoutingShape
+    from tokentrail.sim.moe import KVRouting
+
+    shape = RoutingShape(48, 8, 128)
+    kv = KVRouting(shape)
+
+    async def run() -> list:
+        script = ScriptedReplies(hf, ["looking", "done"])
+        async with FakeSGLang(reply=script, routing=kv) as sglang:
+            adapter = AnthropicAdapter(tokenizer=hf, sglang_url=sglang.url, routing=shape)
+            adapter.open_session("sid-moe")
+            client = TestClient(TestServer(adapter.app))
+            await client.start_server()
+            try:
+                messages: list[dict] = [{"role": "user", "content": "fix it"}]
+                for _ in range(2):
+                    body = {"model": "m", "max_tokens": 32, "messages": messages}
+                    resp = await client.post("/v1/messages", headers=_bearer("sid-moe"), json=body)
+                    assert resp.status == 200, await resp.text()
+                    answer = await resp.json()
+                    messages += [
+                        {"role": "assistant", "content": answer["content"]},
+                        {"role": "user", "content": "go on"},
+                    ]
+            finally:
+                await client.close()
+            assert sglang.bodies("/generate")[1]["routed_experts_start_len"] > 0
+            return await _drain(adapter, "sid-moe")
+
+    (s,) = asyncio.run(run())
+    rows = np.asarray(s.rollout_routed_experts)
+    assert rows.shape == (len(s.tokens) - 1, 48, 8)
+    held, computed_by = kv.rows_of(s.tokens)
+    assert rows.tolist() == held[: len(s.tokens) - 1].tolist()
+    assert len(set(computed_by[: len(s.tokens) - 1].tolist())) == 2  # both turns' rows
+    assert s.metadata["replay"]["routed_experts"]["missing"] == {}

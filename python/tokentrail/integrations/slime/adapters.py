@@ -19,6 +19,7 @@ from aiohttp import web
 
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.server import Adapter
+from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.errors import SessionError
@@ -129,12 +130,14 @@ class BaseAdapter:
         debug_callback: DebugCallback | None = None,
         restore: Restore | str = Restore.ON,
         history: History | str = History.SPLICE,
+        routing: RoutingShape | None = None,
         config: AdapterConfig | None = None,
         manager: TrailManager | None = None,
     ) -> None:
-        """slime's arguments; `restore`, `history`, `config` and `manager` are tokentrail's
-        (`restore="off", history="render"` build prompts as slime does). A parser left None
-        is the model family's, as `serve` picks it."""
+        """slime's arguments; the rest are tokentrail's: `restore="off", history="render"`
+        build prompts as slime does, `routing` (the MoE's shape) asks SGLang for every turn's
+        routed experts (slime's `rollout_routed_experts`). A parser left None is the model
+        family's, as `serve` picks it."""
         self.tokenizer = tokenizer
         self.loaded = loaded = as_loaded(tokenizer)
         self.sglang_url = sglang_url.rstrip("/")
@@ -147,8 +150,11 @@ class BaseAdapter:
             max_turns_per_session=int(max_turns_per_sid or 0),
             restore=Restore(restore),
             history=History(history),
+            routed_experts=routing is not None or (config is not None and config.routed_experts),
         )
-        core = manager or slime_manager(fork_threshold_tokens, base=_RecordingManager)
+        core = manager or slime_manager(
+            fork_threshold_tokens, base=_RecordingManager, routing=routing
+        )
         if isinstance(core, _RecordingManager):
             core.debug_callback = debug_callback
         elif debug_callback is not None:

@@ -92,8 +92,9 @@ def to_slime(sample: TrailSample, base_sample: Any) -> Any:
         metadata=dict(sample.metadata),
     )
     if sample.routed_experts is not None:
-        # slime's field has the shape (positions, layers, top-k), as tokentrail's rows do.
-        out.rollout_routed_experts = sample.routed_experts.tolist()
+        # slime's rows are those of the positions fed forward, (len(tokens) - 1, layers,
+        # top-k); tokentrail's also hold the last token's (zeros: it was sampled, never fed).
+        out.rollout_routed_experts = sample.routed_experts[: len(sample.tokens) - 1].tolist()
     versions = sample.metadata.get("weight_versions")
     if versions:
         out.weight_versions = list(dict.fromkeys(str(v["version"]) for v in versions))
