@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from support.fake_engines import FakeSGLang
 from support.slime import ScriptedReplies, hf_tokenizer
@@ -372,13 +374,16 @@ def test_anthropic_multiturn_wire_roundtrip_and_token_capture(hf) -> None:
     ]
     first_messages = [{"role": "user", "content": [{"type": "text", "text": "find slime"}]}]
 
+    seen: list[tuple] = []
+
     async def run() -> None:
-        async with served(AnthropicAdapter, hf, [call, "the answer"], "sid-mt") as (
-            ad,
-            client,
-            sg,
-            script,
-        ):
+        async with served(
+            AnthropicAdapter,
+            hf,
+            [call, "the answer"],
+            "sid-mt",
+            debug_callback=lambda *a: seen.append(a),
+        ) as (ad, client, sg, script):
             body = {"model": "m", "max_tokens": 64, "tools": tools, "messages": first_messages}
             first = await client.post("/v1/messages", headers=_bearer("sid-mt"), json=body)
             fdata = await first.json()
@@ -402,8 +407,14 @@ def test_anthropic_multiturn_wire_roundtrip_and_token_capture(hf) -> None:
         assert sdata["content"] == [{"type": "text", "text": "the answer"}]
         assert [r.headers["X-SMG-Routing-Key"] for r in sg.requests] == ["sid-mt", "sid-mt"]
         p0, p1 = script.prompts
-        # The second prompt holds the first prompt and the sampled ids, token for token.
+        # The second prompt holds the first prompt and the sampled ids, token for token, and
+        # is, spliced, what the object's own apply_chat_template makes of the conversation.
         assert p1[: len(p0) + len(script.outputs[0])] == p0 + script.outputs[0]
+        for (_, translated, tools_schema, _, _), ids in zip(seen, script.prompts, strict=True):
+            full = hf.apply_chat_template(
+                translated, tools=tools_schema, tokenize=True, add_generation_prompt=True
+            )
+            assert ids == full["input_ids"]
         # One sample, every generated token trained (slime: "at least one partly-trained").
         assert len(samples) == 1
         s = samples[0]
@@ -411,6 +422,7 @@ def test_anthropic_multiturn_wire_roundtrip_and_token_capture(hf) -> None:
         assert sum(s.loss_mask) == len(script.outputs[0]) + len(script.outputs[1])
         assert s.metadata["use_tool"] is True
         assert [e["trained"] for e in s.metadata["ledger"]] == [len(o) for o in script.outputs]
+        assert [e["history"] for e in s.metadata["ledger"]] == ["render", "splice"]
 
     asyncio.run(run())
 
@@ -708,3 +720,58 @@ def test_routed_experts_fill_slimes_field_at_a_real_moe_shape(hf) -> None:
     assert rows.tolist() == held[: len(s.tokens) - 1].tolist()
     assert len(set(computed_by[: len(s.tokens) - 1].tolist())) == 2  # both turns' rows
     assert s.metadata["replay"]["routed_experts"]["missing"] == {}
+
+
+_WORDS = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=24
+)
+
+
+@st.composite
+def _conversations(draw: st.DrawFn) -> tuple[list[dict], list[dict] | None]:
+    messages: list[dict] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(_WORDS)})
+    for _ in range(draw(st.integers(1, 3))):
+        messages.append({"role": "user", "content": draw(_WORDS)})
+        reply: dict = {"role": "assistant", "content": draw(_WORDS)}
+        if draw(st.booleans()):
+            reply["reasoning_content"] = draw(_WORDS)
+        if draw(st.booleans()):
+            args = draw(st.dictionaries(st.sampled_from(["q", "path", "n"]), _WORDS, max_size=2))
+            reply["tool_calls"] = [
+                {"type": "function", "function": {"name": "lookup", "arguments": args}}
+            ]
+            messages += [reply, {"role": "tool", "content": draw(_WORDS)}]
+        else:
+            messages.append(reply)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": draw(_WORDS),
+                "parameters": {"type": "object"},
+            },
+        }
+    ]
+    return messages, tools if draw(st.booleans()) else None
+
+
+@settings(max_examples=60, deadline=None)
+@given(conversation=_conversations())
+def test_prompts_equal_the_hugging_face_objects_own(hf, conversation) -> None:
+    """The fast path (tokentrail's template rendering, the Rust core's encoder) against the slow
+    one (the object's own `apply_chat_template(tokenize=True)`), on generated conversations."""
+    from tokentrail.text.incremental import IncrementalEncoder
+
+    messages, tools = conversation
+    loaded = as_loaded(hf)
+    theirs = hf.apply_chat_template(
+        messages, tools=tools, tokenize=True, add_generation_prompt=True
+    )
+    text = loaded.render_chat(messages, tools)
+    assert text == hf.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    assert IncrementalEncoder(loaded).encode_full(text).tolist() == theirs["input_ids"]
