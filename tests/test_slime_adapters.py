@@ -775,3 +775,24 @@ def test_prompts_equal_the_hugging_face_objects_own(hf, conversation) -> None:
         messages, tools=tools, tokenize=False, add_generation_prompt=True
     )
     assert IncrementalEncoder(loaded).encode_full(text).tolist() == theirs["input_ids"]
+
+
+def test_tokentrails_own_adapter_takes_the_hugging_face_object(hf) -> None:
+    from tokentrail.adapter.server import Adapter
+    from tokentrail.engines.scripted import ScriptedEngine
+
+    async def run() -> list:
+        adapter = Adapter(engine=ScriptedEngine(hf), tokenizer=hf)
+        assert adapter.tokenizer is as_loaded(hf)
+        client = TestClient(TestServer(adapter.app))
+        await client.start_server()
+        try:
+            body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "x"}]}
+            resp = await client.post("/v1/messages", headers=_bearer("own"), json=body)
+            assert resp.status == 200, await resp.text()
+        finally:
+            await client.close()
+        return await adapter.finish_session("own", reward=1.0)
+
+    (sample,) = asyncio.run(run())
+    assert sample.trained_tokens == sample.response_length > 0
