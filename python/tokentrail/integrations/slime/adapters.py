@@ -113,6 +113,13 @@ def _sampling_defaults(params: dict[str, Any] | None) -> dict[str, Any]:
     return kept
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class BaseAdapter:
     """The session lifecycle and app both of slime's adapters share."""
 
@@ -194,17 +201,32 @@ class BaseAdapter:
         """Open a session; sids are unique per agent run (a second open raises `SessionError`,
         a `ValueError` as slime's). `sampling_defaults` are slime's SGLang sampling params;
         `max_context_tokens` is the rollout's context budget."""
+        defaults = _sampling_defaults(sampling_defaults)
+        self._in_app_loop(self._open, sid, defaults, int(max_context_tokens or 0))
+
+    def _open(self, sid: str, defaults: dict[str, Any], max_context_tokens: int) -> None:
         if self.adapter.sessions.get(sid) is not None or self.adapter.manager.has_session(sid):
             raise SessionError(
                 f"session_id {sid!r} already exists; sids must be unique per agent run"
             )
-        defaults = _sampling_defaults(sampling_defaults)
         self.adapter.open_session(
-            sid, sampling_defaults=defaults, max_context_tokens=int(max_context_tokens or 0)
+            sid, sampling_defaults=defaults, max_context_tokens=max_context_tokens
         )
         cap = defaults.get("max_new_tokens")
         if cap is not None:
             self.engine.caps[sid] = int(cap)
+
+    def _in_app_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the loop serving the app, waited for (the sessions are that loop's
+        to change); here when the app is not served, or from that loop itself."""
+        loop = self._loop
+        if loop is None or not loop.is_running() or _running_loop() is loop:
+            return fn(*args)
+
+        async def call() -> T:
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout=60)
 
     async def shutdown_session(self, sid: str, *, wait_timeout: float = 5.0) -> None:
         """Wait up to `wait_timeout` seconds for the session's turns in flight to end."""
