@@ -563,6 +563,10 @@ def test_slime_sampling_params_are_accepted_and_unknown_ones_refused(hf) -> None
             )
             with pytest.raises(SamplingParamsError, match="repetition_penalty"):
                 ad.open_session("sid-q", sampling_defaults={"repetition_penalty": 1.1})
+            with pytest.raises(SamplingParamsError, match="stop_token_ids"):
+                ad.open_session("sid-q", sampling_defaults={"stop_token_ids": [13]})
+            im_end = hf.convert_tokens_to_ids("<|im_end|>")
+            ad.open_session("sid-q", sampling_defaults={"stop_token_ids": [im_end]})
             body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "x"}]}
             assert (
                 await client.post("/v1/messages", headers=_bearer("sid-p"), json=body)

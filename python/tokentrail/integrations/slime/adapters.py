@@ -22,7 +22,7 @@ from tokentrail.adapter.server import Adapter
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams
 from tokentrail.engines.sglang import SGLangEngine
-from tokentrail.errors import SessionError
+from tokentrail.errors import SamplingParamsError, SessionError
 from tokentrail.integrations.slime.trajectory import (
     TrajectoryManager,
     slime_manager,
@@ -105,10 +105,20 @@ class _CappedEngine:
         await self.engine.close()
 
 
-def _sampling_defaults(params: dict[str, Any] | None) -> dict[str, Any]:
-    """slime's SGLang `sampling_params` as tokentrail's; an unknown key is refused here, at
-    `open_session`, with `SamplingParamsError`, rather than at every turn."""
-    kept = {k: v for k, v in (params or {}).items() if k not in _OUTPUT_KEYS}
+def _sampling_defaults(
+    params: dict[str, Any] | None, end_token_ids: frozenset[int]
+) -> dict[str, Any]:
+    """slime's SGLang `sampling_params` as tokentrail's; an unknown key, or stop token ids
+    other than the tokenizer's end tokens, is refused here, at `open_session`, with
+    `SamplingParamsError`, rather than at every turn (or silently)."""
+    params = params or {}
+    stops = params.get("stop_token_ids") or []
+    if not set(stops) <= end_token_ids:
+        raise SamplingParamsError(
+            f"stop_token_ids {sorted(stops)}: a turn ends on the tokenizer's end tokens "
+            f"{sorted(end_token_ids)}; other stop ids are not supported"
+        )
+    kept = {k: v for k, v in params.items() if k not in _OUTPUT_KEYS}
     SamplingParams(max_new_tokens=1).merged(kept)
     return kept
 
@@ -201,7 +211,7 @@ class BaseAdapter:
         """Open a session; sids are unique per agent run (a second open raises `SessionError`,
         a `ValueError` as slime's). `sampling_defaults` are slime's SGLang sampling params;
         `max_context_tokens` is the rollout's context budget."""
-        defaults = _sampling_defaults(sampling_defaults)
+        defaults = _sampling_defaults(sampling_defaults, self.loaded.end_token_ids)
         self._in_app_loop(self._open, sid, defaults, int(max_context_tokens or 0))
 
     def _open(self, sid: str, defaults: dict[str, Any], max_context_tokens: int) -> None:
