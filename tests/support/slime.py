@@ -11,6 +11,7 @@ agent run against the adapter, finish the session into samples (an ABORTED sampl
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ from tokentrail.text.tokenizer import LoadedTokenizer
 IM_END = "<|im_end|>"
 
 
+@functools.cache
 def hf_tokenizer(loaded: LoadedTokenizer) -> Any:
-    """A `transformers` fast tokenizer of `loaded`'s vocabulary and chat template."""
+    """A `transformers` fast tokenizer of `loaded`'s vocabulary and chat template (one per
+    `loaded`, shared by the test modules: wrapping it loads the vocabulary into the core)."""
     import transformers
 
     assert loaded.path is not None
