@@ -22,7 +22,7 @@ from tokentrail.adapter.server import Adapter
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams
 from tokentrail.engines.sglang import SGLangEngine
-from tokentrail.errors import SamplingParamsError, SessionError
+from tokentrail.errors import PolicyError, SamplingParamsError, SessionError
 from tokentrail.integrations.slime.trajectory import (
     TrajectoryManager,
     slime_manager,
@@ -175,7 +175,7 @@ class BaseAdapter:
         if isinstance(core, _RecordingManager):
             core.debug_callback = debug_callback
         elif debug_callback is not None:
-            raise SessionError("debug_callback needs the adapter's own manager (manager=None)")
+            raise PolicyError("debug_callback needs the adapter's own manager (manager=None)")
         self.debug_callback = debug_callback
         self.engine = _CappedEngine(SGLangEngine(self.sglang_url, loaded))
         self.adapter = Adapter(
