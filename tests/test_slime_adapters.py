@@ -800,3 +800,44 @@ def test_tokentrails_own_adapter_takes_the_hugging_face_object(hf) -> None:
 
     (sample,) = asyncio.run(run())
     assert sample.trained_tokens == sample.response_length > 0
+
+
+def test_slimes_own_sample_is_used_when_slime_is_importable() -> None:
+    """With slime importable, `Sample`s are slime's class (here a stand-in module of that name,
+    the shape of `slime.utils.types.Sample`: slime is not on PyPI)."""
+    import dataclasses
+    import sys
+    import types
+
+    import numpy as np
+
+    from tokentrail.integrations.slime.sample import to_slime
+    from tokentrail.trajectory.sample import Sample as TrailSample
+
+    @dataclasses.dataclass
+    class SlimeSample(CompatSample):
+        pass
+
+    module = types.ModuleType("slime.utils.types")
+    module.Sample = SlimeSample  # type: ignore[attr-defined]
+    mp = pytest.MonkeyPatch()
+    for name in ("slime", "slime.utils"):
+        mp.setitem(sys.modules, name, types.ModuleType(name))
+    mp.setitem(sys.modules, "slime.utils.types", module)
+    sample_class.cache_clear()
+    try:
+        assert sample_class() is SlimeSample
+        trail = TrailSample(
+            tokens=np.array([1, 2, 3], dtype=np.uint32),
+            loss_mask=np.array([1], dtype=np.int32),
+            rollout_log_probs=np.array([-0.5], dtype=np.float32),
+            response_length=1,
+            reward=0.5,
+        )
+        out = to_slime(trail, SlimeSample(index=4, group_index=1, prompt="p"))
+        assert type(out) is SlimeSample and out.rollout_id == 4 and out.tokens == [1, 2, 3]
+        assert (out.loss_mask, out.rollout_log_probs, out.reward) == ([1], [-0.5], 0.5)
+    finally:
+        mp.undo()
+        sample_class.cache_clear()
+    assert sample_class() is CompatSample
