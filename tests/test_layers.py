@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tokentrail.adapter",),
     ("tokentrail.sim",),
     ("tokentrail.scale",),
+    ("tokentrail.integrations",),
     ("tokentrail.cli", "tokentrail.__main__", "tokentrail"),
 ]
 

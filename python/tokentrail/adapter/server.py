@@ -47,6 +47,7 @@ from tokentrail.engines.base import Engine
 from tokentrail.errors import EngineError
 from tokentrail.kinds import History, Retry, Stage
 from tokentrail.storage.journal import Journal
+from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
@@ -67,7 +68,7 @@ class Adapter:
         self,
         *,
         engine: Engine,
-        tokenizer: LoadedTokenizer,
+        tokenizer: LoadedTokenizer | HFTokenizer,
         chat_template: str | None = None,
         manager: TrajectoryManager | None = None,
         config: AdapterConfig | None = None,
@@ -76,7 +77,8 @@ class Adapter:
     ) -> None:
         """`template_name` names `chat_template` where it is refused (`--chat-template FILE`)."""
         self.engine = engine
-        self.tokenizer = tokenizer
+        # A `transformers` tokenizer object works as well as a loaded one (`text.hf`).
+        self.tokenizer = tokenizer = as_loaded(tokenizer)
         self.config = config = config or AdapterConfig()
         self.limits = limits = config.limits
         self.manager = manager or TrajectoryManager()

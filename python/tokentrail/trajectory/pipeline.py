@@ -28,6 +28,7 @@ from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice
 from tokentrail.messages import Conversation, Message, ToolSchema
 from tokentrail.text.constraints import OutputConstraint, forced_tool_call
 from tokentrail.text.families import Family, resolve_family
+from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.parsing import ParsedOutput, parse_output
 from tokentrail.text.template_check import check_within_budget
@@ -193,7 +194,7 @@ class TurnPipeline:
     def __init__(
         self,
         manager: TrajectoryManager,
-        tokenizer: LoadedTokenizer | None,
+        tokenizer: LoadedTokenizer | HFTokenizer | None,
         chat_template: str | None = None,
         *,
         restore: Restore | str = Restore.ON,
@@ -208,6 +209,7 @@ class TurnPipeline:
         self.manager = manager
         # Side conversations every session excludes (a session may add its own).
         self.side_rules = side_rules or SideRules()
+        tokenizer = None if tokenizer is None else as_loaded(tokenizer)
         self._tokenizer = tokenizer
         self.chat_template = chat_template or (tokenizer.chat_template if tokenizer else "")
         self.restore = Restore(restore)
