@@ -15,11 +15,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("tokentrail.errors", "tokentrail.kinds", "tokentrail.messages", "tokentrail._core"),
     ("tokentrail.text", "tokentrail.core"),
     ("tokentrail.trajectory",),
-    ("tokentrail.storage", "tokentrail.engines"),
+    ("tokentrail.storage", "tokentrail.engines", "tokentrail.model"),
     ("tokentrail.view",),
     ("tokentrail.adapter",),
     ("tokentrail.sim",),
     ("tokentrail.scale",),
+    ("tokentrail.integrations",),
     ("tokentrail.cli", "tokentrail.__main__", "tokentrail"),
 ]
 

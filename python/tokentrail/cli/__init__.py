@@ -1,5 +1,5 @@
-"""The `tokentrail` command: `serve` the adapter, `replay`/`audit`/`journal` its records, run
-the `demo`.
+"""The `tokentrail` command: `serve` the adapter, `replay`/`audit`/`journal` its records,
+`pack` samples as prefix trees, run the `demo`.
 
 `tokentrail demo` is the main job on built-in defaults: the scripted engine, the Qwen3
 vocabulary and a harness that re-renders echoes as Claude Code does; no GPU, no network.
@@ -13,16 +13,19 @@ import argparse
 import logging
 import sys
 
-from tokentrail.cli import demo, records, serve, view
+from tokentrail.cli import demo, pack, records, serve, view
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokentrail", description=__doc__)
-    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument(
+        "--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default) or ERROR"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve.add_command(sub)
     demo.add_command(sub)
     records.add_command(sub)
+    pack.add_command(sub)
     view.add_command(sub)
     return parser
 

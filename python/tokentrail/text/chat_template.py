@@ -93,7 +93,9 @@ def _probe(template: str, arguments: Any) -> str | None:
     ]
     try:
         return render(template, messages, add_generation_prompt=True)
-    except TemplateError:
+    except TemplateError as exc:
+        if isinstance(exc.__cause__, MemoryError):
+            raise  # not the template refusing the shape: the bounded check must see it
         return None
 
 

@@ -110,7 +110,10 @@ class JournalSource:
                     sessions[record.sid] = kept
                     continue
                 record_session(record, pipeline)
-                sessions[record.sid] = (key, _inspect(manager, record.sid, record.state))
+                data = _inspect(manager, record.sid, record.state)
+                # What the journal lost of the session counts in its ledger, as in `as_recorded`.
+                data.trajectory.mark_lost(record.losses())
+                sessions[record.sid] = (key, data)
                 manager.drop_session(record.sid)
                 pipeline.forget(record.sid)
             self._sessions = sessions
