@@ -23,7 +23,7 @@ import numpy as np
 
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import read_journal
+from tokentrail.storage.journal.read import read_journal
 
 SESSIONS, TURNS, FINISHED = 12, 6, 4
 Truth = dict[str, list[list[int]]]

@@ -17,7 +17,7 @@ import pytest
 from tokentrail.errors import JournalError
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import check_journal, read_journal
+from tokentrail.storage.journal.read import check_journal, read_journal
 
 TOOLS = [
     {

@@ -19,7 +19,7 @@ from tokentrail.adapter.turns import EXCLUDE_HEADER
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import PolicyError
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import read_journal
+from tokentrail.storage.journal.read import read_journal
 from tokentrail.text.tokenizer import load_tokenizer
 from tokentrail.trajectory.side import SideRules, system_fingerprint
 

@@ -36,7 +36,7 @@ from tokentrail.errors import (
 from tokentrail.kinds import Closed, History, JournalEvent, Retry
 from tokentrail.messages import Conversation
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_format import DROPPED, JournaledTurn
+from tokentrail.storage.journal.format import DROPPED, JournaledTurn
 from tokentrail.storage.replay import fit_replay
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline

@@ -61,7 +61,7 @@ def add_command(sub: Any) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from tokentrail.storage.journal_read import read_journal
+    from tokentrail.storage.journal.read import read_journal
     from tokentrail.storage.replay import Settings, as_recorded, progress_bar, replay, side_by_side
     from tokentrail.text.tokenizer import load_tokenizer
 
@@ -108,7 +108,7 @@ def _audit(args: argparse.Namespace) -> int:
                 record = json.loads(line)
                 ledgers.append(Ledger.from_dict(record.get("ledger", record)))
     else:
-        from tokentrail.storage.journal_read import read_journal
+        from tokentrail.storage.journal.read import read_journal
         from tokentrail.storage.replay import as_recorded
 
         ledgers = [t.ledger for t in as_recorded(read_journal(path)).values()]
@@ -131,7 +131,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _journal_check(args: argparse.Namespace) -> int:
-    from tokentrail.storage.journal_read import check_journal
+    from tokentrail.storage.journal.read import check_journal
 
     report = check_journal(args.journal)
     print(report.table())
@@ -139,7 +139,7 @@ def _journal_check(args: argparse.Namespace) -> int:
 
 
 def _journal_compact(args: argparse.Namespace) -> int:
-    from tokentrail.storage.journal_compact import compact
+    from tokentrail.storage.journal.compact import compact
 
     done = compact(args.journal, export_to=args.export)
     if done.exported is not None:
@@ -158,7 +158,7 @@ def _journal_compact(args: argparse.Namespace) -> int:
 
 
 def _journal_export(args: argparse.Namespace) -> int:
-    from tokentrail.storage.journal_compact import export_finished
+    from tokentrail.storage.journal.compact import export_finished
 
     done = export_finished(args.journal, args.out)
     print(f"wrote {done.samples} samples of {done.sessions} finished sessions to {args.out}")

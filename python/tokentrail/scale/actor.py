@@ -32,7 +32,7 @@ from tokentrail.errors import SessionClosed, SessionError
 from tokentrail.kinds import LostReason
 from tokentrail.scale.spec import ActorSpec
 from tokentrail.scale.transfer import ShippedBatch
-from tokentrail.storage.journal_format import DROPPED, FINISHED
+from tokentrail.storage.journal.format import DROPPED, FINISHED
 from tokentrail.trajectory.linearize import Trajectory
 
 logger = logging.getLogger(__name__)

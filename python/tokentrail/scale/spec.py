@@ -19,7 +19,8 @@ from tokentrail.engines.base import Engine
 from tokentrail.engines.registry import DEFAULT_TIMEOUT_S, create_engine, engine_names
 from tokentrail.errors import EngineSpecError, JournalError
 from tokentrail.kinds import Backend, DriftPolicy, RewritePolicy
-from tokentrail.storage.journal import SYNC_MODES, Journal
+from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal.writer import SYNC_MODES
 from tokentrail.text.tokenizer import DEFAULT_SPEC, LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
 

@@ -18,9 +18,9 @@ import numpy as np
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.kinds import DriftPolicy, History, ReplayGap, Restore, RewritePolicy
 from tokentrail.messages import Conversation
-from tokentrail.storage.journal_format import JournaledTurn
-from tokentrail.storage.journal_read import JournalContents
-from tokentrail.storage.journal_session import SessionRecord
+from tokentrail.storage.journal.format import JournaledTurn
+from tokentrail.storage.journal.read import JournalContents
+from tokentrail.storage.journal.session import SessionRecord
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.ledger import Ledger, ReplayCoverage
 from tokentrail.trajectory.linearize import Trajectory

@@ -1,9 +1,9 @@
 """A durable journal of every recorded turn, so a crashed rollout worker loses nothing it served.
 
-SQLite in WAL mode, one row per event, laid out as `journal_format` describes: each turn stores
+SQLite in WAL mode, one row per event, laid out as `format` describes: each turn stores
 what is new since the turn of its session it continues, so the journal grows with what the
 sessions add, not with turns x context. One process writes a journal at a time
-(`journal_lock`); a second one gets a `JournalError` naming the holder's pid.
+(`lock`); a second one gets a `JournalError` naming the holder's pid.
 
 A turn is journaled before its reply is written and kept whether or not the reply arrives: a
 retried request for it is answered from the record (`replayed`), never generated twice.
@@ -37,7 +37,7 @@ from tokentrail.core.replay import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent
 from tokentrail.messages import Message, ToolSchema
-from tokentrail.storage.journal_format import (
+from tokentrail.storage.journal.format import (
     END_STATES,
     LIVE,
     Base,
@@ -51,8 +51,8 @@ from tokentrail.storage.journal_format import (
     session_crc,
     tools_bytes,
 )
-from tokentrail.storage.journal_lock import JournalLock
-from tokentrail.storage.journal_open import (
+from tokentrail.storage.journal.lock import JournalLock
+from tokentrail.storage.journal.open import (
     Lost,
     Recovery,
     SessionState,
@@ -60,8 +60,8 @@ from tokentrail.storage.journal_open import (
     load_live,
     prepare,
 )
-from tokentrail.storage.journal_receipts import Receipts
-from tokentrail.storage.journal_session import (
+from tokentrail.storage.journal.receipts import Receipts
+from tokentrail.storage.journal.session import (
     Blobs,
     Event,
     SessionDamage,

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokentrail.errors import JournalError
-from tokentrail.storage.journal_format import LIVE, SCHEMA, SCHEMA_VERSION, session_crc
-from tokentrail.storage.journal_rebuild import rebuild
-from tokentrail.storage.journal_receipts import Receipts, lost_events
-from tokentrail.storage.journal_session import SessionDamage
-from tokentrail.storage.journal_v1 import schema_version
+from tokentrail.storage.journal.format import LIVE, SCHEMA, SCHEMA_VERSION, session_crc
+from tokentrail.storage.journal.rebuild import rebuild
+from tokentrail.storage.journal.receipts import Receipts, lost_events
+from tokentrail.storage.journal.session import SessionDamage
+from tokentrail.storage.journal.v1 import schema_version
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Recovery:
         return [d.describe() for d in self.damaged]
 
     def rebuild(self, path: Path, reason: str, keep: dict[str, int] | None = None) -> None:
-        """Replace the file by one holding every intact event (see `journal_rebuild`)."""
+        """Replace the file by one holding every intact event (see `rebuild`)."""
         result = rebuild(path, keep or {}, reason)
         self.damaged.extend(result.damaged)
         if result.moved_to is not None:
@@ -82,7 +82,7 @@ def prepare(path: Path, sync: str, receipts: Receipts, recovery: Recovery) -> Lo
         recovery.rebuild(path, f"cannot open: {exc}")
         version, top = probe(path)
     if version == 1:
-        from tokentrail.storage.journal_migrate import migrate_v1
+        from tokentrail.storage.journal.migrate import migrate_v1
 
         recovery.moved_to.append(migrate_v1(path, sync))
         recovery.migrated_from = 1

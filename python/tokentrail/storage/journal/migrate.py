@@ -13,15 +13,15 @@ import shutil
 import time
 from pathlib import Path
 
-from tokentrail.storage.journal_format import DROPPED, FINISHED
-from tokentrail.storage.journal_v1 import read_v1
+from tokentrail.storage.journal.format import DROPPED, FINISHED
+from tokentrail.storage.journal.v1 import read_v1
 
 logger = logging.getLogger(__name__)
 
 
 def migrate_v1(path: Path, sync: str = "normal") -> Path:
     """Rewrite the schema-1 journal at `path` as schema 2; returns where the old file went."""
-    from tokentrail.storage.journal import Journal
+    from tokentrail.storage.journal.writer import Journal
 
     meta, records = read_v1(path)
     fresh = path.with_name(f"{path.name}.schema2")

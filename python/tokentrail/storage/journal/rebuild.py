@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokentrail.kinds import JournalEvent
-from tokentrail.storage.journal_format import (
+from tokentrail.storage.journal.format import (
     END_STATES,
     LIVE,
     ROW_COLUMNS,
@@ -31,9 +31,9 @@ from tokentrail.storage.journal_format import (
     event_crc,
     session_crc,
 )
-from tokentrail.storage.journal_receipts import parse_line, receipts_path, write_all
-from tokentrail.storage.journal_scan import Scan, readable, scan_rows
-from tokentrail.storage.journal_session import SessionDamage
+from tokentrail.storage.journal.receipts import parse_line, receipts_path, write_all
+from tokentrail.storage.journal.scan import Scan, readable, scan_rows
+from tokentrail.storage.journal.session import SessionDamage
 
 logger = logging.getLogger(__name__)
 

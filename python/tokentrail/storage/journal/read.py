@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokentrail.errors import JournalError
 from tokentrail.kinds import JournalEvent
-from tokentrail.storage.journal_format import (
+from tokentrail.storage.journal.format import (
     END_STATES,
     LIVE,
     ROW_COLUMNS,
@@ -26,10 +26,10 @@ from tokentrail.storage.journal_format import (
     Row,
     session_crc,
 )
-from tokentrail.storage.journal_receipts import lost_events, parse_line, receipts_path
-from tokentrail.storage.journal_scan import Scan, readable, scan_rows
-from tokentrail.storage.journal_session import Blobs, SessionRecord, read_record
-from tokentrail.storage.journal_v1 import read_v1, schema_version
+from tokentrail.storage.journal.receipts import lost_events, parse_line, receipts_path
+from tokentrail.storage.journal.scan import Scan, readable, scan_rows
+from tokentrail.storage.journal.session import Blobs, SessionRecord, read_record
+from tokentrail.storage.journal.v1 import read_v1, schema_version
 
 logger = logging.getLogger(__name__)
 

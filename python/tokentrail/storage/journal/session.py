@@ -17,7 +17,7 @@ from typing import Any
 from tokentrail.errors import JournalError
 from tokentrail.kinds import JournalEvent
 from tokentrail.messages import ToolSchema
-from tokentrail.storage.journal_format import (
+from tokentrail.storage.journal.format import (
     END_STATES,
     FINISHED,
     LIVE,

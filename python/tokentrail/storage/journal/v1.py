@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from tokentrail.kinds import Fallback, History, JournalEvent
-from tokentrail.storage.journal_format import END_STATES, FINISHED, LIVE, JournaledTurn
-from tokentrail.storage.journal_scan import Scan, readable, scan_rows
-from tokentrail.storage.journal_session import SessionRecord
+from tokentrail.storage.journal.format import END_STATES, FINISHED, LIVE, JournaledTurn
+from tokentrail.storage.journal.scan import Scan, readable, scan_rows
+from tokentrail.storage.journal.session import SessionRecord
 from tokentrail.trajectory.ledger import parse_history_label
 
 logger = logging.getLogger(__name__)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from tokentrail.errors import JournalError
 from tokentrail.storage.export import write_samples
-from tokentrail.storage.journal_format import DROPPED, FINISHED, SCHEMA_VERSION
-from tokentrail.storage.journal_lock import JournalLock
-from tokentrail.storage.journal_read import read_journal
-from tokentrail.storage.journal_rebuild import rebuild
-from tokentrail.storage.journal_session import SessionDamage
+from tokentrail.storage.journal.format import DROPPED, FINISHED, SCHEMA_VERSION
+from tokentrail.storage.journal.lock import JournalLock
+from tokentrail.storage.journal.read import read_journal
+from tokentrail.storage.journal.rebuild import rebuild
+from tokentrail.storage.journal.session import SessionDamage
 from tokentrail.storage.replay import Settings, linearize_record
 
 logger = logging.getLogger(__name__)
