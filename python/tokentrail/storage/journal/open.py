@@ -13,11 +13,13 @@ import os
 import shutil
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokentrail.errors import JournalError
 from tokentrail.storage.journal.format import LIVE, SCHEMA, SCHEMA_VERSION, session_crc
+from tokentrail.storage.journal.migrate import MigrationTarget, migrate_v1
 from tokentrail.storage.journal.rebuild import rebuild
 from tokentrail.storage.journal.receipts import Receipts, lost_events
 from tokentrail.storage.journal.session import SessionDamage
@@ -72,8 +74,14 @@ class SessionState:
     first: int  # the global seq of its first event
 
 
-def prepare(path: Path, sync: str, receipts: Receipts, recovery: Recovery) -> Lost:
-    """Make `path` a schema-2 file to append to; returns the events it lost, by session."""
+def prepare(
+    path: Path,
+    receipts: Receipts,
+    recovery: Recovery,
+    open_journal: Callable[[Path], MigrationTarget],
+) -> Lost:
+    """Make `path` a schema-2 file to append to; returns the events it lost, by session.
+    A schema-1 file is migrated into a journal `open_journal` opens."""
     if not path.exists():
         return {}
     try:
@@ -82,9 +90,7 @@ def prepare(path: Path, sync: str, receipts: Receipts, recovery: Recovery) -> Lo
         recovery.rebuild(path, f"cannot open: {exc}")
         version, top = probe(path)
     if version == 1:
-        from tokentrail.storage.journal.migrate import migrate_v1
-
-        recovery.moved_to.append(migrate_v1(path, sync))
+        recovery.moved_to.append(migrate_v1(path, open_journal))
         recovery.migrated_from = 1
         version, top = probe(path)
     if version not in (0, SCHEMA_VERSION):

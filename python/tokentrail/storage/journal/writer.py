@@ -28,6 +28,7 @@ import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ class Journal:
     # -- opening ------------------------------------------------------------------------------
 
     def _open(self) -> Lost:
-        lost = prepare(self.path, self.sync, self.receipts, self.recovery)
+        lost = prepare(self.path, self.receipts, self.recovery, partial(Journal, sync=self.sync))
         db = None
         try:
             db = connect(self.path, self.sync)
