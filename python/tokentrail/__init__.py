@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from tokentrail.errors import (
+    EngineError,
     ExportError,
+    InvalidInput,
     LogprobLengthError,
     MessageError,
     PackError,
@@ -14,6 +16,7 @@ from tokentrail.errors import (
     TokenIdError,
     TokenizerError,
     TokentrailError,
+    UnknownName,
 )
 from tokentrail.kinds import (
     DriftKind,
@@ -48,10 +51,12 @@ __all__ = [
     "DriftKind",
     "DriftPolicy",
     "DriftRecord",
+    "EngineError",
     "ExportError",
     "Fallback",
     "Family",
     "History",
+    "InvalidInput",
     "IncrementalEncoder",
     "Ledger",
     "LoadedTokenizer",
@@ -82,6 +87,7 @@ __all__ = [
     "TurnLedger",
     "TurnPipeline",
     "TurnRecord",
+    "UnknownName",
     "__version__",
     "families",
     "family",

@@ -28,7 +28,7 @@ from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
 from tokentrail.adapter.limits import TurnSlots, model_context_length
 from tokentrail.adapter.metrics import Metrics
-from tokentrail.adapter.middleware import errors_as_json
+from tokentrail.adapter.middleware import errors_as_json, status_of
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
 from tokentrail.adapter.requests import RequestReader
@@ -40,7 +40,6 @@ from tokentrail.adapter.validation import (
     session_key,
 )
 from tokentrail.engines.base import Engine
-from tokentrail.errors import EngineError
 from tokentrail.kinds import History, Retry, Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -267,7 +266,7 @@ class Adapter:
                 status = response.status
                 return response
             except Exception as exc:
-                status = getattr(exc, "status", 500) if not isinstance(exc, EngineError) else 502
+                status = status_of(exc)
                 raise
             finally:
                 self.metrics.in_flight(-1)

@@ -26,17 +26,17 @@ from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.reuse import RequestMemo
 from tokentrail.errors import (
+    InvalidInput,
     Overloaded,
     RateLimited,
     RequestError,
     SessionClosed,
     SessionError,
-    TokentrailError,
 )
-from tokentrail.kinds import Closed, History, JournalEvent, Retry
+from tokentrail.kinds import Closed, History, JournalEvent, JournalState, Retry, parse_kind
 from tokentrail.messages import Conversation
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal.format import DROPPED, JournaledTurn
+from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.replay import fit_replay
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
@@ -234,9 +234,9 @@ class Sessions:
         session = self._open[sid] = Session(
             dict(sampling_defaults or {}),
             int(max_context_tokens),
-            History(history) if history is not None else None,
+            parse_kind(History, history, "history mode") if history is not None else None,
             rules,
-            Retry(retry) if retry is not None else None,
+            parse_kind(Retry, retry, "retry mode") if retry is not None else None,
         )
         if self.journal is not None and journaled:
             settings: dict[str, Any] = {
@@ -258,7 +258,7 @@ class Sessions:
         if sid not in self._open and self.journal is not None and self._closed.get(sid) is None:
             ended = self.journal.ended(sid)
             if ended is not None:
-                closed = Closed.DROPPED if ended == DROPPED else Closed.FINISHED
+                closed = Closed.DROPPED if ended == JournalState.DROPPED else Closed.FINISHED
                 self._closed.remember(sid, Tombstone(closed, None))
         tomb = self._closed.get(sid)
         if tomb is not None:
@@ -514,7 +514,7 @@ def _recover_turn(sessions: Sessions, turn: JournaledTurn) -> int | None:
             metadata=turn.metadata,
             supersede=turn.supersedes,
         )
-    except TokentrailError as exc:
+    except InvalidInput as exc:
         logger.warning(
             "journal: session %s, turn #%d cannot be recorded again (%s); skipped",
             turn.sid,
