@@ -390,7 +390,7 @@ def check_can_generate(prepared: PreparedTurn, context_limit: int, engine: Engin
             f"prompt is too long: {n} tokens > {context_limit} maximum (this model's maximum "
             f"context length is {context_limit} tokens)"
         )
-    if prepared.constraint is not None and not getattr(engine, "supports_constraints", False):
+    if prepared.constraint is not None and not engine.supports_constraints:
         raise EngineLimit(
             f"tool_choice forces {prepared.constraint.wants}, but the {engine.name} engine "
             "cannot constrain its output (no structured output)"

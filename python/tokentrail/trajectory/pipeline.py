@@ -22,9 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tokentrail.core.replay import ReplayRows
+from tokentrail.core.replay import ReplayRows, WeightSpan
 from tokentrail.errors import PolicyError, RequestError
-from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice
+from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice, parse_kind
 from tokentrail.messages import Conversation, Message, ToolSchema
 from tokentrail.text.constraints import OutputConstraint, forced_tool_call
 from tokentrail.text.families import Family, resolve_family
@@ -58,9 +58,8 @@ AUTO = "auto"
 
 
 class Generated(Protocol):
-    """What an engine sampled for a turn (`engines.Generation` is one). `record` also reads
-    `routed_experts` and `indexer_topk` (`ReplayRows` or None) and `weight_versions`
-    (`WeightSpan`s) when the object has them."""
+    """What an engine sampled for a turn (`engines.Generation` and a journaled turn are one):
+    its tokens, and the replay rows and weight versions it was sampled with."""
 
     @property
     def output_ids(self) -> TokenIds: ...
@@ -68,6 +67,12 @@ class Generated(Protocol):
     def logprobs(self) -> Logprobs | None: ...
     @property
     def finish_reason(self) -> str | None: ...
+    @property
+    def routed_experts(self) -> ReplayRows | None: ...
+    @property
+    def indexer_topk(self) -> ReplayRows | None: ...
+    @property
+    def weight_versions(self) -> Sequence[WeightSpan]: ...
 
 
 @dataclass(frozen=True)
@@ -208,8 +213,8 @@ class TurnPipeline:
         self.side_rules = side_rules or SideRules()
         self._tokenizer = tokenizer
         self.chat_template = chat_template or (tokenizer.chat_template if tokenizer else "")
-        self.restore = Restore(restore)
-        self.history = History(history)
+        self.restore = parse_kind(Restore, restore, "restore mode")
+        self.history = parse_kind(History, history, "history mode")
         self.splice_verify_every = max(1, int(splice_verify_every))
         self.family: Family | None = (
             resolve_family(tokenizer, chat_template, family) if tokenizer else None
@@ -447,9 +452,9 @@ class TurnPipeline:
                 ill_formed=ill_formed,
                 history=prepared.history,
                 fallback=prepared.fallback,
-                routed_experts=_replayed(generated, "routed_experts"),
-                indexer_topk=_replayed(generated, "indexer_topk"),
-                weight_versions=tuple(getattr(generated, "weight_versions", ())),
+                routed_experts=generated.routed_experts,
+                indexer_topk=generated.indexer_topk,
+                weight_versions=tuple(generated.weight_versions),
             ),
             prompt_messages=prepared.record_messages,
             response_message=response,
@@ -478,8 +483,3 @@ def reasoning_tokens(tokenizer: LoadedTokenizer, output_ids: TokenIds, message: 
     if close is not None and close in ids:
         return ids.index(close) + 1
     return len(tokenizer.encode(reasoning))
-
-
-def _replayed(generated: Generated, channel: str) -> ReplayRows | None:
-    rows: ReplayRows | None = getattr(generated, channel, None)
-    return rows
