@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokentrail.kinds import Restore
+from tokentrail.kinds import Restore, parse_kind
 
 DEMO_TASK = "Fix the spacing in calc.py, add util.py with mul(), and write NOTES.md."
 DEMO_OUT = "tokentrail-demo-samples.jsonl"
@@ -56,7 +56,9 @@ async def _demo_run(restore: str, rewrite_policy: str, tokenizer: Any) -> tuple[
         engine=ScriptedEngine(tokenizer),
         tokenizer=tokenizer,
         manager=TrajectoryManager(rewrite_policy=rewrite_policy),
-        config=AdapterConfig(restore=Restore(restore), admin_token=admin),
+        config=AdapterConfig(
+            restore=parse_kind(Restore, restore, "restore mode"), admin_token=admin
+        ),
     )
     runner, url = await start_server(adapter)
     try:

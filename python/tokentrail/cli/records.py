@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from tokentrail.cli.names import names as _names
-from tokentrail.kinds import DriftPolicy, History, Restore, RewritePolicy
+from tokentrail.errors import PolicyError
+from tokentrail.kinds import DriftPolicy, History, Restore, RewritePolicy, parse_kind
 
 
 def add_command(sub: Any) -> None:
@@ -68,10 +69,17 @@ def _replay(args: argparse.Namespace) -> int:
     contents = read_journal(args.journal)
     recorded = Settings.recorded(contents.meta)
     settings = Settings(
-        restore=Restore(args.restore or recorded.restore),
-        history=History(args.history or recorded.history),
-        drift_policy=DriftPolicy(args.drift_policy or recorded.drift_policy),
-        rewrite_policy=RewritePolicy(args.rewrite_policy or recorded.rewrite_policy),
+        restore=parse_kind(Restore, args.restore or recorded.restore, "restore mode"),
+        history=parse_kind(History, args.history or recorded.history, "history mode"),
+        drift_policy=parse_kind(
+            DriftPolicy, args.drift_policy or recorded.drift_policy, "drift policy", PolicyError
+        ),
+        rewrite_policy=parse_kind(
+            RewritePolicy,
+            args.rewrite_policy or recorded.rewrite_policy,
+            "rewrite policy",
+            PolicyError,
+        ),
         fork_threshold=recorded.fork_threshold,
         routing=recorded.routing,
         indexer=recorded.indexer,

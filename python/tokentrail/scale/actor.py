@@ -29,10 +29,9 @@ from prometheus_client.metrics_core import Metric
 
 from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.errors import SessionClosed, SessionError
-from tokentrail.kinds import LostReason
+from tokentrail.kinds import JournalState, LostReason
 from tokentrail.scale.spec import ActorSpec
 from tokentrail.scale.transfer import ShippedBatch
-from tokentrail.storage.journal.format import DROPPED, FINISHED
 from tokentrail.trajectory.linearize import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -217,13 +216,13 @@ class AdapterActor:
         # on the way (the actor died after journaling the finish, or they are past retention).
         journal = self.adapter.journal
         ended = None if journal is None else journal.ended(sid)
-        if ended == FINISHED:
+        if ended == JournalState.FINISHED:
             return (
                 LostReason.FINISH_LOST,
                 f"adapter {self.index} finished it, but its samples never reached the pool "
                 f"(the journal {self.journal_path} records the finish)",
             )
-        if ended == DROPPED:
+        if ended == JournalState.DROPPED:
             return LostReason.NOT_RECOVERED, f"dropped before adapter {self.index} restarted"
         if self.starts > 1:
             return (

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from tokentrail.adapter.answers import RETRY_HEADER
-from tokentrail.kinds import Retry
+from tokentrail.kinds import Retry, parse_kind
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
 from tokentrail.sim.wire import from_openai, from_responses, to_openai, to_responses, wire_tools
 from tokentrail.trajectory.linearize import Trajectory
@@ -525,7 +525,9 @@ async def simulate(
         chat_template=chat_template,
         manager=TrajectoryManager(rewrite_policy=rewrite_policy),
         config=AdapterConfig(
-            restore=Restore(restore), history=History(history), request_memo=request_memo
+            restore=parse_kind(Restore, restore, "restore mode"),
+            history=parse_kind(History, history, "history mode"),
+            request_memo=request_memo,
         ),
     )
     runner, url = await start_server(adapter)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
-from tokentrail.kinds import DriftPolicy, History, ReplayGap, Restore, RewritePolicy
+from tokentrail.errors import PolicyError
+from tokentrail.kinds import DriftPolicy, History, ReplayGap, Restore, RewritePolicy, parse_kind
 from tokentrail.messages import Conversation
 from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.journal.read import JournalContents
@@ -47,10 +48,17 @@ class Settings:
         d = cls()
         routing, indexer = meta.get("routing"), meta.get("indexer")
         return cls(
-            restore=Restore(meta.get("restore", d.restore)),
-            history=History(meta.get("history", d.history)),
-            drift_policy=DriftPolicy(meta.get("drift_policy", d.drift_policy)),
-            rewrite_policy=RewritePolicy(meta.get("rewrite_policy", d.rewrite_policy)),
+            restore=parse_kind(Restore, meta.get("restore", d.restore), "restore mode"),
+            history=parse_kind(History, meta.get("history", d.history), "history mode"),
+            drift_policy=parse_kind(
+                DriftPolicy, meta.get("drift_policy", d.drift_policy), "drift policy", PolicyError
+            ),
+            rewrite_policy=parse_kind(
+                RewritePolicy,
+                meta.get("rewrite_policy", d.rewrite_policy),
+                "rewrite policy",
+                PolicyError,
+            ),
             fork_threshold=int(meta.get("fork_threshold", d.fork_threshold)),
             routing=RoutingShape.parse(routing) if routing else None,
             indexer=IndexerShape.parse(indexer) if indexer else None,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tokentrail.core.backend import LinearizedLike
-from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason
+from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason, parse_kind
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.tree import Node, iter_nodes
 
@@ -77,8 +77,8 @@ def parse_history_label(label: object) -> tuple[History | None, Fallback | None]
     if not isinstance(label, str):
         return None, None
     if label.startswith(FALLBACK_PREFIX):
-        return History.RENDER, Fallback(label.removeprefix(FALLBACK_PREFIX))
-    return History(label), None
+        return History.RENDER, parse_kind(Fallback, label.removeprefix(FALLBACK_PREFIX), "fallback")
+    return parse_kind(History, label, "history mode"), None
 
 
 @dataclass

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
-from tokentrail.kinds import DriftKind, DriftPolicy, Replay
+from tokentrail.kinds import DriftKind, DriftPolicy, Replay, parse_kind
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
@@ -82,7 +82,12 @@ def linearize_session(
         mask_superseded=not train_superseded,
     )
     drifts = [
-        DriftRecord(generated[d.turn].turn_index or 0, DriftKind(d.kind), d.at, d.drifted)
+        DriftRecord(
+            generated[d.turn].turn_index or 0,
+            parse_kind(DriftKind, d.kind, "drift kind"),
+            d.at,
+            d.drifted,
+        )
         for d in lin.drifts
     ]
     return Trajectory(samples, ledger, drifts)

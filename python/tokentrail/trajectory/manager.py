@@ -17,7 +17,7 @@ import numpy as np
 from tokentrail.core.backend import TurnStoreLike, load_backend
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
-from tokentrail.kinds import Backend, DriftPolicy, Replay, RewritePolicy
+from tokentrail.kinds import Backend, DriftPolicy, Replay, RewritePolicy, parse_kind
 from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
@@ -61,14 +61,6 @@ class _Session:
             self.restored_by_tool.update(tool_names(node.message))
 
 
-def _policy(enum: type[DriftPolicy] | type[RewritePolicy], value: object, what: str) -> Any:
-    try:
-        return enum(str(value)) if isinstance(value, str) else enum(value)  # type: ignore[arg-type]
-    except ValueError:
-        known = tuple(p.value for p in enum)
-        raise PolicyError(f"unknown {what} {value!r}; expected {known}") from None
-
-
 def _count(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise PolicyError(f"{what} must be an int")
@@ -97,9 +89,9 @@ class TrajectoryManager:
         indexer: IndexerShape | None = None,
         train_superseded: bool = False,
     ) -> None:
-        self.drift_policy: DriftPolicy = _policy(DriftPolicy, drift_policy, "drift_policy")
-        self.rewrite_policy: RewritePolicy = _policy(
-            RewritePolicy, rewrite_policy, "rewrite_policy"
+        self.drift_policy = parse_kind(DriftPolicy, drift_policy, "drift policy", PolicyError)
+        self.rewrite_policy = parse_kind(
+            RewritePolicy, rewrite_policy, "rewrite policy", PolicyError
         )
         self.fork_threshold_tokens = _count(fork_threshold_tokens, "fork_threshold_tokens")
         self.routing, self.indexer = routing, indexer

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokentrail.errors import JournalError
+from tokentrail.kinds import JournalState
 from tokentrail.storage.export import write_samples
-from tokentrail.storage.journal.format import DROPPED, FINISHED, SCHEMA_VERSION
+from tokentrail.storage.journal.format import SCHEMA_VERSION
 from tokentrail.storage.journal.lock import JournalLock
 from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.journal.rebuild import rebuild
@@ -38,7 +39,7 @@ def export_finished(path: str | Path, out: str | Path) -> Exported:
     pipeline_settings = Settings.recorded(contents.meta)
     samples, sessions, damaged = [], 0, []
     for record in contents.records():
-        if record.state != FINISHED:
+        if record.state != JournalState.FINISHED:
             continue
         if record.damage:
             damaged.append(f"{record.sid}: {record.damage}")
@@ -82,7 +83,11 @@ def compact(path: str | Path, *, export_to: str | Path | None = None) -> Compact
             )
         exported = export_finished(path, export_to) if export_to is not None else None
         states = contents.states()
-        done = frozenset(sid for sid, state in states.items() if state in (FINISHED, DROPPED))
+        done = frozenset(
+            sid
+            for sid, state in states.items()
+            if state in (JournalState.FINISHED, JournalState.DROPPED)
+        )
         before = _size(path)
         result = rebuild(path, {}, "compaction", drop=done, keep_old=False)
         for damage in result.damaged:

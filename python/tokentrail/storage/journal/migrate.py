@@ -17,9 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from tokentrail.kinds import Fallback, History
+from tokentrail.kinds import Fallback, History, JournalState
 from tokentrail.messages import Message, ToolSchema
-from tokentrail.storage.journal.format import DROPPED, FINISHED
 from tokentrail.storage.journal.v1 import read_v1
 
 logger = logging.getLogger(__name__)
@@ -88,9 +87,9 @@ def migrate_v1(path: Path, open_journal: Callable[[Path], MigrationTarget]) -> P
                 )
             if record.damage is not None:
                 journal.lost(record.sid, len(record.turns) + 1, -1, record.damage)
-            if record.state == FINISHED:
+            if record.state == JournalState.FINISHED:
                 journal.session_finished(record.sid, record.reward, record.metadata)
-            elif record.state == DROPPED:
+            elif record.state == JournalState.DROPPED:
                 journal.session_dropped(record.sid)
     finally:
         journal.close()

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokentrail.errors import JournalError
-from tokentrail.storage.journal.format import LIVE, SCHEMA, SCHEMA_VERSION, session_crc
+from tokentrail.kinds import JournalState
+from tokentrail.storage.journal.format import SCHEMA, SCHEMA_VERSION, session_crc
 from tokentrail.storage.journal.migrate import MigrationTarget, migrate_v1
 from tokentrail.storage.journal.rebuild import rebuild
 from tokentrail.storage.journal.receipts import Receipts, lost_events
@@ -126,7 +127,7 @@ def load_live(db: sqlite3.Connection) -> dict[str, SessionState]:
     ):
         if session_crc(sid, state, last, first) != crc:
             raise JournalError(f"session {sid!r}: its index entry fails its checksum")
-        if state == LIVE:
+        if state == JournalState.LIVE:
             live[sid] = SessionState(state, last, first)
     return live
 

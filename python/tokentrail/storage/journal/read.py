@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokentrail.errors import JournalError
-from tokentrail.kinds import JournalEvent
+from tokentrail.kinds import JournalEvent, JournalState, parse_kind
 from tokentrail.storage.journal.format import (
     END_STATES,
-    LIVE,
     ROW_COLUMNS,
     SCHEMA_VERSION,
     JournaledTurn,
@@ -108,7 +107,7 @@ def _sessions(db: sqlite3.Connection) -> list[tuple[str, str, int]]:
         return out
     except sqlite3.DatabaseError:
         found = db.execute("SELECT DISTINCT sid FROM events").fetchall()
-        return [(sid, LIVE, 0) for (sid,) in found]
+        return [(sid, JournalState.LIVE, 0) for (sid,) in found]
 
 
 # -- check -------------------------------------------------------------------------------------
@@ -117,7 +116,7 @@ def _sessions(db: sqlite3.Connection) -> list[tuple[str, str, int]]:
 @dataclass
 class SessionCheck:
     sid: str
-    state: str = LIVE
+    state: str = JournalState.LIVE
     events: int = 0
     turns: int = 0
     expected: int = 0
@@ -159,7 +158,7 @@ class CheckReport:
         return not self.damaged and not self.unattributed and not self.bad_blobs
 
     def table(self) -> str:
-        live = sum(1 for s in self.sessions.values() if s.state == LIVE)
+        live = sum(1 for s in self.sessions.values() if s.state == JournalState.LIVE)
         events = sum(s.events for s in self.sessions.values())
         lines = [
             f"journal {self.path}: schema {self.version}, {len(self.sessions)} sessions "
@@ -232,7 +231,7 @@ def _check_v2(db: sqlite3.Connection, path: Path, report: CheckReport) -> None:
             s.bad(s._next, f"event #{s._next} is missing or damaged")
         s._next = row.sess_seq + 1
         s.events += 1
-        kind = JournalEvent(row.kind)
+        kind = parse_kind(JournalEvent, row.kind, "journal event", JournalError)
         s.turns += kind is JournalEvent.TURN
         if kind is JournalEvent.LOST:
             lost = int(row.data().get("events", 0))

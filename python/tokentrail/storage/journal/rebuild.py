@@ -19,10 +19,10 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokentrail.kinds import JournalEvent
+from tokentrail.errors import JournalError
+from tokentrail.kinds import JournalEvent, JournalState, parse_kind
 from tokentrail.storage.journal.format import (
     END_STATES,
-    LIVE,
     ROW_COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
@@ -52,7 +52,7 @@ class _Kept:
 
     first: int
     last: int = 0
-    state: str = LIVE
+    state: str = JournalState.LIVE
     cut: str | None = None  # why its later events are not kept
     cut_at: int = 0  # its first event not kept
     dropped_rows: int = 0
@@ -164,9 +164,9 @@ def _copy_events(
                 copied.refs.add(ref)
         k.last = row.sess_seq
         if row.kind in END_STATES:
-            k.state = END_STATES[JournalEvent(row.kind)]
+            k.state = END_STATES[parse_kind(JournalEvent, row.kind, "journal event", JournalError)]
         elif row.kind == JournalEvent.OPEN:
-            k.state = LIVE
+            k.state = JournalState.LIVE
     for first, last in scan.unreadable:
         unattributed.extend(range(first, last + 1))
     for sid, (state, last) in index.items():
@@ -227,7 +227,7 @@ def _settle(
     for sid, k in kept.items():
         if k.cut is not None:
             lost_rows = k.dropped_rows + sum(1 for o in owners.values() if o[0] == sid)
-            expected = index.get(sid, (LIVE, 0))[1]
+            expected = index.get(sid, (JournalState.LIVE, 0))[1]
             lost = max(lost_rows, expected - k.last) if expected or lost_rows else -1
             damage = SessionDamage(sid, k.cut_at, lost, k.cut)
             if sid not in keep:
@@ -235,11 +235,11 @@ def _settle(
             k.last += 1
             lost_event = {"first": k.cut_at, "events": lost, "reason": k.cut}
             _insert(out, sid, k, JournalEvent.LOST, lost_event)
-            end = k.ended or ends.get(sid) or _end_of(index.get(sid, (LIVE, 0))[0])
-            if end is not None and k.state == LIVE:
+            end = k.ended or ends.get(sid) or _end_of(index.get(sid, (JournalState.LIVE, 0))[0])
+            if end is not None and k.state == JournalState.LIVE:
                 k.last += 1
-                _insert(out, sid, k, JournalEvent(end), {"lost": True})
-                k.state = END_STATES[JournalEvent(end)]
+                _insert(out, sid, k, parse_kind(JournalEvent, end, "journal event"), {"lost": True})
+                k.state = END_STATES[parse_kind(JournalEvent, end, "journal event")]
         out.execute(
             "INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
             (sid, k.state, k.last, k.first, session_crc(sid, k.state, k.last, k.first)),

@@ -36,11 +36,10 @@ import numpy as np
 
 from tokentrail.core.replay import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
-from tokentrail.kinds import Fallback, History, JournalEvent
+from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, SyncMode, parse_kind
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.storage.journal.format import (
     END_STATES,
-    LIVE,
     Base,
     Bases,
     TurnDecoder,
@@ -72,8 +71,6 @@ from tokentrail.storage.journal.session import (
 
 logger = logging.getLogger(__name__)
 
-SYNC_MODES = ("normal", "full")
-
 
 @dataclass
 class _Writer:
@@ -89,11 +86,9 @@ class _Writer:
 class Journal:
     """Append-only event journal; see the module docstring."""
 
-    def __init__(self, path: str | Path, *, sync: str = "normal") -> None:
-        if sync not in SYNC_MODES:
-            raise JournalError(f"unknown journal sync mode {sync!r}; expected {SYNC_MODES}")
+    def __init__(self, path: str | Path, *, sync: SyncMode | str = SyncMode.NORMAL) -> None:
+        self.sync = parse_kind(SyncMode, sync, "journal sync mode", JournalError)
         self.path = Path(path)
-        self.sync = sync
         self.recovery = Recovery()
         self._mutex = threading.Lock()
         # Append state of the sessions in memory: the unfinished ones, and those seen since.
@@ -154,7 +149,9 @@ class Journal:
             ends = [kind for _, kind in events if kind in END_STATES]
             if ends:
                 # It had ended: so it stays, though its end was lost with the rest.
-                self._append(sid, JournalEvent(ends[-1]), dump({"lost": True}))
+                self._append(
+                    sid, parse_kind(JournalEvent, ends[-1], "journal event"), dump({"lost": True})
+                )
                 if sid in self.recovery.live:
                     self.recovery.live.remove(sid)
             elif sid not in self.recovery.live:
@@ -205,7 +202,7 @@ class Journal:
             row = self._db.execute(
                 "SELECT state, last, first FROM sessions WHERE sid = ?", (sid,)
             ).fetchone()
-            writer = self._writers[sid] = _Writer(*row) if row else _Writer(LIVE, 0, 0)
+            writer = self._writers[sid] = _Writer(*row) if row else _Writer(JournalState.LIVE, 0, 0)
         return writer
 
     def _append(
@@ -222,7 +219,7 @@ class Journal:
         with self._mutex:
             writer = self._writer(sid)
             n = writer.last + 1
-            state = END_STATES.get(kind, LIVE)
+            state = END_STATES.get(kind, JournalState.LIVE)
             db = self._db
             try:
                 db.execute("BEGIN")
@@ -259,10 +256,10 @@ class Journal:
         since), or None while it is live or unknown."""
         writer = self._writers.get(sid)
         if writer is not None:
-            return None if writer.state == LIVE else str(writer.state)
+            return None if writer.state == JournalState.LIVE else str(writer.state)
         with self._mutex:
             row = self._db.execute("SELECT state FROM sessions WHERE sid = ?", (sid,)).fetchone()
-        return None if row is None or row[0] == LIVE else str(row[0])
+        return None if row is None or row[0] == JournalState.LIVE else str(row[0])
 
     def set_meta(self, **values: str) -> None:
         for key, value in values.items():
