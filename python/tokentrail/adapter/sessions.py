@@ -34,12 +34,11 @@ from tokentrail.errors import (
     SessionError,
 )
 from tokentrail.kinds import Closed, History, JournalEvent, JournalState, Retry, parse_kind
-from tokentrail.messages import Conversation
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.format import JournaledTurn
-from tokentrail.storage.replay import fit_replay
+from tokentrail.storage.replay import replay_turn
 from tokentrail.trajectory.linearize import Trajectory
-from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
+from tokentrail.trajectory.pipeline import TurnPipeline
 from tokentrail.trajectory.side import SideRules
 
 logger = logging.getLogger(__name__)
@@ -501,19 +500,7 @@ def recover(sessions: Sessions, journal: Journal) -> None:
 
 def _recover_turn(sessions: Sessions, turn: JournaledTurn) -> int | None:
     try:
-        prepared = sessions.pipeline.prepare(
-            turn.sid,
-            Conversation(turn.translated, turn.tools),
-            recorded=RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback),
-        )
-        index = sessions.pipeline.record(
-            prepared,
-            fit_replay(turn, sessions.manager),
-            turn.response_message,
-            ill_formed=turn.ill_formed,
-            metadata=turn.metadata,
-            supersede=turn.supersedes,
-        )
+        index = replay_turn(sessions.pipeline, turn)
     except InvalidInput as exc:
         logger.warning(
             "journal: session %s, turn #%d cannot be recorded again (%s); skipped",

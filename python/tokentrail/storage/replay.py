@@ -103,6 +103,44 @@ def fit_replay(turn: JournaledTurn, manager: TrajectoryManager) -> JournaledTurn
     )
 
 
+def replay_turn(pipeline: TurnPipeline, turn: JournaledTurn, *, as_recorded: bool = True) -> int:
+    """Run one journaled turn through `pipeline` again, with its recorded output and reply;
+    returns its turn index. The one way a journaled turn is replayed: journal recovery and
+    `tokentrail replay` both call it.
+
+    `as_recorded` keeps its journaled prompt ids; otherwise restore, render and prompt ids are
+    made anew by the pipeline's settings (and replay rows of a prompt that came out different
+    are another sequence's: `RERENDERED_PREFIX`).
+    """
+    recorded = None
+    if as_recorded:
+        recorded = RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback)
+    prepared = pipeline.prepare(
+        turn.sid, Conversation(turn.translated, turn.tools), recorded=recorded
+    )
+    metadata = dict(turn.metadata)
+    generated = fit_replay(turn, pipeline.manager)
+    if not as_recorded:
+        fallback = prepared.fallback
+        metadata["history"] = fallback.label if fallback else str(prepared.history)
+        if not np.array_equal(prepared.prompt_ids, turn.prompt_ids):
+            # The replay re-rendered the prompt the engine saw: its rows are another sequence's.
+            rerendered = ReplayRows.missing(ReplayGap.RERENDERED_PREFIX)
+            generated = dataclasses.replace(
+                generated,
+                routed_experts=None if generated.routed_experts is None else rerendered,
+                indexer_topk=None if generated.indexer_topk is None else rerendered,
+            )
+    return pipeline.record(
+        prepared,
+        generated,
+        turn.response_message,
+        ill_formed=turn.ill_formed,
+        metadata=metadata,
+        supersede=turn.supersedes,
+    )
+
+
 def linearize_record(
     record: SessionRecord,
     pipeline: TurnPipeline,
@@ -114,36 +152,9 @@ def linearize_record(
     `as_recorded` runs its turns with their journaled prompt ids; otherwise restore, render
     and prompt ids are made anew by the pipeline's settings.
     """
-    by_seq: dict[int, int] = {}
-    for turn in record.turns:
-        recorded = None
-        if as_recorded:
-            recorded = RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback)
-        prepared = pipeline.prepare(
-            turn.sid, Conversation(turn.translated, turn.tools), recorded=recorded
-        )
-        metadata = dict(turn.metadata)
-        generated = fit_replay(turn, pipeline.manager)
-        if not as_recorded:
-            fallback = prepared.fallback
-            metadata["history"] = fallback.label if fallback else str(prepared.history)
-            if not np.array_equal(prepared.prompt_ids, turn.prompt_ids):
-                # The replay re-rendered the prompt the engine saw: its rows are another
-                # sequence's.
-                rerendered = ReplayRows.missing(ReplayGap.RERENDERED_PREFIX)
-                generated = dataclasses.replace(
-                    generated,
-                    routed_experts=None if generated.routed_experts is None else rerendered,
-                    indexer_topk=None if generated.indexer_topk is None else rerendered,
-                )
-        by_seq[turn.seq] = pipeline.record(
-            prepared,
-            generated,
-            turn.response_message,
-            ill_formed=turn.ill_formed,
-            metadata=metadata,
-            supersede=turn.supersedes,
-        )
+    by_seq = {
+        turn.seq: replay_turn(pipeline, turn, as_recorded=as_recorded) for turn in record.turns
+    }
     manager = pipeline.manager
     for seq in record.replays:
         if seq in by_seq:
