@@ -125,7 +125,7 @@ def continued(
     ref = proto.continues(body)
     if ref is None:
         return proto.translate(body)
-    found = manager.find_turn(sid, "reply_id", ref) if sid is not None else None
+    found = manager.find_reply(sid, ref) if sid is not None else None
     if found is None:
         raise RequestError(f"unknown previous response {ref!r} in this session")
     prior, metadata = found

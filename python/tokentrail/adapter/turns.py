@@ -49,7 +49,7 @@ from tokentrail.errors import (
 from tokentrail.kinds import EngineFault, Retry, Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
-from tokentrail.trajectory.manager import TrajectoryManager
+from tokentrail.trajectory.manager import REPLY_ID, TrajectoryManager
 from tokentrail.trajectory.pipeline import (
     ParsedTurn,
     PreparedTurn,
@@ -201,7 +201,7 @@ class Turns:
         metadata = {
             "protocol": proto.name,
             "request_id": rid,
-            "reply_id": outcome.reply_id,
+            REPLY_ID: outcome.reply_id,
             "call_ids": outcome.call_ids,
             "ill_formed": parsed.reason,
             "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
