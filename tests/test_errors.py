@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from tokentrail import errors, kinds
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.middleware import status_of
 from tokentrail.errors import (
     EngineError,
@@ -85,6 +86,8 @@ def test_every_entry_point_refuses_an_unknown_name_with_the_allowed_values(
         (lambda: TrajectoryManager(rewrite_policy="bogus"), PolicyError),
         (lambda: Journal(tmp_path / "j.db", sync="bogus"), JournalError),
         (lambda: ActorSpec(journal_sync="bogus").check(), JournalError),
+        (lambda: SessionSettings(history="bogus"), UnknownName),
+        (lambda: SessionSettings(retry="bogus"), UnknownName),
     ]
     for make, error in cases:
         with pytest.raises(error, match=r"'bogus'; expected one of \('") as caught:

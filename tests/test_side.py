@@ -14,6 +14,7 @@ import pytest
 
 from tokens import assistant, play, system, user
 from tokentrail import TrajectoryManager
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.turns import EXCLUDE_HEADER
 from tokentrail.engines.scripted import ScriptedEngine
@@ -173,7 +174,7 @@ def test_a_session_can_exclude_its_own_side_conversations(tokenizer) -> None:
         engine=ScriptedEngine(tokenizer, [[{"type": "text", "text": "ok"}]]),
         tokenizer=tokenizer,
     )
-    adapter.open_session("s", exclude_patterns=["memory extraction"])
+    adapter.open_session("s", SessionSettings(exclude_patterns=("memory extraction",)))
     adapter.open_session("t")
 
     async def go() -> tuple[Any, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from tokentrail.adapter.admin import Admin
-from tokentrail.adapter.config import AdapterConfig
+from tokentrail.adapter.config import AdapterConfig, SessionSettings
 from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
 from tokentrail.adapter.limits import TurnSlots, model_context_length
 from tokentrail.adapter.metrics import Metrics
@@ -40,7 +40,7 @@ from tokentrail.adapter.validation import (
     session_key,
 )
 from tokentrail.engines.base import Engine
-from tokentrail.kinds import History, Retry, Stage
+from tokentrail.kinds import Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.linearize import Trajectory
@@ -167,21 +167,9 @@ class Adapter:
 
     # -- sessions for trainers ------------------------------------------------------------------
 
-    def open_session(
-        self,
-        sid: str,
-        sampling_defaults: dict[str, Any] | None = None,
-        max_context_tokens: int = 0,
-        history: History | str | None = None,
-        exclude_patterns: list[str] | None = None,
-        retry: Retry | str | None = None,
-    ) -> None:
-        """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations (beside the adapter's own patterns)."""
-        self.sessions.open(
-            sid, sampling_defaults, max_context_tokens, history, exclude_patterns, retry
-        )
+    def open_session(self, sid: str, settings: SessionSettings | None = None) -> None:
+        """Open (or reopen) a session with its own `settings` (`SessionSettings`)."""
+        self.sessions.open(sid, settings)
 
     async def finish_trajectory(
         self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None

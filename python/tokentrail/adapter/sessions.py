@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.adapter.answers import Answers, RecordedAnswer
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.reuse import RequestMemo
@@ -33,7 +34,7 @@ from tokentrail.errors import (
     SessionClosed,
     SessionError,
 )
-from tokentrail.kinds import Closed, History, JournalEvent, JournalState, Retry, parse_kind
+from tokentrail.kinds import Closed, History, JournalEvent, JournalState, Retry
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.replay import replay_turn
@@ -213,40 +214,23 @@ class Sessions:
         return list(self._open)
 
     def open(
-        self,
-        sid: str,
-        sampling_defaults: dict[str, Any] | None = None,
-        max_context_tokens: int = 0,
-        history: History | str | None = None,
-        exclude_patterns: list[str] | None = None,
-        retry: Retry | str | None = None,
-        *,
-        journaled: bool = True,
+        self, sid: str, settings: SessionSettings | None = None, *, journaled: bool = True
     ) -> Session:
-        """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations from training."""
+        """Open (or reopen) a session with its own `settings` (`SessionSettings`)."""
         if not isinstance(sid, str) or not sid:
             raise SessionError("session id must be a non-empty string")
-        rules = SideRules.compile(exclude_patterns)
+        settings = settings or SessionSettings()
+        rules = SideRules.compile(settings.exclude_patterns)
         self._closed.pop(sid)
         session = self._open[sid] = Session(
-            dict(sampling_defaults or {}),
-            int(max_context_tokens),
-            parse_kind(History, history, "history mode") if history is not None else None,
+            dict(settings.sampling_defaults),
+            settings.max_context_tokens,
+            settings.history,
             rules,
-            parse_kind(Retry, retry, "retry mode") if retry is not None else None,
+            settings.retry,
         )
         if self.journal is not None and journaled:
-            settings: dict[str, Any] = {
-                "sampling_defaults": dict(sampling_defaults or {}),
-                "max_context_tokens": int(max_context_tokens),
-                "history": str(history) if history is not None else None,
-                "retry": str(retry) if retry is not None else None,
-            }
-            if exclude_patterns:
-                settings["exclude_patterns"] = list(exclude_patterns)
-            self.offload.journal_soon(self.journal.session_opened, sid, settings)
+            self.offload.journal_soon(self.journal.session_opened, sid, settings.journaled())
         return session
 
     # -- turns ----------------------------------------------------------------------------------
@@ -477,16 +461,7 @@ def recover(sessions: Sessions, journal: Journal) -> None:
             current, turn_of = event.sid, {}
             sessions._open.setdefault(event.sid, Session())
         if event.kind is JournalEvent.OPEN:
-            settings = event.data
-            sessions.open(
-                event.sid,
-                settings.get("sampling_defaults"),
-                settings.get("max_context_tokens", 0),
-                settings.get("history"),
-                settings.get("exclude_patterns"),
-                settings.get("retry"),
-                journaled=False,
-            )
+            sessions.open(event.sid, SessionSettings.from_journal(event.data), journaled=False)
         elif event.kind is JournalEvent.TURN and event.turn is not None:
             index = _recover_turn(sessions, event.turn)
             if index is not None:

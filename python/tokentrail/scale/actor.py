@@ -27,6 +27,7 @@ import ray
 from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.errors import SessionClosed, SessionError
 from tokentrail.kinds import JournalState, LostReason
@@ -165,25 +166,9 @@ class AdapterActor:
             engine=self.adapter.engine.name,
         )
 
-    def open_session(
-        self,
-        sid: str,
-        sampling_defaults: dict[str, Any] | None = None,
-        max_context_tokens: int = 0,
-        history: str | None = None,
-        exclude_patterns: list[str] | None = None,
-        retry: str | None = None,
-    ) -> str:
+    def open_session(self, sid: str, settings: SessionSettings | None = None) -> str:
         """Open a session (journaled); returns the base URL its harness talks to."""
-        self._on_loop(
-            self.adapter.open_session,
-            sid,
-            sampling_defaults,
-            max_context_tokens,
-            history,
-            exclude_patterns,
-            retry,
-        )
+        self._on_loop(self.adapter.open_session, sid, settings)
         return self.url
 
     def finish(self, items: list[tuple[str, float, dict[str, Any]]]) -> ShippedBatch:
