@@ -20,6 +20,7 @@ from tokentrail.errors import RequestError
 from tokentrail.messages import Conversation
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline
+from tokentrail.trajectory.tags import TurnTags
 
 __all__ = ["EXCLUDE_HEADER", "RequestReader", "TurnRequest", "continued"]
 
@@ -129,4 +130,4 @@ def continued(
     if found is None:
         raise RequestError(f"unknown previous response {ref!r} in this session")
     prior, metadata = found
-    return proto.translate_after(body, prior, list(metadata.get("call_ids") or []))
+    return proto.translate_after(body, prior, list(TurnTags.read(metadata).call_ids))

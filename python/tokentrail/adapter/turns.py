@@ -49,7 +49,7 @@ from tokentrail.errors import (
 from tokentrail.kinds import EngineFault, Retry, Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
-from tokentrail.trajectory.manager import REPLY_ID, TrajectoryManager
+from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import (
     ParsedTurn,
     PreparedTurn,
@@ -198,15 +198,15 @@ class Turns:
         parsed, reply, outcome = await self.offload.run(
             self._answer, proto, prepared, generation, turn.body
         )
-        metadata = {
-            "protocol": proto.name,
-            "request_id": rid,
-            REPLY_ID: outcome.reply_id,
-            "call_ids": outcome.call_ids,
-            "ill_formed": parsed.reason,
-            "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
-            **prepared.tags,
-        }
+        metadata = dataclasses.replace(
+            prepared.tags,
+            protocol=proto.name,
+            request_id=rid,
+            reply_id=outcome.reply_id,
+            call_ids=tuple(outcome.call_ids),
+            ill_formed=parsed.reason,
+            history=prepared.fallback.label if prepared.fallback else str(prepared.history),
+        ).as_metadata()
         answer = RecordedAnswer(0, 0, proto.name, key, reply, is_empty(parsed.message))
         # Shielded: once generated, the turn is journaled and recorded even if the client
         # goes away meanwhile (a retry of it is then answered from the record).

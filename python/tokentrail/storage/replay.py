@@ -27,6 +27,7 @@ from tokentrail.trajectory.ledger import Ledger, ReplayCoverage
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
+from tokentrail.trajectory.tags import TurnTags
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def replay_turn(pipeline: TurnPipeline, turn: JournaledTurn, *, as_recorded: boo
     generated = fit_replay(turn, pipeline.manager)
     if not as_recorded:
         fallback = prepared.fallback
-        metadata["history"] = fallback.label if fallback else str(prepared.history)
+        label = fallback.label if fallback else str(prepared.history)
+        metadata = dataclasses.replace(TurnTags.read(metadata), history=label).as_metadata()
         if not np.array_equal(prepared.prompt_ids, turn.prompt_ids):
             # The replay re-rendered the prompt the engine saw: its rows are another sequence's.
             rerendered = ReplayRows.missing(ReplayGap.RERENDERED_PREFIX)

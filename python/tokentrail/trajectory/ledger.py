@@ -21,6 +21,7 @@ import numpy as np
 from tokentrail.core.backend import LinearizedLike
 from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason, parse_kind
 from tokentrail.messages import tool_names
+from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node, iter_nodes
 
 logger = logging.getLogger(__name__)
@@ -289,7 +290,8 @@ def build_ledger(
         turn = node.turn
         if turn is not None:
             k = turn.id
-            excluded = node.metadata.get("excluded")
+            tags = TurnTags.read(node.metadata)
+            excluded = tags.excluded
             superseded = is_superseded(node)
             trained_k = 0 if excluded else lin.trained.get(k, 0)
             masked: dict[MaskReason, int] = (
@@ -308,7 +310,7 @@ def build_ledger(
             )
             row.history, row.fallback = turn.history, turn.fallback
             row.excluded = str(excluded) if excluded else None
-            row.dropped_media = dict(node.metadata.get("dropped_media") or {})
+            row.dropped_media = dict(tags.dropped_media)
             row.superseded, row.retries = superseded, turn.retries
             rows.append(row)
         for demoted in node.demoted:
@@ -319,7 +321,7 @@ def build_ledger(
                 0,
                 {MaskReason.MERGED_REWRITE: demoted.turn.output_len},
             )
-            row.dropped_media = dict(demoted.metadata.get("dropped_media") or {})
+            row.dropped_media = dict(TurnTags.read(demoted.metadata).dropped_media)
             rows.append(row)
     rows.sort(key=lambda r: r.turn_index)
     return Ledger(

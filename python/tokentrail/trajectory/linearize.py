@@ -15,6 +15,7 @@ from tokentrail.messages import tool_names
 from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
+from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node, iter_nodes, leaves
 from tokentrail.trajectory.turn import StoredTurn
 
@@ -105,7 +106,9 @@ def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
         if is_superseded(leaf) and not train_superseded:
             continue
         chain = [
-            n.turn.id for n in leaf.path() if n.turn is not None and not n.metadata.get("excluded")
+            n.turn.id
+            for n in leaf.path()
+            if n.turn is not None and not TurnTags.read(n.metadata).excluded
         ]
         if chain:
             chains.append(chain)
@@ -124,10 +127,11 @@ def _sample(
     nodes = [generated[t] for t in built.turns]
     turns: list[StoredTurn] = [n.turn for n in nodes if n.turn is not None]
     last = nodes[-1]
-    withheld = sorted({t for n in nodes for t in n.metadata.get("withheld_tools") or ()})
+    tags = [TurnTags.read(n.metadata) for n in nodes]
+    withheld = sorted({t for tag in tags for t in tag.withheld_tools})
     media: Counter[str] = Counter()
-    for n in nodes:
-        media.update(n.metadata.get("dropped_media") or {})
+    for tag in tags:
+        media.update(tag.dropped_media)
     metadata: dict[str, Any] = {
         "session_id": sid,
         "chain": built.chain,

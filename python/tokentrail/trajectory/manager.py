@@ -25,13 +25,11 @@ from tokentrail.trajectory.linearize import Trajectory, linearize_session
 from tokentrail.trajectory.restore import Seen, restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key, walk
 from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, validate_turn
 
 logger = logging.getLogger(__name__)
-
-# The metadata key of the id a turn's reply was sent with (`find_reply` looks turns up by it).
-REPLY_ID = "reply_id"
 # A generated turn's conversation (prompt messages, then its response) and its metadata.
 FoundTurn = tuple[list[Message], dict[str, Any]]
 P = TypeVar("P", DriftPolicy, RewritePolicy)
@@ -65,7 +63,7 @@ class _Session:
 
     def add_turn(self, leaf: Node) -> None:
         self.by_index[self.turns] = leaf
-        reply_id = leaf.metadata.get(REPLY_ID)
+        reply_id = TurnTags.read(leaf.metadata).reply_id
         if isinstance(reply_id, str):
             self.by_reply.setdefault(reply_id, []).append(leaf)
 

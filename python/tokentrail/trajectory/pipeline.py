@@ -36,6 +36,7 @@ from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, s
 from tokentrail.trajectory.prompts import PromptBuilder
 from tokentrail.trajectory.side import SideRules, exclusion
 from tokentrail.trajectory.splice import Splicer
+from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.timing import TurnTiming
 from tokentrail.trajectory.tree import MessageKey
 from tokentrail.trajectory.turn import Logprobs, TokenIds, TurnRecord
@@ -128,24 +129,19 @@ class PreparedTurn:
         return self.conversation.tools
 
     @property
-    def tags(self) -> dict[str, Any]:
+    def tags(self) -> TurnTags:
         """What the turn's record keeps about it beyond its tokens: its exclusion, the tools
         withheld and the media dropped by translation, a non-default tool choice, a prefill."""
         c = self.conversation
-        tags: dict[str, Any] = {}
-        if self.excluded is not None:
-            tags["excluded"] = self.excluded
-        if c.withheld_tools:
-            tags["withheld_tools"] = list(c.withheld_tools)
-        if c.dropped_media:
-            tags["dropped_media"] = dict(c.dropped_media)
-        if c.tool_choice is not ToolChoice.AUTO:
-            tags["tool_choice"] = c.tool_choice.value
-            if c.forced_tool is not None:
-                tags["forced_tool"] = c.forced_tool
-        if self.prefill is not None:
-            tags["prefill"] = True
-        return tags
+        forced = c.tool_choice is not ToolChoice.AUTO
+        return TurnTags(
+            excluded=self.excluded,
+            withheld_tools=tuple(c.withheld_tools),
+            dropped_media=dict(c.dropped_media),
+            tool_choice=c.tool_choice.value if forced else None,
+            forced_tool=c.forced_tool if forced else None,
+            prefill=self.prefill is not None,
+        )
 
 
 @dataclass(frozen=True)
