@@ -9,6 +9,8 @@ gets a 502.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TokentrailError(Exception):
     """Root of every error tokentrail raises."""
@@ -201,6 +203,26 @@ class SessionClosed(InvalidInput):
     kind = "invalid_request_error"
 
 
+class SessionDamaged(InvalidInput):
+    """A finish of a session that lost journaled turns (a crash, a damaged journal) before it
+    was linearized, asked without `accept_lost`: never answered as if the session had generated
+    only what is left. `lost` says what is gone (turns, events, and each span with its reason
+    and first event), `ledger` is the ledger of what is left; a finish with `accept_lost` gets
+    the samples, with the same loss stated in the ledger and in every sample's metadata."""
+
+    status = 409
+    kind = "session_damaged"
+
+    def __init__(self, sid: str, message: str, lost: dict[str, Any], ledger: dict[str, Any]):
+        super().__init__(message)
+        self.sid = sid
+        self.lost = lost
+        self.ledger = ledger
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.sid, str(self), self.lost, self.ledger)
+
+
 class RequestTimeout(InvalidInput):
     """A request's body did not arrive in full within the adapter's read timeout."""
 
@@ -257,11 +279,16 @@ class SessionLost(InvalidInput):
     status = 410
     kind = "invalid_request_error"
 
-    def __init__(self, sid: str, reason: str, detail: str = "") -> None:
+    def __init__(
+        self, sid: str, reason: str, detail: str = "", lost: dict[str, Any] | None = None
+    ) -> None:
         self.sid = sid
         self.reason = reason
         self.detail = detail
+        # What of it is gone, where the journal says (`LostReason.JOURNAL_DAMAGED`): turns,
+        # events and each span, as a finish answer's `lost` states them.
+        self.lost = lost
         super().__init__(f"session {sid!r} lost ({reason}){': ' + detail if detail else ''}")
 
-    def __reduce__(self) -> tuple[type[SessionLost], tuple[str, str, str]]:
-        return type(self), (self.sid, self.reason, self.detail)
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.sid, self.reason, self.detail, self.lost)

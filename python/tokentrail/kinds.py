@@ -174,6 +174,15 @@ class History(StrEnum):
     RENDER = "render"
 
 
+class ResumeCheck(StrEnum):
+    """What `serve --verify-resume` found when it translated a request both ways."""
+
+    # The resumed translation is the full one.
+    SAME = "same"
+    # They differ (the full one is used, and a warning names the first difference).
+    MISMATCH = "mismatch"
+
+
 class Fallback(StrEnum):
     """Why a turn that could have been spliced was rendered in full instead."""
 
@@ -271,6 +280,9 @@ class LostReason(StrEnum):
     # The actor died while finishing the session: its journal records the finish, but the
     # samples never reached the pool.
     FINISH_LOST = "finish_lost"
+    # The actor's journal lost some of the session's turns (a crash, a damaged file): what is
+    # left is not delivered as the whole session (`SessionLost.lost` says what is gone).
+    JOURNAL_DAMAGED = "journal_damaged"
     # The actor is restarting and did not come back in time; the pool still holds the session,
     # and a later finish may succeed.
     UNAVAILABLE = "unavailable"

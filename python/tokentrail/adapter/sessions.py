@@ -7,6 +7,9 @@ turn is recorded leaves nothing behind. It admits turns until it is finished, dr
 recorded into a new session of the same name, and `/finish` for it says what happened and when.
 A finish is kept for a retention window, so a repeated finish (a retry after a lost response)
 returns the same samples and ledger; after the window it is a 410.
+
+A session recovered with journaled turns missing (a crash, a damaged journal) carries what it
+lost (`trajectory.loss`) into its finish's ledger and samples (`adapter.damaged`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from tokentrail.adapter.answers import Answers, RecordedAnswer
 from tokentrail.adapter.config import SessionSettings
+from tokentrail.adapter.damaged import DamagedSessions
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.reuse import RequestMemo
@@ -39,6 +43,7 @@ from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.replay import replay_turn
 from tokentrail.trajectory.linearize import Trajectory
+from tokentrail.trajectory.loss import LostSpan
 from tokentrail.trajectory.pipeline import TurnPipeline
 from tokentrail.trajectory.side import SideRules
 
@@ -199,6 +204,7 @@ class Sessions:
         self.open_sessions_only = open_sessions_only
         self._open: dict[str, Session] = {}
         self._closed = Tombstones(finish_retention_s)
+        self.lost = DamagedSessions()
         # The latest request of recent sessions, so the next one parses only what is new.
         self.memo = RequestMemo(request_memo)
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -358,6 +364,7 @@ class Sessions:
 
     def _finish_now(self, sid: str, reward: float, metadata: dict[str, Any]) -> Trajectory:
         trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
+        trajectory.mark_lost(self.lost.of(sid))
         self._forget(sid)
         trim_memory()
         return trajectory
@@ -443,11 +450,8 @@ class Sessions:
         )
         await self.offload.run(self._discard, sid, session=sid)
 
-    # -- recovery -------------------------------------------------------------------------------
 
-    def recover(self, journal: Journal) -> None:
-        """Rebuild the unfinished sessions of a journal (see `recover`)."""
-        recover(self, journal)
+# -- recovery -----------------------------------------------------------------------------------
 
 
 def recover(sessions: Sessions, journal: Journal) -> None:
@@ -468,9 +472,17 @@ def recover(sessions: Sessions, journal: Journal) -> None:
                 turn_of[event.seq] = index
         elif event.kind is JournalEvent.REPLAY and int(event.data["turn"]) in turn_of:
             sessions.manager.answered_again(event.sid, turn_of[int(event.data["turn"])])
+        elif event.kind is JournalEvent.LOST:
+            sessions.lost.note(event.sid, LostSpan.from_dict(event.data))
     live = journal.recovery.live
     if live:
         logger.info("journal: rebuilt %d unfinished sessions", len(live))
+    if sessions.lost:
+        logger.warning(
+            "journal: %d of %d recovered sessions lost journaled turns; their finish states it",
+            len(sessions.lost),
+            len(live),
+        )
 
 
 def _recover_turn(sessions: Sessions, turn: JournaledTurn) -> int | None:
@@ -483,6 +495,8 @@ def _recover_turn(sessions: Sessions, turn: JournaledTurn) -> int | None:
             turn.seq,
             exc,
         )
+        reason = f"turn #{turn.seq} cannot be recorded again ({exc})"
+        sessions.lost.note(turn.sid, LostSpan(turn.seq, 1, 1, reason))
         return None
     session = sessions._open.setdefault(turn.sid, Session())
     session.turns += 1

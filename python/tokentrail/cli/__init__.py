@@ -18,7 +18,9 @@ from tokentrail.cli import demo, records, serve
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokentrail", description=__doc__)
-    parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument(
+        "--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default) or ERROR"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve.add_command(sub)
     demo.add_command(sub)

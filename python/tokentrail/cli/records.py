@@ -105,21 +105,23 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from tokentrail.storage.replay import audit_table
+    from tokentrail.storage.replay import audit_table, lost_table
     from tokentrail.trajectory.ledger import Ledger
 
     path = Path(args.target)
+    named: dict[str, Ledger] = {}
     if path.suffix in (".json", ".jsonl"):
-        ledgers = []
-        for line in path.read_text().splitlines():
+        for i, line in enumerate(path.read_text().splitlines()):
             if line.strip():
                 record = json.loads(line)
-                ledgers.append(Ledger.from_dict(record.get("ledger", record)))
+                name = str(record.get("session") or f"line {i + 1}")
+                named[name] = Ledger.from_dict(record.get("ledger", record))
     else:
         from tokentrail.storage.journal.read import read_journal
         from tokentrail.storage.replay import as_recorded
 
-        ledgers = [t.ledger for t in as_recorded(read_journal(path)).values()]
+        named = {sid: t.ledger for sid, t in as_recorded(read_journal(path)).items()}
+    ledgers = list(named.values())
     table, fraction = audit_table(ledgers)
     print(table)
     failed = fraction > args.max_masked
@@ -127,6 +129,11 @@ def _audit(args: argparse.Namespace) -> int:
         print(f"FAIL: masked fraction {fraction:.4f} is above {args.max_masked}")
     else:
         print(f"ok: masked fraction {fraction:.4f} is within {args.max_masked}")
+    lost_lines, damaged = lost_table(named)
+    print(lost_lines)
+    if damaged:
+        print(f"FAIL: {damaged} sessions lost journaled turns (their samples are not whole)")
+        failed = True
     if args.require_routing:
         from tokentrail.storage.replay import replay_table
 

@@ -68,6 +68,13 @@ def add_command(sub: Any) -> None:
         help="keep the latest request of this many recent sessions, so the next is parsed and "
         "translated only where it differs (0: every request in full)",
     )
+    serve.add_argument(
+        "--verify-resume",
+        action="store_true",
+        help="debugging: translate every request both resumed (--request-memo) and in full, "
+        "count them in tokentrail_resume_checks_total and warn when they differ (the full "
+        "translation is then used)",
+    )
     serve.add_argument("--max-turns-per-session", type=int, default=0)
     serve.add_argument(
         "--max-context-tokens",
@@ -136,14 +143,43 @@ def add_command(sub: Any) -> None:
     serve.add_argument(
         "--exclude-side-requests",
         action="store_true",
-        help="exclude the known side requests of Qwen Code (memory extraction) and hermes-agent "
-        "(context summarizer) from training",
+        help="exclude the known side requests of Qwen Code (memory extraction), hermes-agent "
+        "(context summarizer) and opencode/kilo (title generator) from training",
     )
+    _log_flags(serve)
     serve.set_defaults(func=_serve)
+
+
+def _log_flags(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("logging")
+    group.add_argument(
+        "--log-level",
+        # Unset here leaves `tokentrail --log-level` (before the command) as it is.
+        default=argparse.SUPPRESS,
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="what the server logs (default WARNING): every 5xx it answers is a WARNING "
+        "with its reason, session and engine request id; DEBUG adds each turn's details",
+    )
+    group.add_argument(
+        "--access-log",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="one line per request (method, route, status, session, duration, prompt and "
+        "output tokens) to FILE, or to stderr when no FILE is given (default: off)",
+    )
+    group.add_argument(
+        "--access-log-json",
+        action="store_true",
+        help="write the access log's lines as JSON objects, one a line",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
     import tokentrail.sim  # noqa: F401 - registers the simulated model as an engine
+    from tokentrail.adapter.access_log import AccessLog
     from tokentrail.adapter.limits import Limits
     from tokentrail.adapter.server import Adapter, AdapterConfig, serve_forever
     from tokentrail.engines import create_engine
@@ -187,11 +223,15 @@ def _serve(args: argparse.Namespace) -> int:
         history=parse_kind(History, args.history, "history mode"),
         splice_verify_every=args.splice_verify_every,
         request_memo=args.request_memo,
+        verify_resume=args.verify_resume,
         exclude_patterns=tuple(args.exclude_system),
         exclude_known_side_requests=args.exclude_side_requests,
         routed_experts=args.routed_experts,
         indexer_topk=args.indexer_topk,
         retry=parse_kind(Retry, args.retries, "retry mode"),
+        access_log=(
+            None if args.access_log is None else AccessLog(args.access_log, args.access_log_json)
+        ),
     )
     try:
         tokenizer = load_tokenizer(args.tokenizer)

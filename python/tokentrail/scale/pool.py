@@ -184,11 +184,18 @@ class AdapterPool:
         return self._sessions.open_sessions()
 
     def finish(
-        self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        metadata: dict[str, Any] | None = None,
+        accept_lost: bool = False,
     ) -> FinishedSession:
         """Finish one session: its samples and ledger. Raises `SessionLost` (with a
-        `LostReason`) when the pool cannot deliver them."""
-        batch = self.finish_many({sid: reward}, metadata={sid: metadata or {}})
+        `LostReason`) when the pool cannot deliver them (see `finish_many`)."""
+        batch = self.finish_many(
+            {sid: reward}, metadata={sid: metadata or {}}, accept_lost=accept_lost
+        )
         if sid in batch.lost:
             raise batch.lost[sid]
         return batch.sessions[sid]
@@ -198,10 +205,14 @@ class AdapterPool:
         rewards: Mapping[str, float] | Iterable[str],
         *,
         metadata: Mapping[str, dict[str, Any]] | None = None,
+        accept_lost: bool = False,
     ) -> FinishedBatch:
         """Finish many sessions in parallel: one Ray call per actor, every actor at once, each
         finishing its sessions concurrently. `rewards` maps session ids to rewards (or lists
-        ids, reward 0). Sessions the pool cannot deliver are in the result's `lost`."""
+        ids, reward 0). Sessions the pool cannot deliver are in the result's `lost`; a session
+        whose actor's journal lost some of its turns is lost as `JOURNAL_DAMAGED` (its
+        `SessionLost.lost` says what is gone) unless `accept_lost`, which delivers what is
+        left with the loss in its ledger and samples' metadata."""
         if not isinstance(rewards, Mapping):
             rewards = dict.fromkeys(rewards, 0.0)
         metadata = metadata or {}
@@ -218,12 +229,12 @@ class AdapterPool:
                 groups.setdefault(placed.actor, []).append(item)
         # Every actor starts finishing before the pool waits for any.
         refs = {
-            i: self._slots[i].handle.finish.remote(items)
+            i: self._slots[i].handle.finish.remote(items, accept_lost)
             for i, items in groups.items()
             if self._slots[i].dead is None
         }
         for i, items in groups.items():
-            collected = self._supervisor.finish(self._slots[i], refs.get(i), items)
+            collected = self._supervisor.finish(self._slots[i], refs.get(i), items, accept_lost)
             batch.lost.update(collected.lost)
             for session in collected.finished:
                 batch.sessions[session.sid] = session

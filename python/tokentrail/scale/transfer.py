@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -41,12 +42,14 @@ class ShippedSession:
 @dataclass
 class ShippedBatch:
     """What one actor's finish call returns: its finished sessions' samples as columns, and
-    the sessions it could not finish, each with the reason (`LostReason`) and a detail."""
+    the sessions it could not finish, each with the reason (`LostReason`) and a detail, and for
+    those that lost journaled turns, what they lost."""
 
     actor: int
     columns: dict[str, np.ndarray]
     sessions: list[ShippedSession] = field(default_factory=list)
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)
+    losses: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -54,6 +57,7 @@ class ShippedBatch:
         actor: int,
         finished: dict[str, Trajectory],
         failures: dict[str, tuple[str, str]] | None = None,
+        losses: dict[str, dict[str, Any]] | None = None,
     ) -> ShippedBatch:
         samples: list[Sample] = []
         sessions = []
@@ -64,7 +68,9 @@ class ShippedBatch:
                 )
             )
             samples.extend(trajectory.samples)
-        return cls(actor, sample_columns(samples), sessions, dict(failures or {}))
+        return cls(
+            actor, sample_columns(samples), sessions, dict(failures or {}), dict(losses or {})
+        )
 
     @property
     def nbytes(self) -> int:
@@ -107,6 +113,7 @@ class FinishedBatch:
             total.restored_echoes += session.ledger.restored_echoes
             for tool, n in session.ledger.restored_by_tool.items():
                 total.restored_by_tool[tool] = total.restored_by_tool.get(tool, 0) + n
+            total.lost.extend(session.ledger.lost)
         return total
 
     def pack(self, backend: str | None = None) -> PackedBatch:
