@@ -454,7 +454,7 @@ def test_a_replay_with_rendered_history_fails_the_audit(recorded, tmp_path: Path
     the harness's re-rendered echoes, not what the model sampled, so the trained tokens sit in a
     context the engine never saw; `tokentrail audit --recompute` says so and exits 1, and
     passes the samples as recorded."""
-    from tokentrail.storage.journal_read import read_journal
+    from tokentrail.storage.journal.read import read_journal
     from tokentrail.storage.replay import Settings, as_recorded, replay
 
     engine, journal, _ = recorded

@@ -23,7 +23,7 @@ from tokentrail.kinds import Fallback, History, ReplayGap, Restore
 from tokentrail.sim.harness import HarnessSim, Workspace
 from tokentrail.storage.export import write_samples
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import read_journal
+from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.replay import as_recorded
 from tokentrail.view.app import UI_PREFIX, standalone_app
 from tokentrail.view.model import FATES, SessionData, tree_view, turn_detail

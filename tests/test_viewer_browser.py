@@ -27,7 +27,7 @@ from selenium.webdriver.common.by import By
 from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
 from support.serve import ADMIN_TOKEN, free_port, serving
 from tokentrail.storage.export import write_samples
-from tokentrail.storage.journal_read import read_journal
+from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.replay import as_recorded
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

@@ -26,12 +26,12 @@ from aiohttp import web
 from tokentrail.adapter import notes as request_notes
 from tokentrail.adapter.access_log import access_log_middleware
 from tokentrail.adapter.admin import Admin
-from tokentrail.adapter.config import AdapterConfig
+from tokentrail.adapter.config import AdapterConfig, SessionSettings
 from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
 from tokentrail.adapter.damaged import refuse_unless_accepted
 from tokentrail.adapter.limits import TurnSlots, model_context_length
 from tokentrail.adapter.metrics import Metrics
-from tokentrail.adapter.middleware import errors_as_json
+from tokentrail.adapter.middleware import errors_as_json, status_of
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
 from tokentrail.adapter.protocols.fields import json_content_type
@@ -44,8 +44,7 @@ from tokentrail.adapter.validation import (
     session_key,
 )
 from tokentrail.engines.base import Engine
-from tokentrail.errors import EngineError
-from tokentrail.kinds import History, Retry, Stage
+from tokentrail.kinds import Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -184,30 +183,9 @@ class Adapter:
 
     # -- sessions for trainers ------------------------------------------------------------------
 
-    def open_session(
-        self,
-        sid: str,
-        sampling_defaults: dict[str, Any] | None = None,
-        max_context_tokens: int = 0,
-        history: History | str | None = None,
-        exclude_patterns: list[str] | None = None,
-        retry: Retry | str | None = None,
-        *,
-        group: str | None = None,
-    ) -> None:
-        """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations (beside the adapter's own patterns), `group` is the
-        group its samples belong to (`metadata["group"]`, for `pack_tree`)."""
-        self.sessions.open(
-            sid,
-            sampling_defaults,
-            max_context_tokens,
-            history,
-            exclude_patterns,
-            retry,
-            group=group,
-        )
+    def open_session(self, sid: str, settings: SessionSettings | None = None) -> None:
+        """Open (or reopen) a session with its own `settings` (`SessionSettings`)."""
+        self.sessions.open(sid, settings)
 
     async def finish_trajectory(
         self,
@@ -314,7 +292,7 @@ class Adapter:
                 status = response.status
                 return response
             except Exception as exc:
-                status = getattr(exc, "status", 500) if not isinstance(exc, EngineError) else 502
+                status = status_of(exc)
                 raise
             finally:
                 self.metrics.in_flight(-1)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from tokentrail.core.backend import TurnStoreLike
 from tokentrail.errors import NotFound, TokentrailError
-from tokentrail.storage.journal_read import read_journal
+from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.replay import Settings, record_session
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.linearize import Trajectory

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from tokentrail.adapter.config import AdapterConfig
+from tokentrail.adapter.config import AdapterConfig, SessionSettings
 from tokentrail.adapter.server import Adapter
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams
@@ -28,7 +28,7 @@ from tokentrail.integrations.slime.trajectory import (
     slime_manager,
     slime_samples,
 )
-from tokentrail.kinds import History, Restore
+from tokentrail.kinds import History, Restore, parse_kind
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -165,8 +165,8 @@ class BaseAdapter:
             tool_parser=tool_parser or "auto",
             reasoning_parser=reasoning_parser or "auto",
             max_turns_per_session=int(max_turns_per_sid or 0),
-            restore=Restore(restore),
-            history=History(history),
+            restore=parse_kind(Restore, restore, "restore mode"),
+            history=parse_kind(History, history, "history mode"),
             routed_experts=routing is not None or (config is not None and config.routed_experts),
         )
         core = manager or slime_manager(
@@ -220,7 +220,7 @@ class BaseAdapter:
                 f"session_id {sid!r} already exists; sids must be unique per agent run"
             )
         self.adapter.open_session(
-            sid, sampling_defaults=defaults, max_context_tokens=max_context_tokens
+            sid, SessionSettings(sampling_defaults=defaults, max_context_tokens=max_context_tokens)
         )
         cap = defaults.get("max_new_tokens")
         if cap is not None:
