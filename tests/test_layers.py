@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tokentrail.text", "tokentrail.core"),
     ("tokentrail.trajectory",),
     ("tokentrail.storage", "tokentrail.engines", "tokentrail.model"),
+    ("tokentrail.view",),
     ("tokentrail.adapter",),
     ("tokentrail.sim",),
     ("tokentrail.scale",),

@@ -303,6 +303,23 @@ class LostReason(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
+class BranchReason(StrEnum):
+    """Why a session's tree branches where it does (the viewer labels each branch with it)."""
+
+    # The line the conversation first took from here.
+    MAIN = "main"
+    # Another first message: a conversation of its own beside the agent's (another system prompt).
+    NEW_CONVERSATION = "new_conversation"
+    # Its first user message carries the prompt an `Agent`/`Task` call handed out elsewhere.
+    SUBAGENT = "subagent"
+    # A side conversation excluded from training (pattern or header).
+    EXCLUDED = "excluded"
+    # The harness asked again from the same prompt and got a fresh generation.
+    RETRY = "retry"
+    # The harness sent another message here than before: an edited or compacted history.
+    REWRITTEN = "rewritten"
+
+
 class TreeMask(StrEnum):
     """The attention mask `PrefixTree.to_torch` builds for the tree layout."""
 

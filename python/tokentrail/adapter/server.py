@@ -53,6 +53,8 @@ from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.side import SideRules
+from tokentrail.view.app import UI_PREFIX, Viewer
+from tokentrail.view.sources import LiveSource
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +157,8 @@ class Adapter:
             web.get("/", self._root),
             web.head("/api/hello", self._hello),
             *admin.routes(),
+            # The viewer over the sessions held here, behind the admin token.
+            *Viewer(LiveSource(self.manager, tokenizer), guard=admin.check).routes(UI_PREFIX),
         ]
         for proto in protocols():
             routes.append(web.post(proto.turn_path, self._turn_handler(proto)))

@@ -154,6 +154,25 @@ def linearize_record(
     `as_recorded` runs its turns with their journaled prompt ids; otherwise restore, render
     and prompt ids are made anew by the pipeline's settings.
     """
+    record_session(record, pipeline, as_recorded=as_recorded)
+    # The finish's metadata (its group, the trainer's own keys) is in every sample, as the
+    # finish answered it.
+    trajectory = pipeline.manager.finish(
+        record.sid, reward=record.reward, extra_metadata=dict(record.metadata) or None
+    )
+    trajectory.mark_lost(record.losses())
+    pipeline.forget(record.sid)
+    return trajectory
+
+
+def record_session(
+    record: SessionRecord,
+    pipeline: TurnPipeline,
+    *,
+    as_recorded: bool = True,
+) -> None:
+    """Record a journaled session's turns into `pipeline`'s manager, leaving it open there (a
+    viewer reads its tree before it is linearized)."""
     by_seq = {
         turn.seq: replay_turn(pipeline, turn, as_recorded=as_recorded) for turn in record.turns
     }
@@ -161,14 +180,6 @@ def linearize_record(
     for seq in record.replays:
         if seq in by_seq:
             manager.answered_again(record.sid, by_seq[seq])
-    # The finish's metadata (its group, the trainer's own keys) is in every sample, as the
-    # finish answered it.
-    trajectory = manager.finish(
-        record.sid, reward=record.reward, extra_metadata=dict(record.metadata) or None
-    )
-    trajectory.mark_lost(record.losses())
-    pipeline.forget(record.sid)
-    return trajectory
 
 
 def _run(

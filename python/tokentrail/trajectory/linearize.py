@@ -37,11 +37,23 @@ class DriftRecord:
     drifted: int
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a turn's output sits in a sample: output token 0 at `tokens[start]`, up to
+    `tokens[end]` (less than the whole output when the sample was cut short)."""
+
+    turn_index: int
+    start: int
+    end: int
+
+
 @dataclass
 class Trajectory:
     samples: list[Sample]
     ledger: Ledger
     drifts: list[DriftRecord] = field(default_factory=list)
+    # Per sample, where each of its turns' outputs sits in it (a viewer colours tokens by it).
+    placements: list[list[Placement]] = field(default_factory=list)
 
     @property
     def drift_counts(self) -> dict[str, int]:
@@ -116,7 +128,15 @@ def linearize_session(
         )
         for d in lin.drifts
     ]
-    return Trajectory(samples, ledger, drifts)
+    placements = [
+        [
+            Placement(generated[span.turn].turn_index or 0, span.start, span.end)
+            for span in built.spans
+            if span.turn in generated
+        ]
+        for built in lin.samples
+    ]
+    return Trajectory(samples, ledger, drifts, placements)
 
 
 def _chains(root: Node, train_superseded: bool) -> list[list[int]]:

@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 FoundTurn = tuple[list[Message], dict[str, Any]]
 P = TypeVar("P", DriftPolicy, RewritePolicy)
 
+T = TypeVar("T")
+# What reads a session as it stands: its tree, its turn store and its linearization.
+SessionReader = Callable[[Node, TurnStoreLike, Trajectory], T]
+
 
 @dataclass(frozen=True)
 class SpliceAnchor:
@@ -363,21 +367,18 @@ class TrajectoryManager:
             session = self._sessions.pop(sid, None)
         if session is None:
             return Trajectory([], Ledger())
-        return linearize_session(
-            sid,
-            session.root,
-            session.store,
-            policy=self.drift_policy,
-            fork_threshold=self.fork_threshold_tokens,
-            max_sample_tokens=max_sample_tokens,
-            reward=float(reward),
-            extra_metadata=extra_metadata,
-            restored=session.restored,
-            restored_by_tool=session.restored_by_tool,
-            replays=self.replay_channels,
-            status=self.core.REPLAY_STATUS,
-            train_superseded=self.train_superseded,
-        )
+        return _linearize(self, sid, session, reward, extra_metadata, max_sample_tokens)
+
+    def inspect(self, sid: str, read: SessionReader[T], *, max_sample_tokens: int = 0) -> T:
+        """`read(tree, store, trajectory)` of a session linearized as it stands, under the lock
+        and without consuming it (a viewer watches sessions while their turns arrive)."""
+        max_sample_tokens = _count(max_sample_tokens, "max_sample_tokens")
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                raise SessionError(f"no session {sid!r}")
+            trajectory = _linearize(self, sid, session, 0.0, None, max_sample_tokens)
+            return read(session.root, session.store, trajectory)
 
     def get_trajectory(
         self,
@@ -390,6 +391,31 @@ class TrajectoryManager:
         return self.finish(
             sid, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=max_sample_tokens
         ).samples
+
+
+def _linearize(
+    manager: TrajectoryManager,
+    sid: str,
+    session: _Session,
+    reward: float,
+    extra_metadata: dict[str, Any] | None,
+    max_sample_tokens: int,
+) -> Trajectory:
+    return linearize_session(
+        sid,
+        session.root,
+        session.store,
+        policy=manager.drift_policy,
+        fork_threshold=manager.fork_threshold_tokens,
+        max_sample_tokens=max_sample_tokens,
+        reward=float(reward),
+        extra_metadata=extra_metadata,
+        restored=session.restored,
+        restored_by_tool=session.restored_by_tool,
+        replays=manager.replay_channels,
+        status=manager.core.REPLAY_STATUS,
+        train_superseded=manager.train_superseded,
+    )
 
 
 def _response_key(response_message: object) -> MessageKey | None:
