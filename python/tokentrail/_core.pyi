@@ -41,6 +41,7 @@ _Floats: TypeAlias = Sequence[float] | npt.NDArray[np.floating]
 _Replay: TypeAlias = str | tuple[int, npt.ArrayLike] | None
 _Rows: TypeAlias = npt.NDArray[np.unsignedinteger | np.signedinteger]
 
+__version__: Final[str]
 CLEAN: Final = "clean"
 REALIGN: Final = "realign"
 FORK: Final = "fork"

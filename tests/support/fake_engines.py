@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, TypeVar
 
 import numpy as np
 from aiohttp import web
@@ -48,6 +48,9 @@ class Recorded:
     headers: dict[str, str]
 
 
+_Server = TypeVar("_Server", bound="_FakeServer")
+
+
 @dataclass
 class _FakeServer:
     reply: ReplyFn = echo_reply
@@ -67,7 +70,7 @@ class _FakeServer:
     def routes(self) -> list[web.RouteDef]:
         raise NotImplementedError
 
-    async def __aenter__(self) -> Self:
+    async def __aenter__(self: _Server) -> _Server:
         app = web.Application()
         app.add_routes(self.routes())
         # Handler cancellation stands in for the real engines' disconnect handling (vLLM's
@@ -172,7 +175,7 @@ class FakeSGLang(_FakeServer):
             except asyncio.CancelledError:
                 self.disconnected.append(rid)
                 raise
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 pass
             meta = self._meta(rid, input_ids, [], [], {"type": "abort", "message": "Abort"})
             return web.json_response({"text": "", "output_ids": [], "meta_info": meta})

@@ -107,7 +107,7 @@ class HTTPEngine:
                             f"{self.name} answered {path} with more than {max_bytes} bytes, "
                             "more than the tokens asked for can take",
                         )
-        except TimeoutError:
+        except asyncio.TimeoutError:  # aiohttp's timeout; not yet the builtin one on 3.10
             raise EngineError(
                 f"{self.name} did not answer {path} within {timeout or self.timeout:g} s"
             ) from None

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from enum import StrEnum
 
+from tokentrail.compat import StrEnum
 from tokentrail.errors import PoolError, SessionError, SessionLost
 
 

@@ -63,7 +63,7 @@ class _Session:
 
 def _policy(enum: type[DriftPolicy] | type[RewritePolicy], value: object, what: str) -> Any:
     try:
-        return enum(str(value)) if isinstance(value, str) else enum(value)  # type: ignore[arg-type]
+        return enum(str(value)) if isinstance(value, str) else enum(value)
     except ValueError:
         known = tuple(p.value for p in enum)
         raise PolicyError(f"unknown {what} {value!r}; expected {known}") from None
