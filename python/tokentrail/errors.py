@@ -247,3 +247,11 @@ class SessionLost(TokentrailError):
 
     def __reduce__(self) -> tuple[type[SessionLost], tuple[str, str, str]]:
         return type(self), (self.sid, self.reason, self.detail)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+class SettingError(TokentrailError):
+    """A `tokentrail serve` setting (a flag, a `--config` file key or a `TOKENTRAIL_*` variable)
+    is unknown or has a value it cannot take; the message names the setting and the value."""

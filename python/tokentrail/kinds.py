@@ -9,7 +9,7 @@ the very strings the ledger, the journal, the metrics and the Rust core (`_core.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from tokentrail.compat import StrEnum
 
 
 class DriftKind(StrEnum):
@@ -252,3 +252,36 @@ class LostReason(StrEnum):
     # The actor is restarting and did not come back in time; the pool still holds the session,
     # and a later finish may succeed.
     UNAVAILABLE = "unavailable"
+
+
+class SettingGroup(StrEnum):
+    """The groups `tokentrail serve --help` shows its settings in, in this order."""
+
+    SERVER = "server"
+    ENGINE = "engine and model"
+    HISTORY = "history and splicing"
+    SESSIONS = "sessions and retries"
+    LIMITS = "limits"
+    JOURNAL = "journal"
+    REPLAY = "replay data"
+    LOGGING = "logging"
+
+
+class SettingSource(StrEnum):
+    """Where a resolved setting came from, the first that has it winning."""
+
+    COMMAND_LINE = "command line"
+    ENVIRONMENT = "environment"
+    CONFIG_FILE = "config file"
+    DEFAULT = "default"
+
+
+class Verdict(StrEnum):
+    """What one `tokentrail doctor` check found."""
+
+    OK = "ok"
+    # Serving works, with a gap an operator should know of (no journal, no admin token).
+    WARN = "warn"
+    FAIL = "FAIL"
+    # Not tried: it needs what an earlier check could not load.
+    SKIP = "skip"

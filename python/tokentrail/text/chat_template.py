@@ -307,6 +307,11 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+def check_compiles(template: str) -> None:
+    """Raise `TemplateError` (with the line) if `template` does not compile."""
+    _compile(template)
+
+
 @functools.lru_cache(maxsize=64)
 def _compile(template: str) -> jinja2.Template:
     try:
