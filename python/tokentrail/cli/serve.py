@@ -377,14 +377,16 @@ def build_adapter(s: ServeSettings, resolved: settings.Resolved) -> Adapter:
     if s.journal is not None:
         with _naming("--journal", s.journal, sqlite3.Error):
             journal = Journal(s.journal, sync=s.journal_sync)
-    return Adapter(
-        engine=engine,
-        tokenizer=tokenizer,
-        chat_template=template,
-        manager=manager,
-        config=config,
-        journal=journal,
-    )
+    # The adapter renders a one-message conversation with the template before it serves.
+    with _naming("--chat-template" if template else "--tokenizer", s.chat_template or s.tokenizer):
+        return Adapter(
+            engine=engine,
+            tokenizer=tokenizer,
+            chat_template=template,
+            manager=manager,
+            config=config,
+            journal=journal,
+        )
 
 
 @contextmanager
