@@ -34,8 +34,10 @@ import aiohttp
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from served import Served  # noqa: E402
 
+from support.field_shapes import REFUSED  # noqa: E402
 from tokentrail.text.tokenizer import load_tokenizer  # noqa: E402
 
 ADMIN = "bench-admin"
@@ -166,7 +168,11 @@ async def send(
         return 0, str(exc).encode()  # the server closed on us: counted under "other 4xx"
 
 
-async def raw_send(url: str, data: bytes, wait_s: float = TIMEOUT_S) -> tuple[int | None, bytes]:
+async def raw_send(
+    url: str, data: bytes, wait_s: float = TIMEOUT_S, *, half_close: bool = False
+) -> tuple[int | None, bytes]:
+    """`data` over a fresh connection (then `shutdown(SHUT_WR)` when `half_close`, as `nc -N`
+    does); the final answer's status and body, 1xx interim answers skipped."""
     host, port = url.removeprefix("http://").split(":")
     try:
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -174,8 +180,12 @@ async def raw_send(url: str, data: bytes, wait_s: float = TIMEOUT_S) -> tuple[in
         return 0, b""
     try:
         writer.write(data)
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), wait_s)
-        status = int(head.split(b" ", 2)[1])
+        if half_close:
+            writer.write_eof()
+        status = 100
+        while 100 <= status < 200:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), wait_s)
+            status = int(head.split(b" ", 2)[1])
         rest = b""
         for line in head.split(b"\r\n"):
             if line.lower().startswith(b"content-length:"):
@@ -381,6 +391,19 @@ async def attack(url: str, tally: Tally) -> dict[str, Any]:
             tally.add("body shorter than its length", outcome(*await raw_send(url, short)))
         for path, make in huge():
             tally.add("huge requests", outcome(*await send(http, url, path, make())))
+        for pos, (path, body, headers, _) in enumerate(REFUSED):
+            result = await send(http, url, path, dumps(body), f"fields-{pos}", headers=headers)
+            tally.add("fields the APIs refuse", outcome(*result))
+        for version in (b"1.1", b"1.0"):
+            body = json.dumps(GOOD_A).encode()
+            data = (
+                b"POST /v1/messages HTTP/" + version + b"\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nAuthorization: Bearer half-closed\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
+            for _ in range(3):
+                result = await raw_send(url, data, half_close=True)
+                tally.add("half-closed requests", outcome(*result))
 
         # Another session's data: body fields naming the victim, under other keys.
         await send(http, url, OPENAI, dumps(GOOD_O), sid="victim")

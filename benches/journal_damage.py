@@ -24,6 +24,7 @@ import numpy as np
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal_read import read_journal
+from tokentrail.trajectory.loss import lost_turns, total
 
 SESSIONS, TURNS, FINISHED = 12, 6, 4
 Truth = dict[str, list[list[int]]]
@@ -83,37 +84,45 @@ def cut(target: Path, at: float) -> None:
     os.truncate(target, int(target.stat().st_size * at))
 
 
-def recover(path: Path) -> tuple[dict[str, list[list[int]]], set[str], int]:
+def recover(path: Path) -> tuple[dict[str, list[list[int]]], dict[str, int], int]:
     """Turns kept per session (unfinished ones as recovery yields them, finished ones as the
-    file holds them afterwards), the sessions reported damaged (by recovery, or, for finished
-    sessions, which recovery does not read, when they are read), and how many recovery
-    reported."""
+    file holds them afterwards), the turns each session reported damaged states it lost (by
+    recovery's `lost` events, or, for finished sessions, which recovery does not read, when
+    they are read; -1: an unknown number), and how many sessions recovery reported."""
     journal = Journal(path)
     kept: dict[str, list[list[int]]] = {}
+    stated: dict[str, int] = {}
     for event in journal.live_events():
         if event.kind is JournalEvent.TURN and event.turn is not None:
             kept.setdefault(event.sid, []).append(event.turn.prompt_ids.tolist())
-    reported = {d.sid for d in journal.recovery.damaged}
-    at_start = len(reported)
+        elif event.kind is JournalEvent.LOST:
+            stated[event.sid] = total([stated.get(event.sid, 0), int(event.data["turns"])])
+    at_start = len({d.sid for d in journal.recovery.damaged})
     journal.close()
     for record in read_journal(path).records():
         if record.state == "finished":
             kept[record.sid] = [t.prompt_ids.tolist() for t in record.turns]
-            if record.lost or record.damage:
-                reported.add(record.sid)
-    return kept, reported, at_start
+            spans = record.losses()
+            if spans:
+                stated[record.sid] = lost_turns(spans)
+    return kept, stated, at_start
 
 
-def score(truth: Truth, kept: dict[str, list[list[int]]], reported: set[str]) -> dict[str, int]:
+def score(truth: Truth, kept: dict[str, list[list[int]]], stated: dict[str, int]) -> dict[str, int]:
     out = {"kept": 0, "lost_reported": 0, "lost_silent": 0, "wrong": 0, "sessions_intact": 0}
+    out["stated"] = out["miscounted"] = 0
     for sid, turns in truth.items():
         mine = kept.get(sid, [])
         good = sum(1 for a, b in zip(turns, mine, strict=False) if a == b)
         out["wrong"] += len(mine) - good
         out["kept"] += good
         lost = len(turns) - good
-        out["lost_reported" if sid in reported else "lost_silent"] += lost
+        out["lost_reported" if sid in stated else "lost_silent"] += lost
         out["sessions_intact"] += lost == 0 and len(mine) == len(turns)
+        if sid in stated:
+            out["stated"] += max(stated[sid], 0)
+            # The loss a finish states: the turns the session had less those it kept.
+            out["miscounted"] += stated[sid] != lost
     return out
 
 
@@ -143,8 +152,8 @@ def main() -> None:
             path = where / "run.db"
             truth = write(path, checkpoint)
             damage(Path(f"{path}{suffix}"))
-            kept, reported, n = recover(path)
-            rows.append((name, n, score(truth, kept, reported)))
+            kept, stated, n = recover(path)
+            rows.append((name, n, score(truth, kept, stated)))
     total = SESSIONS * TURNS
     print(
         f"damaged journals: {SESSIONS} sessions ({SESSIONS - FINISHED} unfinished) x {TURNS} "
@@ -158,9 +167,13 @@ def main() -> None:
         "lost, reported",
         "lost, silent",
         "kept but wrong",
+        "lost, stated",
+        "miscounted",
     )
     print(f"{head[0]:<26}" + "".join(f"{h:>18}" for h in head[1:]))
-    print("(finished sessions are not read at open; their damage is reported when they are read)")
+    print("(finished sessions are not read at open; their damage is reported when they are read;")
+    print(" 'lost, stated': the lost turns the sessions' finish states; 'miscounted': sessions")
+    print(" whose stated count is not the turns they lost)")
     for name, n, r in rows:
         cells = (
             n,
@@ -169,6 +182,8 @@ def main() -> None:
             r["lost_reported"],
             r["lost_silent"],
             r["wrong"],
+            r["stated"],
+            r["miscounted"],
         )
         print(f"{name:<26}" + "".join(f"{c:>18}" for c in cells))
     print(

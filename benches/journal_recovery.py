@@ -34,6 +34,7 @@ LIVE_EVERY = 100  # one session in a hundred is unfinished
 START = """
 import json, sys, time
 from tokentrail.adapter.server import Adapter
+from tokentrail.adapter.sessions import recover
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import load_tokenizer
@@ -53,7 +54,7 @@ t = time.perf_counter()
 journal = Journal(sys.argv[1])
 opened = time.perf_counter() - t
 adapter.sessions.journal = journal
-adapter.sessions.recover(journal)
+recover(adapter.sessions, journal)
 took = time.perf_counter() - t
 rss = status("VmHWM:")
 print(json.dumps({"seconds": took, "open": opened, "rss": rss, "before": before,

@@ -27,16 +27,22 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("journal_damage.py", []),
     ("journal_recovery.py", ["--gb", "0.02", "--path", "/tmp/tokentrail-recovery-quick.db"]),
     ("kill_sweep.py", ["--turns", "1", "--quick"]),
+    ("checkpoint_kills.py", ["--sessions", "2", "--turns", "12", "--kills", "4"]),
     ("adapter_load.py", ["--sessions", "2", "--turns", "8"]),
     ("session_scaling.py", ["--quick"]),
     ("turn_cost.py", ["--contexts", "4096,8192"]),
     ("against_slime.py", []),
     ("encode_speed.py", ["--vocabularies", "qwen3", "--full-tokens", "4000", "--repeats", "20"]),
     ("routing_replay.py", ["--sessions", "1", "--steps", "4"]),
+    ("engine_answers.py", ["--tokens", "8192"]),
     ("families.py", ["--sessions", "1", "--steps", "3", "--messages", "50"]),
     ("loop_responsiveness.py", ["--quick"]),
     ("hostile_requests.py", ["--quick"]),
     ("ray_pool.py", ["--quick"]),
+    (
+        "tree_layout.py",
+        ["--sessions", "1", "--steps", "4", "--context", "1000", "--forward-context", "300"],
+    ),
 ]
 
 

@@ -4,17 +4,23 @@ The scripted model Reads a file, Edits it (trailing whitespace, no `replace_all`
 file with trailing whitespace, runs Bash and ends. Claude Code re-renders the Edit and the Write
 when it replays them; the adapter must restore both, and every turn must train. A second session
 makes parallel calls where one fails and one is slow: Claude Code (2.1.332) answers them in the
-order they finished, and each result must still render after its own call.
+order they finished, and each result must still render after its own call. A third runs 2.1.332
+in its default configuration (only what a headless run needs) with a sub-agent: one sample for
+the main conversation, one for the sub-agent, nothing forked. Two more run over
+stand-in engines at real sizes: `vllm://` with the context past 64K tokens, and `sglang://` with
+routed experts at 48 x 8; every generated token must train in both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,8 +30,15 @@ from support.claude_code import (
     install_claude_code,
     run_claude,
 )
-from support.serve import serving
-from tokentrail.text.tokenizer import load_tokenizer
+from support.engine_thread import engine_in_thread
+from support.fake_engines import FakeSGLang, FakeVLLM
+from support.serve import resume_checks, serving, serving_in_thread
+from tokentrail.adapter.server import Adapter, AdapterConfig
+from tokentrail.core.replay import RoutingShape
+from tokentrail.engines.base import GenerateRequest
+from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine, scripted_logprob
+from tokentrail.sim.moe import KVRouting
+from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
 
@@ -109,6 +122,7 @@ def test_real_claude_code_session_trains_every_edit_and_write(
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.result is not None and "util.py" in run.result.get("result", "")
         finished = served.finish("cc-session")
+        checks = served.resume_checks()
 
     # The edits happened on disk, as Claude Code ran them (right-stripped).
     assert (repo / "calc.py").read_text() == (
@@ -127,6 +141,8 @@ def test_real_claude_code_session_trains_every_edit_and_write(
     assert ledger["restored_echoes"] == 2
     assert ledger["restored_by_tool"] == {"Edit": 1, "Write": 1}
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    # Every request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
 
 
 def _parallel_script(repo: Path) -> list:
@@ -172,6 +188,7 @@ def test_real_claude_code_parallel_results_render_after_their_own_calls(
         )
         assert run.returncode == 0, run.stderr[-2000:]
         finished = served.finish("cc-parallel")
+        checks = served.resume_checks()
 
     (sample,) = finished["samples"]
     prompt = load_tokenizer().decode(sample["tokens"])
@@ -186,3 +203,223 @@ def test_real_claude_code_parallel_results_render_after_their_own_calls(
     assert "NOTES_MARKER" in responses[4]
     ledger = finished["ledger"]
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
+
+
+# The sub-agent's prompt; its conversation is the one whose first user message holds it.
+SUBAGENT_PROMPT = (
+    "Search every file under the repository for TODO comments and report each one with its file."
+)
+
+
+class _TwoConversations(ScriptedEngine):
+    """The scripted engine with a second script for the sub-agent's conversation (a script
+    answers by the prompt's assistant count, which both conversations start at 0)."""
+
+    def __init__(self, tokenizer: LoadedTokenizer, main: list, sub: list) -> None:
+        super().__init__(tokenizer, main)
+        self.sub = sub
+
+    def choose(self, req: GenerateRequest) -> list[dict]:
+        first = next((m for m in req.messages if m.get("role") == "user"), {})
+        replies = self.sub if SUBAGENT_PROMPT in str(first.get("content")) else self.replies
+        index = self.reply_index(req.messages)
+        return replies[index] if index < len(replies) else FINAL_REPLY
+
+
+def test_real_claude_code_in_its_default_configuration_gives_one_sample_per_conversation(
+    claude_exe_completion_order: Path, tmp_path: Path
+) -> None:
+    # Without the two quieting switches Claude Code probes HEAD /api/hello, sends its betas and
+    # a mid-conversation `system` note (its ~9 KB `# Environment` block) that it moves from a
+    # block list to a string: the resumed translation must join that note once, every turn.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("x = 1  # TODO: name it\n")
+    main = [
+        [
+            {"type": "text", "text": "Delegating the search."},
+            {
+                "type": "tool_use",
+                "name": "Agent",
+                "input": {
+                    "description": "Find TODOs",
+                    "prompt": SUBAGENT_PROMPT,
+                    "subagent_type": "general-purpose",
+                },
+            },
+        ],
+        [{"type": "text", "text": "One TODO, in a.py."}],
+    ]
+    sub = [
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": str(repo / "a.py")}}],
+        [{"type": "text", "text": "a.py line 1: TODO: name it"}],
+    ]
+    tokenizer = load_tokenizer()
+    adapter = Adapter(
+        engine=_TwoConversations(tokenizer, main, sub),
+        tokenizer=tokenizer,
+        config=AdapterConfig(verify_resume=True),
+    )
+    with serving_in_thread(adapter) as (url, loop):
+        run = run_claude(
+            claude_exe_completion_order,
+            "Find the TODOs in this repository with a sub-agent.",
+            base_url=url,
+            session_id="cc-default",
+            cwd=repo,
+            timeout=180,
+            quiet=False,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        trajectory = asyncio.run_coroutine_threadsafe(
+            adapter.finish_trajectory("cc-default", reward=1.0), loop
+        ).result(60)
+    checks = resume_checks(adapter.metrics.render()[0].decode())
+
+    ledger = trajectory.ledger
+    tags = sorted(s.metadata["conversation"]["subagent"] for s in trajectory.samples)
+    assert tags == [False, True], [s.metadata["turns"] for s in trajectory.samples]
+    assert "fork" not in trajectory.drift_counts
+    # Each conversation's first turn is rendered, every later one spliced onto the tokens held.
+    assert [t.history for t in ledger.turns].count("splice") == len(ledger.turns) - 2
+    assert ledger.trained_tokens == ledger.generated_tokens > 0
+    # The sub-agent's two turns are its own sample; the main conversation holds the rest.
+    (sub_sample,) = [s for s in trajectory.samples if s.metadata["conversation"]["subagent"]]
+    assert len(sub_sample.metadata["turns"]) == len(sub)
+    for sample in trajectory.samples:
+        prompt = tokenizer.decode(list(sample.tokens))
+        assert prompt.count("You have been invoked in the following environment") <= 1
+    main_sample = next(s for s in trajectory.samples if s is not sub_sample)
+    assert "You have been invoked in the following environment" in tokenizer.decode(
+        list(main_sample.tokens)
+    )
+    # Every request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)
+
+
+# A table file Claude Code reads in three parts of ~22K Qwen3 tokens each (its Read tool caps
+# one read at 25K tokens), so the session's last prompt holds over 64K tokens.
+TABLE_LINES, TABLE_PART = 2100, 700
+
+
+def _long_context_script(repo: Path) -> list:
+    calc, table = str(repo / "calc.py"), str(repo / "table.py")
+    reads = [
+        [{"type": "tool_use", "name": "Read",
+          "input": {"file_path": table, "offset": 1 + k * TABLE_PART, "limit": TABLE_PART}}]
+        for k in range(TABLE_LINES // TABLE_PART)
+    ]  # fmt: skip
+    return [
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": calc}}],
+        *reads,
+        [
+            {
+                "type": "tool_use",
+                "name": "Edit",
+                "input": {
+                    "file_path": calc,
+                    "old_string": "    return a+b   \n",
+                    "new_string": "    return a + b\n",
+                },
+            }
+        ],
+        [{"type": "text", "text": "Fixed calc.py after reading the table."}],
+    ]
+
+
+def _stand_in_reply(script: list) -> Any:
+    """A stand-in engine's model: reply N to a prompt holding N assistant turns, as Qwen3 writes
+    it (the scripted engine's rule, read from the prompt's ids: an engine sees only those)."""
+    tokenizer = load_tokenizer()
+    engine = ScriptedEngine(tokenizer, script)
+    im_end = tokenizer.token_id("<|im_end|>")
+
+    def reply(prompt_ids: list[int]) -> tuple[list[int], list[float], str]:
+        turns = tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1
+        ids = [*tokenizer.encode(engine.reply_text(turns)), im_end]
+        return ids, [scripted_logprob(t, i) for i, t in enumerate(ids)], "stop"
+
+    return reply
+
+
+def test_real_claude_code_over_vllm_at_a_64k_token_context(
+    claude_exe: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    (repo / "table.py").write_text(
+        "".join(
+            f"VALUE_{i:04d} = {i * 37}  # row {i} of the lookup table\n" for i in range(1, 2101)
+        )
+    )
+    script = _long_context_script(repo)
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    with engine_in_thread(FakeVLLM(_stand_in_reply(script))) as vllm:
+        with serving(script_file, "--engine", f"vllm://{vllm.url}") as served:
+            run = run_claude(
+                claude_exe,
+                "Read table.py, then fix the spacing in calc.py.",
+                base_url=served.url,
+                session_id="cc-vllm",
+                cwd=repo,
+                timeout=240,
+            )
+            assert run.returncode == 0, run.stderr[-2000:]
+            finished = served.finish("cc-vllm")
+            checks = served.resume_checks()
+
+    prompts = [len(body["prompt"]) for body in vllm.bodies("/v1/completions")]
+    assert max(prompts) > 64 * 1024, prompts
+    assert len(vllm.answered) == len(script), prompts  # no retries: every answer was taken
+    assert (repo / "calc.py").read_text() == CALC.replace("return a+b   ", "return a + b")
+    ledger = finished["ledger"]
+    assert finished["samples"], "the session produced no sample"
+    assert ledger["generated_tokens"] > 0
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
+
+
+def test_real_claude_code_over_sglang_with_routed_experts_at_48x8(
+    claude_exe: Path, tmp_path: Path
+) -> None:
+    """The session of the first test over `sglang://` (stand-in) with `--routed-experts` at
+    Qwen3-30B-A3B's shape: every turn's rows (~19K tokens x 48 x 8 on the first) come back
+    whole, every generated token trains and carries its routing."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    script = _script(repo)
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    fake = FakeSGLang(_stand_in_reply(script), routing=KVRouting(RoutingShape(48, 8, 128)))
+    with engine_in_thread(fake) as sglang:
+        with serving(
+            script_file,
+            "--engine", f"sglang://{sglang.url}",
+            "--routed-experts", "--routing-shape", "48,8,128",
+        ) as served:  # fmt: skip
+            run = run_claude(
+                claude_exe,
+                "Fix the spacing in calc.py and add util.py with mul().",
+                base_url=served.url,
+                session_id="cc-moe",
+                cwd=repo,
+                timeout=240,
+            )
+            assert run.returncode == 0, run.stderr[-2000:]
+            finished = served.finish("cc-moe")
+            checks = served.resume_checks()
+
+    first = fake.bodies("/generate")[0]
+    assert len(first["input_ids"]) > 10_000 and first["return_routed_experts"] is True
+    assert len(fake.answers) == len(script)
+    assert (repo / "util.py").read_text() == "def mul(a, b):\n    return a * b\n"
+    ledger = finished["ledger"]
+    assert ledger["generated_tokens"] > 0
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]
+    coverage = ledger["replay"]["routed_experts"]
+    assert coverage["missing"] == {} and coverage["present"] == coverage["tokens"] > 10_000
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])

@@ -215,7 +215,8 @@ def test_startup_errors_name_the_flag_and_value_and_exit_2(
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for m in messages %}{{ m.content }}")
     err = startup_error(["--chat-template", str(bad)], capsys)
-    assert f"--chat-template {bad}: chat template syntax error, line 1" in err
+    assert f"--chat-template {bad} cannot render a one-message conversation" in err
+    assert "chat template syntax error, line 1" in err
     err = startup_error(["--chat-template", str(tmp_path / "none.jinja")], capsys)
     assert "No such file or directory" in err
     err = startup_error(["--exclude-system", "(unclosed"], capsys)
@@ -366,7 +367,8 @@ def test_doctor_says_what_is_wrong_one_line_each(tmp_path: Path) -> None:
     code, out, _ = asyncio.run(doctor_against(FakeSGLang(mode="fail"), argv))
     assert code == 1
     assert "CUDA out of memory (fake)" in line(out, "engine") and "FAIL" in line(out, "engine")
-    assert line(out, "template").startswith(f"FAIL template {bad}: chat template syntax error")
+    assert line(out, "template").startswith(f"FAIL template {bad} cannot render")
+    assert "chat template syntax error, line 1" in line(out, "template")
     assert line(out, "journal").startswith("FAIL") and "does not exist" in line(out, "journal")
     assert line(out, "admin").startswith("warn") and "no --admin-token" in line(out, "admin")
     assert out.splitlines()[-1] == "3 of 5 checks failed"

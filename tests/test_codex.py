@@ -12,15 +12,13 @@ import asyncio
 import os
 import shutil
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from support.codex import CODEX_VERSION, install_codex, run_codex, write_home
-from tokentrail.adapter.server import Adapter, start_server
+from support.serve import resume_checks, serving_in_thread
+from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.sim.codex import CALC, CODEX_SCRIPT, TEST
 
@@ -40,30 +38,6 @@ def codex_exe() -> Path:
     return exe
 
 
-@contextmanager
-def serving(adapter: Adapter) -> Iterator[tuple[str, asyncio.AbstractEventLoop]]:
-    """The adapter on loopback in a thread of its own, while a CLI runs in this one."""
-    loop = asyncio.new_event_loop()
-    started: dict = {}
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        started["runner"], started["url"] = loop.run_until_complete(start_server(adapter))
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    try:
-        yield started["url"], loop
-    finally:
-        asyncio.run_coroutine_threadsafe(started["runner"].cleanup(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-
-
 def test_real_codex_session_and_its_resume_train_every_token(
     codex_exe: Path, tokenizer, tmp_path: Path
 ) -> None:
@@ -71,8 +45,12 @@ def test_real_codex_session_and_its_resume_train_every_token(
     work.mkdir()
     (work / "calc.py").write_text(CALC)
     (work / "test_calc.py").write_text(TEST)
-    adapter = Adapter(engine=ScriptedEngine(tokenizer, SCRIPT), tokenizer=tokenizer)
-    with serving(adapter) as (url, loop):
+    adapter = Adapter(
+        engine=ScriptedEngine(tokenizer, SCRIPT),
+        tokenizer=tokenizer,
+        config=AdapterConfig(verify_resume=True),
+    )
+    with serving_in_thread(adapter) as (url, loop):
         home = write_home(tmp_path / "codex-home", url)
         first = run_codex(
             codex_exe, "Space the sum in calc.py.", home=home, session_id="cx", cwd=work
@@ -111,3 +89,6 @@ def test_real_codex_session_and_its_resume_train_every_token(
     assert [t.history for t in ledger.turns[1:]] == ["splice"] * (len(SCRIPT) - 1)
     by_tool = ledger.by_tool
     assert by_tool["apply_patch"]["turns"] == by_tool["apply_patch"]["turns_trained"] == 2
+    # Every request was translated resumed and in full, and the two were the same.
+    checks = resume_checks(adapter.metrics.render()[0].decode())
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)

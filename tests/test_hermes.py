@@ -77,7 +77,11 @@ def _session(
             assert run.returncode == 0, (run.stderr[-2000:], run.stdout[-2000:])
             assert run.session_id is not None
             resume = run.session_id
-        return served.finish(SID)
+        finished = served.finish(SID)
+        checks = served.resume_checks()
+    # Every request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(finished["ledger"]["turns"])
+    return finished
 
 
 def test_real_hermes_verify_on_stop_session_trains_the_complete_answer(

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("tokentrail.text", "tokentrail.core"),
     ("tokentrail.trajectory",),
-    ("tokentrail.storage", "tokentrail.engines"),
+    ("tokentrail.storage", "tokentrail.engines", "tokentrail.model"),
     ("tokentrail.adapter",),
     ("tokentrail.sim",),
     ("tokentrail.scale",),

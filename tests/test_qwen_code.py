@@ -107,6 +107,7 @@ def test_real_qwen_code_session_is_one_sample_and_trains_everything(
         assert run.returncode == 0, (run.stderr[-2000:], run.stdout[-2000:])
         assert run.result is not None and run.result.get("subtype") == "success"
         finished = served.finish("qwen-session")
+        checks = served.resume_checks()
 
     assert (repo / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
     assert (repo / "NOTES.md").read_text() == "calc.py: add() is spaced.\n"
@@ -121,3 +122,5 @@ def test_real_qwen_code_session_is_one_sample_and_trains_everything(
     assert ledger["trained_tokens"] == ledger["generated_tokens"] > 0
     assert ledger["restored_echoes"] == 1
     assert ledger["restored_by_tool"] == {"edit": 1}
+    # Every request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])

@@ -59,7 +59,7 @@ def test_as_recorded_reproduces_what_the_adapter_answered(tokenizer, tmp_path: P
     answers = record(tokenizer, tmp_path / "j.db", restore="on", policy="fork")
     replayed = as_recorded(read_journal(tmp_path / "j.db"))
     assert [
-        {"samples": [s.to_dict() for s in t.samples], "ledger": t.ledger.to_dict()}
+        {"samples": [s.to_dict() for s in t.samples], "ledger": t.ledger.to_dict(), "lost": t.lost}
         for t in replayed.values()
     ] == answers
 

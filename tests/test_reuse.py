@@ -22,6 +22,7 @@ from tokentrail import _core
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
 from tokentrail.adapter.protocols.common import WireProtocol
 from tokentrail.adapter.protocols.openai import OpenAIChat
+from tokentrail.adapter.protocols.responses import OpenAIResponses
 from tokentrail.adapter.reuse import KnownRequest, RequestMemo, parse_reusing, translate_reusing
 from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.adapter.validation import parse_body
@@ -33,6 +34,7 @@ from tokentrail.sim.model import SimulatedEngine
 DEPTH = 64
 ANTHROPIC = AnthropicMessages()
 OPENAI = OpenAIChat()
+RESPONSES = OpenAIResponses()
 
 scalars = (
     st.none()
@@ -244,7 +246,7 @@ BEHAVIOURS = [
 ]
 
 
-@pytest.mark.parametrize("protocol", [ANTHROPIC, OPENAI], ids=lambda p: p.name)
+@pytest.mark.parametrize("protocol", [ANTHROPIC, OPENAI, RESPONSES], ids=lambda p: p.name)
 @pytest.mark.parametrize("behaviour", BEHAVIOURS, ids=range(len(BEHAVIOURS)))
 def test_a_resumed_translation_equals_a_full_one(
     protocol: WireProtocol, behaviour: Behaviour
@@ -275,7 +277,7 @@ def test_a_resumed_translation_equals_a_full_one(
     assert resumed >= len(bodies) // 2
 
 
-@pytest.mark.parametrize("protocol", ["anthropic", "openai"])
+@pytest.mark.parametrize("protocol", ["anthropic", "openai", "responses"])
 def test_sessions_train_the_same_tokens_with_and_without_reuse(protocol: str) -> None:
     from tokentrail.text.tokenizer import load_tokenizer
 

@@ -266,6 +266,24 @@ def test_eight_sessions_on_two_actors_equal_one_process(pool: AdapterPool, tmp_p
             assert b"tokentrail_generated_tokens_total" in resp.read()
 
 
+def test_a_group_over_both_actors_packs_into_one_tree(pool: AdapterPool) -> None:
+    """Rollouts of one group placed on different actors merge at their shared prompt."""
+    sids = [f"grpo-{i}" for i in range(4)]
+    placed = {sid: pool.open_session(sid, group="task-3") for sid in sids}
+    assert {p.actor for p in placed.values()} == {0, 1}
+    asyncio.run(run_harnesses({sid: p.url for sid, p in placed.items()}))
+    batch = pool.finish_many({sid: float(i) for i, sid in enumerate(sids)})
+    assert batch.lost == {}
+    assert {s.metadata["group"] for s in batch.samples()} == {"task-3"}
+    packed = batch.pack_tree()
+    (tree,) = packed.trees.values()
+    assert tree.num_rows == len(batch.samples())
+    # One root block: the system prompt's first tokens, shared by every rollout.
+    assert tree.block_parent.tolist().count(-1) == 1
+    assert tree.stats.tree_tokens < tree.stats.row_tokens
+    assert packed.session_stats() == {sid: s.ledger.layout for sid, s in batch.sessions.items()}
+
+
 def test_a_turn_sent_to_another_actor_is_refused(pool: AdapterPool) -> None:
     session = pool.open_session("sticky")
     (wrong,) = [h for h in alive(pool) if h.index != session.actor]
@@ -391,6 +409,46 @@ def test_the_readme_example_is_the_script_and_runs(cluster, capsys) -> None:
     example["main"](steps=1, sessions_per_step=4)
     out = capsys.readouterr().out
     assert re.search(r"step 0: 4 sessions, 4 samples, \d+ tokens, (\d+)/\1 generated", out), out
+
+
+def test_turns_an_actor_s_journal_lost_are_stated_not_delivered_as_whole(
+    cluster, tmp_path: Path
+) -> None:
+    """The actor's WAL loses its last commits (cut back to what it held before the sessions'
+    second turns) and the actor is SIGKILLed: Ray restarts it, its journal recovers the
+    sessions without those turns, and the pool says so: `SessionLost` (`journal_damaged`)
+    with what was lost, or with `accept_lost` the first turns, the loss in the ledger."""
+    pool = AdapterPool(SPEC, 1, journal_dir=tmp_path, node_resource="tokentrail")
+    try:
+        sids = ["cut-0", "cut-1"]
+        placed = [pool.open_session(sid) for sid in sids]
+        steppers = [Stepper(p.url, p.sid, i + 1) for i, p in enumerate(placed)]
+        wal = Path(f"{pool.journal_of(0)}-wal")
+
+        async def drive() -> int:
+            await step_all(steppers, steps=1)
+            mark = wal.stat().st_size
+            await step_all(steppers, steps=1)
+            return mark
+
+        mark = asyncio.run(drive())
+        (health,) = alive(pool)
+        assert wal.stat().st_size > mark
+        os.truncate(wal, mark)
+        os.kill(health.pid, signal.SIGKILL)
+        wait_gone(health.pid)
+        with pytest.raises(SessionLost) as caught:
+            pool.finish("cut-0", reward=1.0)
+        lost = caught.value
+        assert lost.reason == LostReason.JOURNAL_DAMAGED
+        assert lost.lost is not None and lost.lost["turns"] == 1, lost.lost
+        assert "1 turns" in lost.detail and "WAL tail" in lost.detail
+        assert pool.lost()["cut-0"].lost == lost.lost
+        kept = pool.finish("cut-1", reward=1.0, accept_lost=True)
+        assert kept.ledger.lost_turns == 1 and len(kept.ledger.turns) == 1
+        assert kept.samples and all(s.metadata["lost"]["turns"] == 1 for s in kept.samples)
+    finally:
+        pool.shutdown()
 
 
 def test_a_dead_node_loses_its_sessions_with_that_reason(cluster, tmp_path: Path) -> None:

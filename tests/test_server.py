@@ -577,3 +577,17 @@ def test_metrics_endpoint_counts_what_happened(tokenizer) -> None:
     assert m[("tokentrail_generated_tokens_total", ())] > 0
     assert m[("tokentrail_stage_duration_seconds_count", (("stage", "engine"),))] == 1
     assert m[("tokentrail_requests_in_flight", ())] == 0
+
+
+def test_claude_codes_probe_gets_an_empty_200(tokenizer) -> None:
+    adapter = scripted(tokenizer)
+
+    async def body() -> None:
+        async with serving(adapter) as url, aiohttp.ClientSession() as http:
+            async with http.head(f"{url}/api/hello") as resp:
+                assert resp.status == 200
+                assert await resp.read() == b""
+            async with http.get(f"{url}/api/hello") as resp:
+                assert resp.status == 405  # only the probe's method is answered
+
+    run(body)

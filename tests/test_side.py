@@ -33,6 +33,11 @@ HERMES_SUMMARY = (
     "You are a summarization agent creating a context checkpoint. Treat the conversation turns "
     "below as source material for a compact record of prior work.\n\nTURNS TO SUMMARIZE:\n..."
 )
+# opencode's title prompt (`packages/opencode/src/agent/prompt/title.txt`; kilo ships it too).
+TITLE = (
+    "You are a title generator. You output ONLY a thread title. Nothing else.\n\n<task>\n"
+    "Generate a brief title that would help the user find this conversation later.\n</task>"
+)
 MAIN_SYSTEM = "You are Qwen Code, a non-interactive CLI agent."
 AGENT_PROMPT = "Find every TODO comment in the repository and list the files that hold them."
 
@@ -65,6 +70,25 @@ def test_samples_are_tagged_with_their_conversation() -> None:
         {"root_branch": 2, "system_fingerprint": None, "subagent": False},
     ]
     assert tags[0]["system_fingerprint"] != tags[1]["system_fingerprint"]
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        # opencode and kilo
+        ("task", {"description": "find todos", "prompt": AGENT_PROMPT, "subagent_type": "general"}),
+        # cline
+        ("spawn_agent", {"task": AGENT_PROMPT}),
+    ],
+)
+def test_other_harnesses_sub_agents_are_tagged(tool: str, arguments: dict[str, Any]) -> None:
+    manager = TrajectoryManager()
+    play(
+        manager, "s", [system(MAIN_SYSTEM), user("tidy the repo")], assistant("", (tool, arguments))
+    )
+    play(manager, "s", [system("You are a sub-agent."), user(AGENT_PROMPT)], assistant("Two."))
+    tags = [s.metadata["conversation"]["subagent"] for s in manager.finish("s").samples]
+    assert tags == [False, True]
 
 
 def test_a_bad_pattern_is_a_named_error() -> None:
@@ -115,6 +139,10 @@ def run_session(
 MAIN = [{"role": "system", "content": MAIN_SYSTEM}, {"role": "user", "content": "hi"}]
 MEMORY = [{"role": "system", "content": QWEN_MEMORY}, {"role": "user", "content": "extract"}]
 SUMMARY = [{"role": "user", "content": HERMES_SUMMARY}]
+TITLE_REQUEST = [{"role": "system", "content": TITLE}, {"role": "user", "content": "fix it"}]
+# A provider header may come first in the same system message.
+HEADED_TITLE = [{"role": "system", "content": f"You are a helpful assistant.\n{TITLE}"},
+                {"role": "user", "content": "fix it"}]  # fmt: skip
 
 
 def test_known_side_requests_are_served_journaled_and_masked_as_excluded(
@@ -123,27 +151,30 @@ def test_known_side_requests_are_served_journaled_and_masked_as_excluded(
     path = tmp_path / "run.db"
     trajectory, statuses, metrics = run_session(
         tokenizer,
-        [(MAIN, {}), (MEMORY, {}), (SUMMARY, {})],
+        [(MAIN, {}), (MEMORY, {}), (SUMMARY, {}), (TITLE_REQUEST, {}), (HEADED_TITLE, {})],
         journal=path,
         exclude_known_side_requests=True,
     )
-    assert statuses == [200, 200, 200]
+    assert statuses == [200] * 5
     ledger = trajectory.ledger
+    title = "pattern:" + r"(?m)^You are a title generator\. You output ONLY a thread title\."
     assert [t.excluded for t in ledger.turns] == [
         None,
         "pattern:" + r"\AYou are now acting as the managed memory extraction subagent",
         "pattern:" + r"\AYou are a summarization agent creating a context checkpoint",
+        title,
+        title,
     ]
     side = [t.generated for t in ledger.turns[1:]]
     assert ledger.masked_tokens == {"excluded": sum(side)}
     assert ledger.trained_tokens == ledger.turns[0].generated
-    assert ledger.to_dict()["excluded_turns"] == 2
+    assert ledger.to_dict()["excluded_turns"] == 4
     (sample,) = trajectory.samples
     assert sample.metadata["turns"] == [1]
     assert f'tokentrail_masked_tokens_total{{reason="excluded"}} {float(sum(side))}' in metrics
     # Journaled like any other turn, with the reason kept for recovery and replay.
     turns = read_journal(path).served_turns()
-    assert [t.metadata.get("excluded") is not None for t in turns] == [False, True, True]
+    assert [t.metadata.get("excluded") is not None for t in turns] == [False] + [True] * 4
 
 
 def test_a_header_or_a_pattern_excludes_and_nothing_else_does(tokenizer) -> None:

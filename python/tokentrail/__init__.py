@@ -11,10 +11,12 @@ from tokentrail.errors import (
     PolicyError,
     RequestError,
     SessionError,
+    TemplateBudgetExceeded,
     TemplateError,
     TokenIdError,
     TokenizerError,
     TokentrailError,
+    TreeError,
 )
 from tokentrail.kinds import (
     DriftKind,
@@ -26,18 +28,22 @@ from tokentrail.kinds import (
     Retry,
     RewritePolicy,
     Stage,
+    TreeMask,
 )
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
 from tokentrail.storage.export import PackedBatch, pack_samples, read_samples, write_samples
+from tokentrail.storage.tree_pack import TreePack, pack_tree, read_tree_pack, write_tree_pack
 from tokentrail.text.chat_template import ChatTemplate, render
 from tokentrail.text.families import Family, families, family
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.parsing import ParsedOutput, format_output, parse_output
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
+from tokentrail.trajectory.layout_stats import TreeStats
 from tokentrail.trajectory.ledger import Ledger, TurnLedger
 from tokentrail.trajectory.linearize import DriftRecord, Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import PreparedTurn, TurnPipeline
+from tokentrail.trajectory.prefix_tree import PrefixTree, build_prefix_tree
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.turn import TurnRecord
 
@@ -65,6 +71,7 @@ __all__ = [
     "PackedBatch",
     "ParsedOutput",
     "PolicyError",
+    "PrefixTree",
     "PreparedTurn",
     "RequestError",
     "Restore",
@@ -73,6 +80,7 @@ __all__ = [
     "Sample",
     "SessionError",
     "Stage",
+    "TemplateBudgetExceeded",
     "TemplateError",
     "TokenIdError",
     "TokenizerError",
@@ -81,17 +89,25 @@ __all__ = [
     "ToolSchema",
     "Trajectory",
     "TrajectoryManager",
+    "TreeError",
+    "TreeMask",
+    "TreePack",
+    "TreeStats",
     "TurnLedger",
     "TurnPipeline",
     "TurnRecord",
     "__version__",
+    "build_prefix_tree",
     "families",
     "family",
     "format_output",
     "load_tokenizer",
     "pack_samples",
+    "pack_tree",
     "parse_output",
     "read_samples",
+    "read_tree_pack",
     "render",
     "write_samples",
+    "write_tree_pack",
 ]

@@ -8,6 +8,8 @@ body. `EngineError` is not bad input: the engine failed, and the harness gets a 
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TokentrailError(ValueError):
     """Base of every error tokentrail raises for bad input."""
@@ -37,6 +39,12 @@ class PackError(TokentrailError):
     longer than its sample, or the inputs differ in number."""
 
 
+class TreeError(TokentrailError):
+    """Samples cannot be laid out as a prefix tree (replay rows some samples carry and others
+    not, or of two shapes), or a tree asked for a mask it cannot give (too many tokens for a
+    dense mask, no flex attention in this torch)."""
+
+
 class BodyShapeError(TokentrailError):
     """A request body the core's index does not take (broken structure, a top-level key with
     escapes or given twice): the adapter then parses it whole, and that parse names what is
@@ -61,6 +69,11 @@ class TokenizerError(TokentrailError):
 
 class TemplateError(TokentrailError):
     """A chat template failed: bad syntax, or it rejected the messages (`raise_exception`)."""
+
+
+class TemplateBudgetExceeded(TemplateError):
+    """A chat template's startup renders ran past the CPU or memory budget
+    (`text.template_check`): it is refused before the server renders it."""
 
 
 class OutputFormatError(TokentrailError):
@@ -98,6 +111,11 @@ class SamplingParamsError(TokentrailError):
 
 class ScriptError(TokentrailError):
     """A scripted engine's script is malformed."""
+
+
+class ModelError(TokentrailError):
+    """An in-process model cannot be built or loaded (unknown tiny model, unreadable directory,
+    torch or transformers missing), or a sample does not fit it."""
 
 
 class EngineError(Exception):
@@ -183,11 +201,43 @@ class SessionClosed(TokentrailError):
     kind = "invalid_request_error"
 
 
+class SessionDamaged(TokentrailError):
+    """A finish of a session that lost journaled turns (a crash, a damaged journal) before it
+    was linearized, asked without `accept_lost`: never answered as if the session had generated
+    only what is left. `lost` says what is gone (turns, events, and each span with its reason
+    and first event), `ledger` is the ledger of what is left; a finish with `accept_lost` gets
+    the samples, with the same loss stated in the ledger and in every sample's metadata."""
+
+    status = 409
+    kind = "session_damaged"
+
+    def __init__(self, sid: str, message: str, lost: dict[str, Any], ledger: dict[str, Any]):
+        super().__init__(message)
+        self.sid = sid
+        self.lost = lost
+        self.ledger = ledger
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.sid, str(self), self.lost, self.ledger)
+
+
 class RequestTimeout(TokentrailError):
     """A request's body did not arrive in full within the adapter's read timeout."""
 
     status = 408
     kind = "timeout_error"
+
+
+class BodyCutShort(RequestError):
+    """The client closed its sending side before the body its Content-Length announced was
+    complete: nothing more can arrive, so it is refused at once."""
+
+    def __init__(self, received: int, announced: int | None = None) -> None:
+        of = f" of the {announced} its Content-Length announced" if announced else ""
+        super().__init__(
+            f"the request body ended after {received} bytes{of}: the client closed its "
+            "sending side (shutdown) before the body was complete"
+        )
 
 
 class RequestTooLarge(TokentrailError):
@@ -239,14 +289,19 @@ class SessionLost(TokentrailError):
     status = 410
     kind = "invalid_request_error"
 
-    def __init__(self, sid: str, reason: str, detail: str = "") -> None:
+    def __init__(
+        self, sid: str, reason: str, detail: str = "", lost: dict[str, Any] | None = None
+    ) -> None:
         self.sid = sid
         self.reason = reason
         self.detail = detail
+        # What of it is gone, where the journal says (`LostReason.JOURNAL_DAMAGED`): turns,
+        # events and each span, as a finish answer's `lost` states them.
+        self.lost = lost
         super().__init__(f"session {sid!r} lost ({reason}){': ' + detail if detail else ''}")
 
-    def __reduce__(self) -> tuple[type[SessionLost], tuple[str, str, str]]:
-        return type(self), (self.sid, self.reason, self.detail)
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.sid, self.reason, self.detail, self.lost)
 
 
 # -- the command line ------------------------------------------------------------------------------

@@ -152,6 +152,15 @@ class History(StrEnum):
     RENDER = "render"
 
 
+class ResumeCheck(StrEnum):
+    """What `serve --verify-resume` found when it translated a request both ways."""
+
+    # The resumed translation is the full one.
+    SAME = "same"
+    # They differ (the full one is used, and a warning names the first difference).
+    MISMATCH = "mismatch"
+
+
 class Fallback(StrEnum):
     """Why a turn that could have been spliced was rendered in full instead."""
 
@@ -178,6 +187,21 @@ class Fallback(StrEnum):
 
 # Ledger JSON keeps a fallen-back turn's history as "splice_fallback:<reason>".
 FALLBACK_PREFIX = "splice_fallback:"
+
+
+class TemplateOutcome(StrEnum):
+    """How a chat template's bounded startup renders ended (`text.template_check`)."""
+
+    # Within the budget (whether the renders succeeded is the server's to see).
+    FINISHED = "finished"
+    # An allocation past the memory budget.
+    OUT_OF_MEMORY = "out of memory"
+    # Stopped by the CPU limit.
+    OUT_OF_TIME = "out of time"
+    # Not done within the wall-clock backstop.
+    OUT_OF_WALL_TIME = "out of wall time"
+    # The checking process itself failed.
+    BROKEN = "broken"
 
 
 class Stage(StrEnum):
@@ -249,6 +273,9 @@ class LostReason(StrEnum):
     # The actor died while finishing the session: its journal records the finish, but the
     # samples never reached the pool.
     FINISH_LOST = "finish_lost"
+    # The actor's journal lost some of the session's turns (a crash, a damaged file): what is
+    # left is not delivered as the whole session (`SessionLost.lost` says what is gone).
+    JOURNAL_DAMAGED = "journal_damaged"
     # The actor is restarting and did not come back in time; the pool still holds the session,
     # and a later finish may succeed.
     UNAVAILABLE = "unavailable"
@@ -285,3 +312,14 @@ class Verdict(StrEnum):
     FAIL = "FAIL"
     # Not tried: it needs what an earlier check could not load.
     SKIP = "skip"
+
+
+class TreeMask(StrEnum):
+    """The attention mask `PrefixTree.to_torch` builds for the tree layout."""
+
+    # A boolean `[1, 1, nodes, nodes]` tensor for `scaled_dot_product_attention` (True: attend).
+    DENSE = "dense"
+    # A flex-attention `BlockMask` from the preorder bounds (torch >= 2.5), no dense tensor.
+    FLEX = "flex"
+    # No mask: the trainer builds its own from `subtree_end` (or `parent`).
+    NONE = "none"

@@ -17,8 +17,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 class FunctionCall(TypedDict):
     name: str
-    # A dict inside; `{"_raw_arguments": text}` when the wire carried a string that is not a
-    # JSON object.
+    # A dict inside. `{"_raw_arguments": text}` in turns journaled before arguments that are
+    # not a JSON object were refused (they still render as that text).
     arguments: dict[str, Any]
 
 

@@ -4,6 +4,11 @@
 `claude -p` session in a scratch HOME that talks to `base_url` only and returns its stream-json
 events. The CLI sends the session id as `Authorization: Bearer <session_id>`, streams every
 `POST /v1/messages?beta=true`, and first sends an unauthenticated `HEAD /` (any answer will do).
+
+`quiet=False` runs it in its default configuration, with only what a headless run needs
+(`HEADLESS_ENV`): it then probes `HEAD /api/hello`, sends the experimental betas and a
+mid-conversation `system` note (its `# Environment` block), and tries its telemetry and update
+endpoints, which fail fast here (no network; only loopback is reachable).
 """
 
 from __future__ import annotations
@@ -24,19 +29,23 @@ CLAUDE_CODE_COMPLETION_ORDER_VERSION = "2.1.332"
 PACKAGE = "@anthropic-ai/claude-code"
 
 # Environment of every run; nothing else is inherited from the caller but PATH, so a developer's
-# own API key or proxy settings never reach the CLI.
-BASE_ENV = {
+# own API key or proxy settings never reach the CLI. What a headless run needs:
+HEADLESS_ENV = {
     # Needed as root: without it bypassPermissions refuses to start.
     "IS_SANDBOX": "1",
+    # The CLI retries 5xx itself, with backoff; keep a broken server from turning into a long
+    # wait. Each retry re-sends the identical body.
+    "CLAUDE_CODE_MAX_RETRIES": "2",
+}
+# And, unless `quiet=False`, the two switches that keep requests to the agent's own:
+QUIET_ENV = {
     # No telemetry, update checks or session-title side calls: only the agent's own requests.
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     # Drops the context-management and prompt-caching-scope betas, so requests have the shape
     # recorded in shared/fixtures/claude_code_2.1.197_edit_write_bash.json.
     "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
-    # The CLI retries 5xx itself, with backoff; keep a broken server from turning into a long
-    # wait. Each retry re-sends the identical body.
-    "CLAUDE_CODE_MAX_RETRIES": "2",
 }
+BASE_ENV = {**HEADLESS_ENV, **QUIET_ENV}
 
 
 @dataclass
@@ -82,11 +91,13 @@ def run_claude(
     model: str = "test-model",
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    quiet: bool = True,
 ) -> ClaudeRun:
     """Run `claude -p prompt` in `cwd` with every permission granted, against `base_url`.
 
-    `env` adds to or overrides `BASE_ENV`. Raises TimeoutError, after killing the CLI and
-    anything it started, when the session outlasts `timeout` seconds.
+    `env` adds to or overrides `BASE_ENV` (`HEADLESS_ENV` alone when not `quiet`). Raises
+    TimeoutError, after killing the CLI and anything it started, when the session outlasts
+    `timeout` seconds.
     """
     with tempfile.TemporaryDirectory(prefix="claude-home-") as home:
         (Path(home) / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True}))
@@ -94,7 +105,7 @@ def run_claude(
             "HOME": home,
             "ANTHROPIC_BASE_URL": base_url,
             "ANTHROPIC_AUTH_TOKEN": session_id,
-            **BASE_ENV,
+            **(BASE_ENV if quiet else HEADLESS_ENV),
             **(env or {}),
         }
         argv = [

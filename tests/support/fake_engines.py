@@ -5,6 +5,11 @@ request (path, JSON body, headers), and can be switched to `fail` (HTTP 500) or 
 Given a `KVRouting`, a server answers for routed experts as one launched with
 `--enable-return-routed-experts` does: rows of every position it fed forward, a cached prefix's
 rows as stored when first computed.
+
+An answer goes out as `delivery` says: `whole` (one write with `Content-Length`), `pieces`
+(`Content-Length`, then `piece_bytes` at a time) or `chunked` (chunked transfer encoding, no
+length), each piece `trickle_s` after the last; `pad_to` pads it with JSON whitespace to exactly
+that many bytes (an answer at a bound, or one byte over it).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -65,13 +71,21 @@ class _FakeServer:
     # Request ids whose handler was cancelled because the client closed the connection.
     disconnected: list[str] = field(default_factory=list)
     url: str = ""
+    # How an answer is sent (see the module docstring).
+    delivery: str = "whole"
+    piece_bytes: int = 1024
+    trickle_s: float = 0.0
+    pad_to: int | None = None
+    # The size in bytes of every 2xx answer sent, in order.
+    sent_bytes: list[int] = field(default_factory=list)
     _runner: web.AppRunner | None = None
 
     def routes(self) -> list[web.RouteDef]:
         raise NotImplementedError
 
     async def __aenter__(self: _Server) -> _Server:
-        app = web.Application()
+        # The real engines take prompts of any length (FastAPI reads the whole body).
+        app = web.Application(client_max_size=1 << 30)
         app.add_routes(self.routes())
         # Handler cancellation stands in for the real engines' disconnect handling (vLLM's
         # `with_cancellation`): a client that goes away cancels the handler.
@@ -91,6 +105,34 @@ class _FakeServer:
         body = await request.json() if request.can_read_body else None
         self.requests.append(Recorded(request.path, body, dict(request.headers)))
         return body
+
+    async def _answer(self, request: web.Request, obj: Any, rid: str) -> web.StreamResponse:
+        """`obj` as JSON, sent the way `delivery`, `piece_bytes`, `trickle_s` and `pad_to` say."""
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        if self.pad_to is not None:
+            data += b" " * max(0, self.pad_to - len(data))
+        self.sent_bytes.append(len(data))
+        if self.delivery == "whole":
+            return web.Response(body=data, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        if self.delivery == "pieces":
+            response.content_length = len(data)
+        elif self.delivery == "chunked":
+            response.enable_chunked_encoding()
+        else:
+            raise ValueError(f"unknown delivery {self.delivery!r}")
+        await response.prepare(request)
+        view = memoryview(data)
+        try:
+            for at in range(0, len(data), self.piece_bytes):
+                if self.trickle_s:
+                    await asyncio.sleep(self.trickle_s)
+                await response.write(view[at : at + self.piece_bytes])
+            await response.write_eof()
+        except (asyncio.CancelledError, ConnectionError):
+            self.disconnected.append(rid)
+            raise
+        return response
 
     def bodies(self, path: str) -> list[Any]:
         return [r.body for r in self.requests if r.path == path]
@@ -130,8 +172,9 @@ class FakeSGLang(_FakeServer):
     weight_version: str = "default"
     # 0.5.20+ also sends spans `[(version, start, end)]` over the output.
     weight_spans: list[tuple[str, int, int]] | None = None
-    # Every `meta_info` answered, in order.
+    # Every `meta_info` answered, in order, and the routed experts rows sent in each.
     answers: list[dict[str, Any]] = field(default_factory=list)
+    routed_rows: list[np.ndarray] = field(default_factory=list)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -198,6 +241,7 @@ class FakeSGLang(_FakeServer):
         if body.get("return_routed_experts") and self.routing is not None:
             start = 0 if self.ignores_routing_start else start
             rows, cached = self.routing.serve(input_ids, ids, start, len(self.requests))
+            self.routed_rows.append(rows)
             meta["routed_experts"] = b64_int32(rows)
             meta["cached_tokens"] = cached
             meta["cached_tokens_details"] = {"device": cached, "host": 0}
@@ -210,7 +254,7 @@ class FakeSGLang(_FakeServer):
             ]
             meta["weight_version"] = self.weight_spans[-1][0]
         self.answers.append(meta)
-        return web.json_response({"text": "", "output_ids": ids, "meta_info": meta})
+        return await self._answer(request, {"text": "", "output_ids": ids, "meta_info": meta}, rid)
 
     def _meta(
         self,
@@ -242,6 +286,8 @@ class FakeVLLM(_FakeServer):
     # `--enable-return-routed-experts`: every non-stream choice carries them, as a .npy.
     routing: KVRouting | None = None
     weight_version: str = "default"
+    # Every completion answered, in order.
+    answered: list[dict[str, Any]] = field(default_factory=list)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -329,13 +375,13 @@ class FakeVLLM(_FakeServer):
             "completion_tokens": len(ids),
             "total_tokens": len(prompt) + len(ids),
         }
-        return web.json_response(
-            {
-                "id": f"cmpl-{rid}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": body.get("model"),
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
+        answer = {
+            "id": f"cmpl-{rid}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [choice],
+            "usage": usage,
+        }
+        self.answered.append(answer)
+        return await self._answer(request, answer, rid)

@@ -1,10 +1,15 @@
-"""The admin routes: finish a session (its samples and ledger come back) and drop one.
+"""The admin routes: finish a session (its samples and ledger come back), drop one, and list
+the sessions recovered from the journal with turns lost.
 
 They hand out what harnesses wrote and end other people's sessions, so they are closed unless
 the operator sets an admin token (`--admin-token`, or `TOKENTRAIL_ADMIN_TOKEN`): without one
 they answer 403 over HTTP, and the in-process API (`Adapter.finish_session`, ...) is the way
 in. With one, a request must carry it as `Authorization: Bearer TOKEN`; the comparison takes
 the same time whatever the guess.
+
+A finish of a session that lost journaled turns is a 409 `session_damaged` stating the loss
+(and the ledger of what is left), unless the body says `"accept_lost": true`: then a 200 with
+the samples and the same loss in `lost`, in the ledger and in every sample's metadata.
 """
 
 from __future__ import annotations
@@ -15,18 +20,27 @@ from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter.damaged import refuse_unless_accepted
 from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.middleware import error_response
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols.common import bearer
 from tokentrail.adapter.sessions import Sessions
 from tokentrail.adapter.validation import parse_body, read_body
-from tokentrail.errors import AuthenticationError, PermissionDenied, RequestError, SessionError
+from tokentrail.errors import (
+    AuthenticationError,
+    PermissionDenied,
+    RequestError,
+    SessionDamaged,
+    SessionError,
+)
 from tokentrail.trajectory.manager import Trajectory
 
 __all__ = ["Admin", "finish_payload"]
 
 FINISH_PATH = "/tokentrail/sessions/{sid}/finish"
 DROP_PATH = "/tokentrail/sessions/{sid}"
+DAMAGED_PATH = "/tokentrail/damaged"
 
 
 class Admin:
@@ -41,7 +55,11 @@ class Admin:
         self.limits = limits
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post(FINISH_PATH, self.finish), web.delete(DROP_PATH, self.drop)]
+        return [
+            web.post(FINISH_PATH, self.finish),
+            web.delete(DROP_PATH, self.drop),
+            web.get(DAMAGED_PATH, self.damaged),
+        ]
 
     def check(self, request: web.Request) -> None:
         if self.token is None:
@@ -63,14 +81,29 @@ class Admin:
             body = await self.offload.run(parse_body, raw, self.limits.max_json_depth)
         reward = body.get("reward", 0.0)
         metadata = body.get("metadata") or {}
+        accept_lost = body.get("accept_lost", False)
         if isinstance(reward, bool) or not isinstance(reward, int | float):
             raise RequestError("reward must be a number")
         if not isinstance(metadata, dict):
             raise RequestError("metadata must be an object")
+        if not isinstance(accept_lost, bool):
+            raise RequestError("accept_lost must be a boolean")
         sid = request.match_info["sid"]
-        trajectory = await self.sessions.finish(sid, reward=float(reward), metadata=metadata)
+        try:
+            trajectory = await self.sessions.finish(sid, reward=float(reward), metadata=metadata)
+            refuse_unless_accepted(sid, trajectory, accept_lost)
+        except SessionDamaged as exc:
+            return damaged_response(request.path, exc)
         payload = await self.offload.run(finish_payload, trajectory)
         return web.Response(body=payload, content_type="application/json")
+
+    async def damaged(self, request: web.Request) -> web.StreamResponse:
+        """The sessions recovered with journaled turns lost since this start, and what each
+        lost (the journal's whole history: `tokentrail journal check`)."""
+        self.check(request)
+        sessions = self.sessions
+        listing = sessions.lost.listing(lambda sid: "open" if sessions.get(sid) else "closed")
+        return web.json_response({"sessions": listing})
 
     async def drop(self, request: web.Request) -> web.StreamResponse:
         self.check(request)
@@ -81,11 +114,21 @@ class Admin:
 
 
 def finish_payload(trajectory: Trajectory) -> bytes:
-    """The JSON `/finish` answers: every sample and the ledger."""
+    """The JSON `/finish` answers: every sample, the ledger, and what the session lost before
+    it was linearized (null: nothing)."""
     return json.dumps(
         {
             "samples": [s.to_dict() for s in trajectory.samples],
             "ledger": trajectory.ledger.to_dict(),
+            "lost": trajectory.lost,
         },
         ensure_ascii=False,
     ).encode()
+
+
+def damaged_response(path: str, exc: SessionDamaged) -> web.Response:
+    """The 409 of a damaged session's finish: the error, what was lost, the ledger of the rest."""
+    response = error_response(path, exc.status, exc.kind, str(exc))
+    body = json.loads(response.body)  # type: ignore[arg-type]
+    body.update(session=exc.sid, lost=exc.lost, ledger=exc.ledger)
+    return web.json_response(body, status=exc.status)

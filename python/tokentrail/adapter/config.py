@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.offload import DEFAULT_WORKERS
 from tokentrail.kinds import History, Restore, Retry
@@ -43,7 +44,7 @@ class AdapterConfig:
     masked_warning_threshold: float = 0.05
     # Side conversations excluded from training in every session: regular expressions searched
     # in a conversation's first message; `exclude_known_side_requests` adds
-    # `side.KNOWN_SIDE_PROMPTS` (the side requests of Qwen Code and hermes-agent).
+    # `side.KNOWN_SIDE_PROMPTS` (the side requests of Qwen Code, hermes-agent and opencode/kilo).
     exclude_patterns: tuple[str, ...] = ()
     exclude_known_side_requests: bool = False
     # Ask the engine for every turn's MoE routed experts / sparse-attention indexer top-k
@@ -53,8 +54,13 @@ class AdapterConfig:
     # Sessions (the most recent) whose latest request is kept, so that their next request is
     # parsed and translated only where it differs (`adapter.reuse`); 0: every request in full.
     request_memo: int = 256
+    # Translate every request both ways, resumed and in full, count the two as the same or
+    # not (`tokentrail_resume_checks_total`) and warn on a mismatch; a debugging aid, off.
+    verify_resume: bool = False
     # Refuse turns for sessions not opened with `open_session` (an adapter behind a pool).
     open_sessions_only: bool = False
+    # One line per request (`serve --access-log`); None: off.
+    access_log: AccessLog | None = None
 
     def side_patterns(self) -> list[str]:
         known = list(KNOWN_SIDE_PROMPTS.values()) if self.exclude_known_side_requests else []

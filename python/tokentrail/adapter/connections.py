@@ -7,7 +7,8 @@ at the cap a new connection closes the one idle longest (no request in progress)
 every connection is busy is the newcomer answered 503 with `Retry-After`. Connections without a
 request are closed after the idle timeout in any case (aiohttp's keep-alive timer, which also
 runs before the first request). `GuardedHandler` also answers what aiohttp's HTTP parser refuses
-(a header line over the limit, a malformed request line) in the JSON error shape.
+(a header line over the limit, a malformed request line) in the JSON error shape, and answers
+a request whose client half-closed the connection after sending it (`eof_received`).
 """
 
 from __future__ import annotations
@@ -15,15 +16,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from typing import Any
 
-from aiohttp import web, web_protocol
+from aiohttp import HttpVersion11, StreamReader, web, web_protocol
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_request import BaseRequest
 
 from tokentrail.adapter.middleware import Handler, error_response
+from tokentrail.errors import BodyCutShort
 
 logger = logging.getLogger(__name__)
+
+# Linux's TCP_CLOSE: what a connection's state becomes when the peer resets it.
+_TCP_CLOSE = 7
+# How often a half-closed connection with a request in progress is checked for a reset.
+_RESET_POLL_S = 0.1
 
 __all__ = ["ConnectionGuard", "GuardedSite", "mark_busy"]
 
@@ -96,6 +104,14 @@ class GuardedHandler(web_protocol.RequestHandler):
         super().__init__(manager, **kwargs)
         self._guard = guard
         self._admitted = False
+        # The peer has sent its last byte (see `eof_received`).
+        self._peer_done = False
+        self._watcher: asyncio.Future[None] | None = None
+        # The latest request parsed (its message and body stream), and how many were answered.
+        self._latest: tuple[Any, StreamReader] | None = None
+        self._answered = 0
+        # The request whose answer `finish_response` is writing.
+        self._finishing: BaseRequest | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._guard.admit(self):
@@ -106,15 +122,81 @@ class GuardedHandler(web_protocol.RequestHandler):
         self._admitted = True
         super().connection_made(transport)
 
+    def data_received(self, data: bytes) -> None:
+        if self._admitted:
+            super().data_received(data)
+            if self._messages:
+                self._latest = self._messages[-1]
+
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio reads a bool here
+        """The peer sent its last byte (`shutdown(SHUT_WR)`, as `nc -N` and some HTTP/1.0
+        clients do, or a full close). aiohttp closes the transport here, which cancels a
+        request in progress unanswered; a peer that only stopped sending still reads. So a
+        connection with a request not yet answered stays open for the answers, and closes
+        after the last; a body cut short is refused at once (400) instead of waiting for the
+        body timeout. HTTP/1.1 peers get a `100 Continue`: one that closed entirely answers it
+        with a reset, and its turn is abandoned as before (`_watch_reset`)."""
+        if not self._admitted or self._latest is None or self._answered >= self._request_count:
+            return False  # nothing asked: the end of the connection, as before
+        self._peer_done = True
+        message, payload = self._latest
+        if not payload.is_eof():
+            length = getattr(message, "headers", {}).get("Content-Length")
+            cut = BodyCutShort(payload.total_bytes, int(length) if length else None)
+            payload.set_exception(cut)
+        http11 = getattr(message, "version", None) == HttpVersion11
+        if self.transport is not None and http11 and not self._answer_started():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._watcher = asyncio.ensure_future(self._watch_reset())
+        # Once an answer is on its way, its own writes meet the reset of a peer that left.
+        return True
+
+    def _answer_started(self) -> bool:
+        """Whether bytes of a final answer are on the wire (no interim answer may come then)."""
+        request = self._current_request or self._finishing
+        writer = getattr(request, "_payload_writer", None)
+        return bool(writer is not None and writer.output_size)
+
+    async def _watch_reset(self) -> None:
+        """Abort the connection (cancelling its handler, as a lost connection does) once the
+        peer resets it; stop when the connection ends."""
+        transport = self.transport
+        if transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        tcp_info = getattr(socket, "TCP_INFO", None)
+        if sock is None or tcp_info is None:
+            return  # no TCP state to read here: the answer is written, read or not
+        while self.transport is transport and not transport.is_closing():
+            try:
+                state = sock.getsockopt(socket.IPPROTO_TCP, tcp_info, 1)[0]
+            except OSError:
+                state = _TCP_CLOSE
+            if state == _TCP_CLOSE:
+                logger.debug("the peer reset a half-closed connection: its request is abandoned")
+                transport.abort()
+                return
+            await asyncio.sleep(_RESET_POLL_S)
+
+    async def finish_response(
+        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        self._answered += 1
+        if self._peer_done and self._answered >= self._request_count:
+            resp.force_close()  # the peer's last request: no more can come
+        self._finishing = request
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._finishing = None
+
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         if not self._admitted:
             return
         self._guard.closed(self)
         super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._admitted:
-            super().data_received(data)
 
     def handle_error(
         self,

@@ -20,7 +20,7 @@ from prometheus_client import (
 )
 
 from tokentrail.errors import PolicyError
-from tokentrail.kinds import DriftKind, EngineFault, Fallback, MaskReason, Stage
+from tokentrail.kinds import DriftKind, EngineFault, Fallback, MaskReason, ResumeCheck, Stage
 
 if TYPE_CHECKING:
     from tokentrail.trajectory.ledger import Ledger
@@ -155,6 +155,16 @@ class Metrics:
             "Sessions evicted idle past the TTL; their turns were not linearized.",
             registry=r,
         )
+        self.sessions_damaged = Counter(
+            "tokentrail_sessions_damaged_total",
+            "Sessions finished that had lost journaled turns (a crash, a damaged journal).",
+            registry=r,
+        )
+        self.lost_turns = Counter(
+            "tokentrail_lost_turns_total",
+            "Journaled turns of finished sessions that were lost before linearization.",
+            registry=r,
+        )
         self.engine_errors = Counter(
             "tokentrail_engine_errors_total",
             "Engine calls that failed or whose output was refused, by fault.",
@@ -186,6 +196,13 @@ class Metrics:
             ["answer"],
             registry=r,
         )
+        self.resume_checks = Counter(
+            "tokentrail_resume_checks_total",
+            "Requests translated both resumed and in full (serve --verify-resume), by whether "
+            "the two were the same.",
+            ["result"],
+            registry=r,
+        )
         self.in_flight_requests = Gauge(
             "tokentrail_requests_in_flight",
             "Requests the adapter is serving now.",
@@ -209,6 +226,8 @@ class Metrics:
             self.engine_errors.labels(fault=fault.value)
         for answer in RETRY_ANSWERS:
             self.retries.labels(answer=answer)
+        for check in ResumeCheck:
+            self.resume_checks.labels(result=check.value)
 
     # -- per request ----------------------------------------------------------------------------
 
@@ -240,6 +259,9 @@ class Metrics:
     def retried(self, *, recorded: bool) -> None:
         self.retries.labels(answer=RETRY_ANSWERS[0] if recorded else RETRY_ANSWERS[1]).inc()
 
+    def resume_checked(self, result: ResumeCheck) -> None:
+        self.resume_checks.labels(result=result.value).inc()
+
     def splice_fallback(self, reason: Fallback) -> None:
         self.splice_fallbacks.labels(reason=reason.value).inc()
 
@@ -267,6 +289,9 @@ class Metrics:
             for reason, n in coverage.missing.items():
                 self.replay_tokens.labels(channel=channel, status=reason).inc(n)
         self.sessions_finished.inc()
+        if ledger.lost:
+            self.sessions_damaged.inc()
+            self.lost_turns.inc(max(ledger.lost_turns, 0))
 
     def session_dropped(self) -> None:
         self.sessions_dropped.inc()

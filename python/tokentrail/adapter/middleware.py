@@ -4,7 +4,10 @@ in the shape of the protocol its path belongs to, with the status its type names
 `TokentrailError` subclasses carry their status and error type (`tokentrail.errors`); an
 `EngineError` is a 502; an `Overloaded` 503 says when to retry in `Retry-After`; aiohttp's own
 refusals (unknown route 404, wrong method 405, a body over the size limit 413) are rewritten
-into the same shapes; anything else is logged and answered 500, never as a bare text page.
+into the same shapes; anything else is answered 500, never as a bare text page.
+
+Every 5xx answered here is logged once at WARNING with its reason, the session and the engine
+request id (`adapter.notes`): an operator sees why without a proxy in front.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from tokentrail.adapter import notes as request_notes
 from tokentrail.adapter.protocols import WireProtocol, protocol_for_path, protocols
 from tokentrail.errors import EngineError, Overloaded, TokentrailError
 
@@ -46,11 +50,26 @@ def _default_protocol() -> WireProtocol:
     return next(p for p in protocols() if p.name == "openai")
 
 
+def _answered(request: web.Request, status: int, message: str) -> None:
+    """Log a 5xx once, with what an operator needs to find it."""
+    if status >= 500:
+        logger.warning(
+            "%s %s answered %d: %s (%s)",
+            request.method,
+            request.path,
+            status,
+            message,
+            request_notes.current().where(),
+        )
+
+
 @web.middleware
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request_notes.begin()
     try:
-        return await handler(request)
+        response = await handler(request)
     except TokentrailError as exc:
+        _answered(request, exc.status, str(exc))
         response = error_response(request.path, exc.status, exc.kind, str(exc))
         if isinstance(exc, Overloaded):
             response.headers["Retry-After"] = str(exc.retry_after_s)
@@ -58,6 +77,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
             response.force_close()
         return response
     except EngineError as exc:
+        _answered(request, 502, f"engine error: {exc}")
         return error_response(request.path, 502, "api_error", f"engine error: {exc}")
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -69,6 +89,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
             message = f"{request.method} is not allowed on {request.path}"
         elif exc.status == 413:
             message = f"request body too large: {exc.text}"
+        _answered(request, exc.status, message)
         kind = _HTTP_KINDS.get(exc.status, "api_error")
         response = error_response(request.path, exc.status, kind, message)
         if exc.status in _CLOSE_AFTER:
@@ -76,6 +97,17 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return response
     except ConnectionResetError:
         raise  # the client went away: nobody to answer
-    except Exception:
-        logger.exception("%s %s failed", request.method, request.path)
+    except Exception as exc:
+        logger.warning(
+            "%s %s answered 500: internal error %s: %s (%s)",
+            request.method,
+            request.path,
+            type(exc).__name__,
+            exc,
+            request_notes.current().where(),
+            exc_info=True,
+        )
         return error_response(request.path, 500, "api_error", "internal error (logged)")
+    if response.status >= 500:
+        _answered(request, response.status, response.reason or "")
+    return response

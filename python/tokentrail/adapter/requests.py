@@ -1,27 +1,40 @@
 """A request's bytes to a checked turn request, in a worker: parse (reusing what the body
 shares with the session's previous one, `adapter.reuse`), check the limits, name the session,
-translate, check the sampling.
+translate (under `serve --verify-resume` both resumed and in full, compared), check the
+sampling.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.protocols import WireProtocol
-from tokentrail.adapter.reuse import KnownRequest, parse_reusing, translate_reusing
+from tokentrail.adapter.protocols.resume import Translated
+from tokentrail.adapter.reuse import (
+    KnownRequest,
+    Parsed,
+    first_difference,
+    parse_reusing,
+    translate_reusing,
+)
 from tokentrail.adapter.sessions import Sessions
 from tokentrail.adapter.validation import check_translated, parse_body, session_key
 from tokentrail.engines.base import SamplingParams
 from tokentrail.errors import RequestError
+from tokentrail.kinds import ResumeCheck
 from tokentrail.messages import Conversation
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline
 
 __all__ = ["EXCLUDE_HEADER", "RequestReader", "TurnRequest", "continued"]
+
+logger = logging.getLogger(__name__)
 
 # A request carrying this header (any value but "" or "0") is a side conversation: served and
 # journaled, its tokens masked as `excluded` (see `trajectory.side`).
@@ -53,8 +66,12 @@ class RequestReader:
         sessions: Sessions,
         pipeline: TurnPipeline,
         default_max_tokens: int,
+        resume_checks: Metrics | None = None,
     ) -> None:
+        """`resume_checks`: translate every request both resumed and in full, and count what
+        that found there (`serve --verify-resume`); None: no check."""
         self.limits = limits
+        self.resume_checks = resume_checks
         self.sessions = sessions
         self.pipeline = pipeline
         self.manager = pipeline.manager
@@ -81,7 +98,9 @@ class RequestReader:
 
     def count(self, proto: WireProtocol, raw: bytes) -> int:
         """count_tokens: the full render's length; nothing is recorded or opened."""
-        return self.pipeline.count_tokens(self.translate(proto, self.parse(raw)))
+        body = self.parse(raw)
+        proto.check_fields(body, counting=True)
+        return self.pipeline.count_tokens(self.translate(proto, body))
 
     def request(
         self, proto: WireProtocol, raw: bytes, sid: str | None, headers: Mapping[str, str]
@@ -95,26 +114,59 @@ class RequestReader:
         remember = sid is not None and parsed.index is not None
         if sid is None:
             sid = session_key(proto.session_id(headers, body, trust_body=True), "the session id")
-        translated = translate_reusing(
-            proto,
-            parsed,
-            partial(self.translate, proto, body, sid),
-            self.limits.max_json_depth,
-        )
+        opened = self.sessions.get(sid)
+        defaults = opened.sampling_defaults if opened is not None else {}
+        proto.check_fields(body, defaults=defaults)
+        translated = self._translate(proto, parsed, sid)
         if remember and parsed.index is not None:
             known = KnownRequest(proto.name, raw, parsed.index, body, translated)
             self.sessions.memo.put(sid, known)
         conversation = translated.conversation
-        opened = self.sessions.get(sid)
         sampling = (
             SamplingParams(max_new_tokens=self.default_max_tokens)
-            .merged(opened.sampling_defaults if opened is not None else {})
+            .merged(defaults)
             .merged(proto.sampling(body))
         )
         self.limits.check_sampling(sampling)
         header = headers.get(EXCLUDE_HEADER, "")
         exclude = header if header not in ("", "0") else None
         return TurnRequest(sid, body, conversation, sampling, proto.stream_requested(body), exclude)
+
+    def _translate(self, proto: WireProtocol, parsed: Parsed, sid: str) -> Translated:
+        """The body translated, resuming the session's previous translation where it can;
+        with `resume_checks`, also in full, the two compared (the full one wins)."""
+        full = partial(self.translate, proto, parsed.body, sid)
+        if self.resume_checks is None:
+            return translate_reusing(proto, parsed, full, self.limits.max_json_depth)
+        resumed: Translated | RequestError
+        try:
+            resumed = translate_reusing(proto, parsed, full, self.limits.max_json_depth)
+        except RequestError as refused:
+            resumed = refused
+        whole: Conversation | RequestError
+        try:
+            whole = full()
+        except RequestError as refused:
+            whole = refused
+        if isinstance(resumed, RequestError) or isinstance(whole, RequestError):
+            difference = None if str(resumed) == str(whole) else f"{resumed!r} != {whole!r}"
+        else:
+            difference = first_difference(resumed.conversation, whole)
+        if difference is None:
+            self.resume_checks.resume_checked(ResumeCheck.SAME)
+        else:
+            self.resume_checks.resume_checked(ResumeCheck.MISMATCH)
+            logger.warning(
+                "session %s: the resumed translation is not the full one (%s); the full one "
+                "is used",
+                sid,
+                difference,
+            )
+        if isinstance(whole, RequestError):
+            raise whole
+        return (
+            resumed if difference is None and isinstance(resumed, Translated) else Translated(whole)
+        )
 
 
 def continued(

@@ -14,6 +14,7 @@ gets is the one a full parse names.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -29,7 +30,14 @@ from tokentrail.adapter.validation import STEPWISE_ABOVE, check_translated, pars
 from tokentrail.errors import BodyShapeError, RequestError
 from tokentrail.messages import Conversation
 
-__all__ = ["KnownRequest", "Parsed", "RequestMemo", "parse_reusing", "translate_reusing"]
+__all__ = [
+    "KnownRequest",
+    "Parsed",
+    "RequestMemo",
+    "first_difference",
+    "parse_reusing",
+    "translate_reusing",
+]
 
 _DECODER = msgspec.json.Decoder()
 
@@ -150,6 +158,24 @@ def translate_reusing(
     same_tools = before is not None and conversation.tools is before.tools
     check_translated(conversation, max_depth=max_depth, first=shared, tools=not same_tools)
     return translated
+
+
+def first_difference(resumed: Conversation, full: Conversation) -> str | None:
+    """Where a resumed translation differs from the full one (None: nowhere). Messages are
+    compared as JSON, so key order and number types count, as they do in a render."""
+    if len(resumed.messages) != len(full.messages):
+        return f"{len(resumed.messages)} messages, not {len(full.messages)}"
+    for pos, (a, b) in enumerate(zip(resumed.messages, full.messages, strict=True)):
+        if json.dumps(a, default=repr) != json.dumps(b, default=repr):
+            return f"message {pos}: {json.dumps(a, default=repr)[:200]} is not the full one's"
+    fields = {
+        "tools": (resumed.tools, full.tools),
+        "tool_choice": (resumed.tool_choice, full.tool_choice),
+        "forced_tool": (resumed.forced_tool, full.forced_tool),
+        "withheld_tools": (resumed.withheld_tools, full.withheld_tools),
+        "dropped_media": (resumed.dropped_media, full.dropped_media),
+    }
+    return next((name for name, (a, b) in fields.items() if a != b), None)
 
 
 class RequestMemo:

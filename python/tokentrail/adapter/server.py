@@ -23,16 +23,20 @@ from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter import notes as request_notes
+from tokentrail.adapter.access_log import access_log_middleware
 from tokentrail.adapter.admin import Admin
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
+from tokentrail.adapter.damaged import refuse_unless_accepted
 from tokentrail.adapter.limits import TurnSlots, model_context_length
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
+from tokentrail.adapter.protocols.fields import json_content_type
 from tokentrail.adapter.requests import RequestReader
-from tokentrail.adapter.sessions import Sessions
+from tokentrail.adapter.sessions import Sessions, recover
 from tokentrail.adapter.turns import Turns, TurnSettings, replay_request
 from tokentrail.adapter.validation import (
     probe_template,
@@ -68,13 +72,16 @@ class Adapter:
         manager: TrajectoryManager | None = None,
         config: AdapterConfig | None = None,
         journal: Journal | None = None,
+        template_name: str | None = None,
     ) -> None:
+        """`template_name` names `chat_template` where it is refused (`--chat-template FILE`)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config = config or AdapterConfig()
         self.limits = limits = config.limits
         self.manager = manager or TrajectoryManager()
         self.replay = replay_request(config, self.manager)
+        template_name = template_name or ("--chat-template" if chat_template else None)
         self.pipeline = TurnPipeline(
             self.manager,
             tokenizer,
@@ -85,10 +92,9 @@ class Adapter:
             tool_parser=config.tool_parser,
             reasoning_parser=config.reasoning_parser,
             side_rules=SideRules.compile(config.side_patterns()),
+            template_name=template_name,
         )
-        probe_template(
-            self.pipeline.render, "--chat-template" if chat_template else "the chat template"
-        )
+        probe_template(self.pipeline.render, template_name or "the chat template")
         self.metrics = Metrics()
         self.journal = journal
         self.offload = Offload(config.workers)
@@ -128,14 +134,17 @@ class Adapter:
             sessions=self.sessions,
             pipeline=self.pipeline,
             default_max_tokens=config.default_max_tokens,
+            resume_checks=self.metrics if config.verify_resume else None,
         )
         # Per-stage seconds of the latest turns (benchmarks read them).
         self.timings = self.turns.timings
         self.turn_slots = TurnSlots(limits.max_concurrent_turns)
         self.connections = ConnectionGuard(limits.connection_cap())
+        middlewares = [mark_busy(self.connections), errors_as_json]
+        if config.access_log is not None:
+            middlewares.insert(0, access_log_middleware(config.access_log))
         self.app = web.Application(
-            client_max_size=limits.max_body_bytes or 2**62,
-            middlewares=[mark_busy(self.connections), errors_as_json],
+            client_max_size=limits.max_body_bytes or 2**62, middlewares=middlewares
         )
         admin = Admin(config.admin_token, self.sessions, self.offload, limits)
         routes = [
@@ -143,6 +152,7 @@ class Adapter:
             web.get("/healthz", self._healthz),
             web.get("/metrics", self._metrics),
             web.get("/", self._root),
+            web.head("/api/hello", self._hello),
             *admin.routes(),
         ]
         for proto in protocols():
@@ -164,7 +174,7 @@ class Adapter:
                 routing=str(self.manager.routing or ""),
                 indexer=str(self.manager.indexer or ""),
             )
-            self.sessions.recover(journal)
+            recover(self.sessions, journal)
 
     # -- sessions for trainers ------------------------------------------------------------------
 
@@ -176,24 +186,49 @@ class Adapter:
         history: History | str | None = None,
         exclude_patterns: list[str] | None = None,
         retry: Retry | str | None = None,
+        *,
+        group: str | None = None,
     ) -> None:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
         `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations (beside the adapter's own patterns)."""
+        exclude its side conversations (beside the adapter's own patterns), `group` is the
+        group its samples belong to (`metadata["group"]`, for `pack_tree`)."""
         self.sessions.open(
-            sid, sampling_defaults, max_context_tokens, history, exclude_patterns, retry
+            sid,
+            sampling_defaults,
+            max_context_tokens,
+            history,
+            exclude_patterns,
+            retry,
+            group=group,
         )
 
     async def finish_trajectory(
-        self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        metadata: dict[str, Any] | None = None,
+        accept_lost: bool = False,
     ) -> Trajectory:
-        """Wait for the session's in-flight turns, close it and linearize it."""
-        return await self.sessions.finish(sid, reward=reward, metadata=metadata)
+        """Wait for the session's in-flight turns, close it and linearize it. A session that
+        lost journaled turns raises `SessionDamaged` unless `accept_lost`."""
+        trajectory = await self.sessions.finish(sid, reward=reward, metadata=metadata)
+        refuse_unless_accepted(sid, trajectory, accept_lost)
+        return trajectory
 
     async def finish_session(
-        self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        metadata: dict[str, Any] | None = None,
+        accept_lost: bool = False,
     ) -> list[Sample]:
-        return (await self.finish_trajectory(sid, reward=reward, metadata=metadata)).samples
+        trajectory = await self.finish_trajectory(
+            sid, reward=reward, metadata=metadata, accept_lost=accept_lost
+        )
+        return trajectory.samples
 
     def drop_session(self, sid: str) -> bool:
         return self.sessions.drop(sid)
@@ -215,6 +250,11 @@ class Adapter:
         response = web.Response(body=payload)
         response.headers["Content-Type"] = content_type
         return response
+
+    async def _hello(self, request: web.Request) -> web.StreamResponse:
+        """Claude Code's connectivity probe (`HEAD /api/hello`, in its default configuration):
+        200, no body."""
+        return web.Response(status=200)
 
     async def _root(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"name": "tokentrail"})
@@ -248,6 +288,7 @@ class Adapter:
         async def count_tokens(request: web.Request) -> web.StreamResponse:
             # A key like every other route, though a count records nothing and opens nothing.
             session_key(proto.session_id(request.headers, {}))
+            json_content_type(request.headers)
             raw = await self._read(request)
             tokens = await self.offload.run(self.requests.count, proto, raw)
             return web.json_response(proto.count_tokens_reply(tokens))
@@ -283,12 +324,15 @@ class Adapter:
     async def _admitted_turn(self, request: web.Request, proto: WireProtocol) -> web.StreamResponse:
         timing = TurnTiming()
         sid: str | None = None
+        json_content_type(request.headers)
         if not self.config.session_from_body:
             # The credential decides the session: known (and not closed) before the body is read.
             sid = session_key(proto.session_id(request.headers, {}))
+            request_notes.current().session = sid
             self.sessions.check_open(sid)
         raw = await self._read(request)
         turn = await self.offload.run(self.requests.request, proto, raw, sid, request.headers)
+        request_notes.current().session = turn.sid
         timing.lap(Stage.TRANSLATE)
         session = self.sessions.admit(turn.sid)
         try:

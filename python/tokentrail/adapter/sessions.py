@@ -7,6 +7,9 @@ turn is recorded leaves nothing behind. It admits turns until it is finished, dr
 recorded into a new session of the same name, and `/finish` for it says what happened and when.
 A finish is kept for a retention window, so a repeated finish (a retry after a lost response)
 returns the same samples and ledger; after the window it is a 410.
+
+A session recovered with journaled turns missing (a crash, a damaged journal) carries what it
+lost (`trajectory.loss`) into its finish's ledger and samples (`adapter.damaged`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.adapter.answers import Answers, RecordedAnswer
+from tokentrail.adapter.damaged import DamagedSessions
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.reuse import RequestMemo
@@ -39,6 +43,7 @@ from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal_format import DROPPED, JournaledTurn
 from tokentrail.storage.replay import fit_replay
 from tokentrail.trajectory.linearize import Trajectory
+from tokentrail.trajectory.loss import LostSpan
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
 from tokentrail.trajectory.side import SideRules
 
@@ -58,6 +63,8 @@ class Session:
     side_rules: SideRules = field(default_factory=SideRules)
     # The session's own rule for retried requests (None: the adapter's).
     retry: Retry | None = None
+    # The group it was opened in (a GRPO group's task): every sample's `metadata["group"]`.
+    group: str | None = None
     # Its recent recorded replies, for retries, and its turns in flight.
     answers: Answers = field(default_factory=Answers)
     in_flight: int = 0
@@ -70,6 +77,8 @@ class Session:
 
     def __post_init__(self) -> None:
         self.idle.set()
+        if self.group is not None and (not isinstance(self.group, str) or not self.group):
+            raise SessionError("a session's group must be a non-empty string")
 
 
 @dataclass
@@ -165,6 +174,35 @@ def _checked_finish(reward: object, metadata: dict[str, Any] | None) -> dict[str
     return out
 
 
+def _settings(
+    sampling_defaults: dict[str, Any] | None,
+    max_context_tokens: int,
+    history: History | str | None,
+    exclude_patterns: list[str] | None,
+    retry: Retry | str | None,
+    group: str | None,
+) -> dict[str, Any]:
+    """What the journal keeps of a session's opening, for recovery to open it again."""
+    settings: dict[str, Any] = {
+        "sampling_defaults": dict(sampling_defaults or {}),
+        "max_context_tokens": int(max_context_tokens),
+        "history": str(history) if history is not None else None,
+        "retry": str(retry) if retry is not None else None,
+    }
+    if exclude_patterns:
+        settings["exclude_patterns"] = list(exclude_patterns)
+    if group is not None:
+        settings["group"] = group
+    return settings
+
+
+def _grouped(metadata: dict[str, Any], session: Session | None) -> dict[str, Any]:
+    """A finish's metadata with the session's group (`metadata["group"]`), unless it names one."""
+    if session is not None and session.group is not None:
+        metadata.setdefault("group", session.group)
+    return metadata
+
+
 class Sessions:
     """Every open session of one adapter, over its pipeline, journal and metrics."""
 
@@ -199,6 +237,7 @@ class Sessions:
         self.open_sessions_only = open_sessions_only
         self._open: dict[str, Session] = {}
         self._closed = Tombstones(finish_retention_s)
+        self.lost = DamagedSessions()
         # The latest request of recent sessions, so the next one parses only what is new.
         self.memo = RequestMemo(request_memo)
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -222,11 +261,12 @@ class Sessions:
         exclude_patterns: list[str] | None = None,
         retry: Retry | str | None = None,
         *,
+        group: str | None = None,
         journaled: bool = True,
     ) -> Session:
         """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
         `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations from training."""
+        exclude its side conversations from training, `group` is its samples' group."""
         if not isinstance(sid, str) or not sid:
             raise SessionError("session id must be a non-empty string")
         rules = SideRules.compile(exclude_patterns)
@@ -237,16 +277,12 @@ class Sessions:
             History(history) if history is not None else None,
             rules,
             Retry(retry) if retry is not None else None,
+            group,
         )
         if self.journal is not None and journaled:
-            settings: dict[str, Any] = {
-                "sampling_defaults": dict(sampling_defaults or {}),
-                "max_context_tokens": int(max_context_tokens),
-                "history": str(history) if history is not None else None,
-                "retry": str(retry) if retry is not None else None,
-            }
-            if exclude_patterns:
-                settings["exclude_patterns"] = list(exclude_patterns)
+            settings = _settings(
+                sampling_defaults, max_context_tokens, history, exclude_patterns, retry, group
+            )
             self.offload.journal_soon(self.journal.session_opened, sid, settings)
         return session
 
@@ -327,6 +363,7 @@ class Sessions:
         tomb = self._closed.get(sid)
         if tomb is None:
             session = self._open.get(sid)
+            metadata = _grouped(metadata, session)
             if session is None and not self.manager.has_session(sid):
                 raise SessionError(f"unknown session {sid!r}")
             tomb = self._closed.remember(sid, Tombstone(Closed.FINISHED, time.time()))
@@ -375,6 +412,7 @@ class Sessions:
 
     def _finish_now(self, sid: str, reward: float, metadata: dict[str, Any]) -> Trajectory:
         trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
+        trajectory.mark_lost(self.lost.of(sid))
         self._forget(sid)
         trim_memory()
         return trajectory
@@ -460,11 +498,8 @@ class Sessions:
         )
         await self.offload.run(self._discard, sid, session=sid)
 
-    # -- recovery -------------------------------------------------------------------------------
 
-    def recover(self, journal: Journal) -> None:
-        """Rebuild the unfinished sessions of a journal (see `recover`)."""
-        recover(self, journal)
+# -- recovery -----------------------------------------------------------------------------------
 
 
 def recover(sessions: Sessions, journal: Journal) -> None:
@@ -486,6 +521,7 @@ def recover(sessions: Sessions, journal: Journal) -> None:
                 settings.get("history"),
                 settings.get("exclude_patterns"),
                 settings.get("retry"),
+                group=settings.get("group"),
                 journaled=False,
             )
         elif event.kind is JournalEvent.TURN and event.turn is not None:
@@ -494,9 +530,17 @@ def recover(sessions: Sessions, journal: Journal) -> None:
                 turn_of[event.seq] = index
         elif event.kind is JournalEvent.REPLAY and int(event.data["turn"]) in turn_of:
             sessions.manager.answered_again(event.sid, turn_of[int(event.data["turn"])])
+        elif event.kind is JournalEvent.LOST:
+            sessions.lost.note(event.sid, LostSpan.from_dict(event.data))
     live = journal.recovery.live
     if live:
         logger.info("journal: rebuilt %d unfinished sessions", len(live))
+    if sessions.lost:
+        logger.warning(
+            "journal: %d of %d recovered sessions lost journaled turns; their finish states it",
+            len(sessions.lost),
+            len(live),
+        )
 
 
 def _recover_turn(sessions: Sessions, turn: JournaledTurn) -> int | None:
@@ -521,6 +565,8 @@ def _recover_turn(sessions: Sessions, turn: JournaledTurn) -> int | None:
             turn.seq,
             exc,
         )
+        reason = f"turn #{turn.seq} cannot be recorded again ({exc})"
+        sessions.lost.note(turn.sid, LostSpan(turn.seq, 1, 1, reason))
         return None
     session = sessions._open.setdefault(turn.sid, Session())
     session.turns += 1

@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter import notes as request_notes
 from tokentrail.adapter.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.limits import Limits
@@ -191,7 +192,10 @@ class Turns:
         replaces the earlier turns of its prompt (a retry answered fresh)."""
         sid = turn.sid
         rid = uuid.uuid4().hex
+        notes = request_notes.current()
+        notes.request_id, notes.prompt_tokens = rid, len(prepared.prompt_ids)
         generation = await self._generate(prepared, sampling, sid, rid)
+        notes.output_tokens = len(generation.output_ids)
         timing.lap(Stage.ENGINE)
         timing.engine_reported = generation.engine_time_s
 

@@ -7,7 +7,8 @@ UTF-8, text that is not JSON (`NaN`, `Infinity` and numbers past a double's rang
 nesting deeper than the limit, and a lone surrogate (`"\ud800"`) in any string, named by its
 field, since no encoder downstream (the tokenizer, the journal, an HTTP header) can take one.
 `session_key` holds a session id to what can travel in a header. `probe_template` renders a
-one-message conversation at load, so a template that breaks on every request fails at startup.
+one-message conversation at load, so a template that breaks on every request fails at startup
+(after `text.template_check` has rendered the same conversations under a budget).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from aiohttp import web
 
 from tokentrail.errors import RequestError, RequestTimeout, RequestTooLarge, TemplateError
 from tokentrail.messages import Conversation, Message, ToolSchema
+from tokentrail.text.template_check import BASIC_CONVERSATIONS, STARTUP_CONVERSATIONS
 
 logger = logging.getLogger(__name__)
 
@@ -169,52 +171,13 @@ def session_key(sid: object, where: str = "the API key") -> str:
 
 Render = Callable[[Sequence[Message], Sequence[ToolSchema] | None], str]
 
-_PROBE_TOOL: ToolSchema = {
-    "type": "function",
-    "function": {
-        "name": "Read",
-        "description": "Read a file",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
-    },
-}
-# Shapes a harness sends; a template may refuse some on purpose (`raise_exception`: no system
-# role, say), which is its right, but any other failure is worth a warning at startup.
-_PROBES: dict[str, tuple[list[Message], list[ToolSchema] | None]] = {
-    "system and tools": (
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
-        [_PROBE_TOOL],
-    ),
-    "tool call and result": (
-        [
-            {"role": "user", "content": "read a.py"},
-            {
-                "role": "assistant",
-                "content": "",
-                "reasoning_content": "look first",
-                "tool_calls": [
-                    {"type": "function", "function": {"name": "Read", "arguments": {"path": "a"}}}
-                ],
-            },
-            {"role": "tool", "content": "x = 1"},
-        ],
-        [_PROBE_TOOL],
-    ),
-}
-
-
-_BASIC: list[list[Message]] = [
-    [{"role": "user", "content": "hi"}],
-    # A template may insist on a system message first (harnesses always send one).
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
-]
-
 
 def probe_template(render: Render, name: str = "the chat template") -> None:
     """Render a one-message conversation (or, for a template that insists on one, a system and
     a user message) and refuse to start when neither renders; log a warning for a shape that
     fails other than on purpose (`raise_exception`)."""
     failures: list[TemplateError] = []
-    for messages in _BASIC:
+    for messages in BASIC_CONVERSATIONS:
         try:
             render(messages, None)
             break
@@ -225,10 +188,10 @@ def probe_template(render: Render, name: str = "the chat template") -> None:
             f"{name} cannot render a one-message conversation, so every request would fail: "
             f"{failures[0]}"
         )
-    for basic, failure in zip(_BASIC, failures, strict=False):
+    for basic, failure in zip(BASIC_CONVERSATIONS, failures, strict=False):
         if failure.__cause__ is not None:  # not the template's own raise_exception
             logger.warning("%s fails on %d plain messages: %s", name, len(basic), failure)
-    for shape, (messages, tools) in _PROBES.items():
+    for shape, (messages, tools) in STARTUP_CONVERSATIONS.items():
         try:
             render(messages, tools)
         except TemplateError as exc:

@@ -1,5 +1,5 @@
 """The `tokentrail` command: `serve` the adapter, check a deployment with `doctor`,
-`replay`/`audit`/`journal` its records, run the `demo`.
+`replay`/`audit`/`journal` its records, `pack` samples as prefix trees, run the `demo`.
 
 `tokentrail demo` is the main job on built-in defaults: the scripted engine, the Qwen3
 vocabulary and a harness that re-renders echoes as Claude Code does; no GPU, no network.
@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from tokentrail.cli import demo, doctor, records, serve
+from tokentrail.cli import demo, doctor, pack, records, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_command(sub)
     demo.add_command(sub)
     records.add_command(sub)
+    pack.add_command(sub)
     return parser
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,13 @@ def add_command(sub: Any) -> None:
         choices=[f.name for f in families()],
         help="run the demo for this model family (its vocabulary, or a stand-in, and format)",
     )
+    demo.add_argument(
+        "--engine",
+        default="scripted",
+        help="scripted (default), or transformers:DIR / transformers:tiny:NAME: a real model "
+        "on CPU teacher-forced on the script (its vocabulary replaces --tokenizer); the demo "
+        "then recomputes every sample with it and prints the audit",
+    )
     demo.set_defaults(func=_demo)
 
     check = sub.add_parser("check-template", help="can turns be spliced with this template?")
@@ -41,7 +49,9 @@ def add_command(sub: Any) -> None:
     check.set_defaults(func=_check_template)
 
 
-async def _demo_run(restore: str, rewrite_policy: str, tokenizer: Any) -> tuple[dict, Any]:
+async def _demo_run(
+    restore: str, rewrite_policy: str, tokenizer: Any, engine: Any = None
+) -> tuple[dict, Any]:
     import secrets
 
     import aiohttp
@@ -52,11 +62,14 @@ async def _demo_run(restore: str, rewrite_policy: str, tokenizer: Any) -> tuple[
     from tokentrail.trajectory.manager import TrajectoryManager
 
     admin = secrets.token_hex(16)
+    routing = None if engine is None else engine.routing
     adapter = Adapter(
-        engine=ScriptedEngine(tokenizer),
+        engine=engine or ScriptedEngine(tokenizer),
         tokenizer=tokenizer,
-        manager=TrajectoryManager(rewrite_policy=rewrite_policy),
-        config=AdapterConfig(restore=Restore(restore), admin_token=admin),
+        manager=TrajectoryManager(rewrite_policy=rewrite_policy, routing=routing),
+        config=AdapterConfig(
+            restore=Restore(restore), admin_token=admin, routed_experts=routing is not None
+        ),
     )
     runner, url = await start_server(adapter)
     try:
@@ -73,19 +86,30 @@ async def _demo_run(restore: str, rewrite_policy: str, tokenizer: Any) -> tuple[
     return finished, sim
 
 
-async def _demo_codex(tokenizer: Any) -> tuple[Any, Any]:
+async def _demo_codex(tokenizer: Any, engine: Any = None) -> tuple[Any, Any]:
     """A Codex-shaped session (exec_command, the free-form apply_patch) over the Responses API."""
     import aiohttp
 
-    from tokentrail.adapter.server import Adapter, start_server
+    from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.sim.codex import CODEX_FILES, CODEX_SCRIPT, CODEX_TOOLS, CodexWorkspace
     from tokentrail.sim.harness import Behaviour, HarnessSim
+    from tokentrail.trajectory.manager import TrajectoryManager
 
     # One user turn of the script: read, two parallel commands, a failed and a good patch, the
     # test run, the answer. Codex sends every item back as it got it, so nothing is rewritten.
     script = CODEX_SCRIPT[:6]
-    adapter = Adapter(engine=ScriptedEngine(tokenizer, script), tokenizer=tokenizer)
+    scripted = ScriptedEngine(tokenizer, script)
+    routing = None
+    if engine is not None:
+        engine.inner = scripted
+        routing = engine.routing
+    adapter = Adapter(
+        engine=engine or scripted,
+        tokenizer=tokenizer,
+        manager=TrajectoryManager(routing=routing),
+        config=AdapterConfig(routed_experts=routing is not None),
+    )
     runner, url = await start_server(adapter)
     try:
         async with aiohttp.ClientSession() as http:
@@ -143,22 +167,43 @@ def _demo_tokenizer(args: argparse.Namespace) -> Any:
     return load_tokenizer(f"builtin:{fam.name}" if fam.vocabulary else f"stand-in:{fam.name}")
 
 
+def _demo_engine(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The real model the demo runs (None: the scripted engine) and the tokenizer."""
+    if args.engine == "scripted":
+        return None, _demo_tokenizer(args)
+    scheme, _, where = args.engine.partition(":")
+    if scheme != "transformers" or not where or "+" in where:
+        raise SystemExit(
+            "tokentrail demo: --engine is scripted, transformers:DIR or transformers:tiny:NAME"
+        )
+    from tokentrail.engines.scripted import ScriptedEngine
+    from tokentrail.engines.transformers_lm import TransformersEngine, model_dir
+    from tokentrail.text.tokenizer import load_tokenizer
+
+    path = model_dir(where)
+    tokenizer = load_tokenizer(str(path))
+    return TransformersEngine(path, tokenizer, inner=ScriptedEngine(tokenizer)), tokenizer
+
+
 def _demo(args: argparse.Namespace) -> int:
-    tokenizer = _demo_tokenizer(args)
+    engine, tokenizer = _demo_engine(args)
     runs = []
     for name, restore, policy in DEMO_CONFIGS:
-        finished, sim = asyncio.run(_demo_run(restore, policy, tokenizer))
+        finished, sim = asyncio.run(_demo_run(restore, policy, tokenizer, engine))
         runs.append((name, finished))
         if name == DEMO_CONFIGS[0][0]:
             first, first_sim = finished, sim
-    codex, codex_sim = asyncio.run(_demo_codex(tokenizer))
+    codex, codex_sim = asyncio.run(_demo_codex(tokenizer, engine))
     out = Path(args.out)
     with out.open("w") as f:
         for sample in first["samples"]:
             f.write(json.dumps(sample) + "\n")
     calls = ", ".join(f"{k}={v}" for k, v in sorted(first_sim.tool_calls.items()))
+    what = (
+        "scripted engine" if engine is None else f"{engine.weight_version} on CPU, teacher-forced"
+    )
     print(
-        f"tokentrail demo: scripted engine, family {tokenizer.family or 'qwen3'} "
+        f"tokentrail demo: {what}, family {tokenizer.family or 'qwen3'} "
         f"({tokenizer.name}), Claude Code 2.1.197-style harness"
     )
     print(
@@ -181,11 +226,23 @@ def _demo(args: argparse.Namespace) -> int:
         f"wrote {len(first['samples'])} samples ({DEMO_CONFIGS[0][0]}) to {out}: one JSON object "
         "per line with tokens, loss_mask, rollout_log_probs, response_length, reward, metadata"
     )
-    return 0
+    if engine is None:
+        return 0
+    from tokentrail.model.audit import recompute_samples
+    from tokentrail.trajectory.sample import Sample
+
+    samples = [Sample.from_dict(s) for _, run in runs for s in run["samples"]]
+    report = recompute_samples(engine.lm, [*samples, *codex.samples])
+    print()
+    print("every sample above recomputed in one forward pass (tokentrail audit --recompute):")
+    print(report.table())
+    return 0 if report.ok else 1
 
 
 def _check_template(args: argparse.Namespace) -> int:
+    from tokentrail.errors import TemplateError
     from tokentrail.text.families import resolve_family
+    from tokentrail.text.template_check import check_within_budget
     from tokentrail.text.tokenizer import load_tokenizer
     from tokentrail.trajectory.splice import check_template
 
@@ -195,6 +252,16 @@ def _check_template(args: argparse.Namespace) -> int:
     else:
         tokenizer, template = load_tokenizer(args.tokenizer), target.read_text()
     fam = resolve_family(tokenizer, template)
+    try:
+        check_within_budget(
+            template or tokenizer.chat_template,
+            str(target),
+            call_id=fam.call_id,
+            variables=tokenizer.special_tokens_map,
+        )
+    except TemplateError as exc:
+        print(f"tokentrail check-template: {exc}", file=sys.stderr)
+        return 2
     reports = check_template(tokenizer, template, fam)
     ends = sorted({fam.end_after_calls, fam.end_after_text})
     print(

@@ -88,7 +88,9 @@ def run_checks(s: ServeSettings) -> list[Check]:
         checks.append(Check("template", Verdict.SKIP, "needs a tokenizer"))
     else:
         checks.append(_guard("engine", s.engine, lambda: check_engine(s, tokenizer)))
-        checks.append(_guard("template", s.chat_template, lambda: check_template(s, tokenizer)))
+        checks.append(
+            _guard("template", s.chat_template or s.tokenizer, lambda: check_template(s, tokenizer))
+        )
     checks.append(check_journal(s.journal))
     if s.admin_token:
         checks.append(Check("admin", Verdict.OK, "admin token set: finish and drop work over HTTP"))
@@ -108,7 +110,9 @@ def _guard(what: str, value: str | None, check: Callable[[], Check]) -> Check:
     try:
         return check()
     except (TokentrailError, OSError) as exc:
-        return Check(what, Verdict.FAIL, f"{value}: {exc}")
+        said = str(exc)
+        named = value is not None and said.startswith(value)
+        return Check(what, Verdict.FAIL, said if named else f"{value}: {said}")
 
 
 def check_engine(s: ServeSettings, tokenizer: Any) -> Check:
@@ -155,15 +159,23 @@ def check_engine(s: ServeSettings, tokenizer: Any) -> Check:
 def check_template(s: ServeSettings, tokenizer: Any) -> Check:
     """The template (the override, else the tokenizer's) compiles, its family is detected, and
     every boundary `check-template` tries can be spliced."""
-    from tokentrail.text.chat_template import check_compiles
+    from tokentrail.adapter.server import Adapter
+    from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.text.families import resolve_family
     from tokentrail.trajectory.splice import check_template as boundaries
 
     template = Path(s.chat_template).read_text("utf-8") if s.chat_template else None
-    check_compiles(template if template is not None else tokenizer.chat_template)
+    source = s.chat_template or f"{s.tokenizer}'s chat template"
     fam = resolve_family(tokenizer, template)
+    # The template checks serve starts with: its startup renders in a child under the template
+    # budget, then here (an adapter that is not served).
+    Adapter(
+        engine=ScriptedEngine(tokenizer),
+        tokenizer=tokenizer,
+        chat_template=template,
+        template_name=source,
+    )
     reports = boundaries(tokenizer, template, fam)
-    source = s.chat_template or f"{s.tokenizer}'s"
     failing = [r for r in reports if not r.splice]
     if failing:
         names = ", ".join(f"{r.name} ({r.fallback})" for r in failing)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokentrail.cli import recompute
 from tokentrail.cli.names import names as _names
 from tokentrail.kinds import DriftPolicy, History, Restore, RewritePolicy
 
@@ -26,7 +27,10 @@ def add_command(sub: Any) -> None:
     rep.set_defaults(func=_replay)
 
     aud = sub.add_parser("audit", help="trained vs masked, per tool and reason; gate on it")
-    aud.add_argument("target", help="a journal, or a JSON/JSONL of /finish answers")
+    aud.add_argument(
+        "target",
+        help="a journal, or a JSON/JSONL of /finish answers (with --recompute: or a sample file)",
+    )
     aud.add_argument(
         "--max-masked",
         type=float,
@@ -39,6 +43,7 @@ def add_command(sub: Any) -> None:
         help="exit 1 unless every sample token carries its replay rows (routed experts, "
         "indexer top-k where kept)",
     )
+    recompute.add_flags(aud)
     aud.set_defaults(func=_audit)
 
     jour = sub.add_parser("journal", help="check, compact or export a journal")
@@ -97,21 +102,25 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from tokentrail.storage.replay import audit_table
+    if args.recompute:
+        return recompute.run(args)
+    from tokentrail.storage.replay import audit_table, lost_table
     from tokentrail.trajectory.ledger import Ledger
 
     path = Path(args.target)
+    named: dict[str, Ledger] = {}
     if path.suffix in (".json", ".jsonl"):
-        ledgers = []
-        for line in path.read_text().splitlines():
+        for i, line in enumerate(path.read_text().splitlines()):
             if line.strip():
                 record = json.loads(line)
-                ledgers.append(Ledger.from_dict(record.get("ledger", record)))
+                name = str(record.get("session") or f"line {i + 1}")
+                named[name] = Ledger.from_dict(record.get("ledger", record))
     else:
         from tokentrail.storage.journal_read import read_journal
         from tokentrail.storage.replay import as_recorded
 
-        ledgers = [t.ledger for t in as_recorded(read_journal(path)).values()]
+        named = {sid: t.ledger for sid, t in as_recorded(read_journal(path)).items()}
+    ledgers = list(named.values())
     table, fraction = audit_table(ledgers)
     print(table)
     failed = fraction > args.max_masked
@@ -119,6 +128,11 @@ def _audit(args: argparse.Namespace) -> int:
         print(f"FAIL: masked fraction {fraction:.4f} is above {args.max_masked}")
     else:
         print(f"ok: masked fraction {fraction:.4f} is within {args.max_masked}")
+    lost_lines, damaged = lost_table(named)
+    print(lost_lines)
+    if damaged:
+        print(f"FAIL: {damaged} sessions lost journaled turns (their samples are not whole)")
+        failed = True
     if args.require_routing:
         from tokentrail.storage.replay import replay_table
 

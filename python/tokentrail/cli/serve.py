@@ -77,7 +77,10 @@ class ServeSettings:
     engine: str = setting(
         "scripted",
         ENGINE,
-        "the inference engine: sglang://HOST:PORT, vllm://HOST:PORT, scripted[:FILE], simulated",
+        "the inference engine: sglang://HOST:PORT, vllm://HOST:PORT, scripted[:FILE], "
+        "simulated, or transformers:DIR (a Hugging Face model on CPU; DIR may be tiny:NAME; "
+        "transformers:DIR+scripted:FILE teacher-forces the script; torch threads from "
+        "TOKENTRAIL_TORCH_THREADS)",
         metavar="SPEC",
     )
     tokenizer: str = setting(
@@ -125,6 +128,14 @@ class ServeSettings:
         "sessions whose latest request is kept, so the next is parsed only where it differs; "
         "0: every request in full",
         unit="sessions",
+        into="config",
+    )
+    verify_resume: bool = setting(
+        _C.verify_resume,
+        HISTORY,
+        "debugging: translate every request both resumed (--request-memo) and in full, count "
+        "them in tokentrail_resume_checks_total and warn when they differ (the full "
+        "translation is then used)",
         into="config",
     )
     restore: Restore = setting(
@@ -193,8 +204,8 @@ class ServeSettings:
     exclude_side_requests: bool = setting(
         False,
         SESSIONS,
-        "exclude the known side requests of Qwen Code (memory extraction) and hermes-agent "
-        "(context summarizer) from training",
+        "exclude the known side requests of Qwen Code (memory extraction), hermes-agent "
+        "(context summarizer) and opencode/kilo (title generator) from training",
         into="config.exclude_known_side_requests",
     )
     # -- limits (README: Operating it)
@@ -274,9 +285,25 @@ class ServeSettings:
     )  # fmt: skip
     # -- logging
     log_level: str | None = setting(
-        None, LOGGING, "the log level", choices=lambda: ["DEBUG", "INFO", "WARNING", "ERROR"],
+        None,
+        LOGGING,
+        "what the server logs: every 5xx it answers is a WARNING with its reason, session and "
+        "engine request id; DEBUG adds each turn's details",
+        choices=lambda: ["DEBUG", "INFO", "WARNING", "ERROR"],
         default_text="tokentrail --log-level's, WARNING",
-    )  # fmt: skip
+    )
+    access_log: str | None = setting(
+        None,
+        LOGGING,
+        "one line per request (method, route, status, session, duration, prompt and output "
+        "tokens) to FILE, or to stderr when no FILE (or -) is given",
+        metavar="FILE",
+        const="-",
+        default_text="off",
+    )
+    access_log_json: bool = setting(
+        False, LOGGING, "write the access log's lines as JSON objects, one a line"
+    )
 
 
 def add_command(sub: Any) -> None:
@@ -332,10 +359,10 @@ def build_adapter(s: ServeSettings, resolved: settings.Resolved) -> Adapter:
     and value that keeps it from starting: an engine spec, a tokenizer, a chat template, a
     journal, a pattern or a shape it cannot use."""
     import tokentrail.sim  # noqa: F401 - registers the simulated model as an engine
+    from tokentrail.adapter.access_log import AccessLog
     from tokentrail.adapter.server import Adapter
     from tokentrail.engines import create_engine
     from tokentrail.storage.journal import Journal
-    from tokentrail.text.chat_template import check_compiles
     from tokentrail.text.families import resolve_family
     from tokentrail.text.tokenizer import load_tokenizer
     from tokentrail.trajectory.manager import TrajectoryManager
@@ -346,6 +373,7 @@ def build_adapter(s: ServeSettings, resolved: settings.Resolved) -> Adapter:
         with _naming("--exclude-system", pattern, re.error):
             re.compile(pattern)
     config = AdapterConfig(
+        access_log=None if s.access_log is None else AccessLog(s.access_log, s.access_log_json),
         tool_parser=tool_parser,
         reasoning_parser=reasoning_parser,
         limits=Limits(**resolved.into("limits")),
@@ -356,8 +384,8 @@ def build_adapter(s: ServeSettings, resolved: settings.Resolved) -> Adapter:
     template = None
     if s.chat_template is not None:
         with _naming("--chat-template", s.chat_template):
+            # Compiled and rendered by the adapter, in a child under the template budget first.
             template = Path(s.chat_template).read_text("utf-8")
-            check_compiles(template)
     routing, indexer = replay_shapes(s)
     with _naming("--tokenizer", s.tokenizer):
         tokenizer = load_tokenizer(s.tokenizer)
@@ -383,6 +411,7 @@ def build_adapter(s: ServeSettings, resolved: settings.Resolved) -> Adapter:
             engine=engine,
             tokenizer=tokenizer,
             chat_template=template,
+            template_name=f"--chat-template {s.chat_template}" if template else None,
             manager=manager,
             config=config,
             journal=journal,
@@ -401,6 +430,8 @@ def _naming(flag: str, value: str, *more: type[Exception]) -> Iterator[None]:
         raise  # a journal another process holds: its own message, its own exit code
     except caught as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if reason.startswith(f"{flag} "):  # it names the flag itself ("--chat-template X was")
+            raise SettingError(reason) from None
         raise SettingError(f"{flag} {value}: {reason}") from None
 
 

@@ -46,6 +46,8 @@ class Setting:
     default_text: str | None = None
     # Never printed (`--print-config` says only that it is set).
     secret: bool = False
+    # The value a flag given without one takes (its value is then optional).
+    const: Any = None
     # Where the value goes: "TARGET" or "TARGET.FIELD" (the setting's own name by default),
     # collected by `Resolved.into(TARGET)`; None: the command reads it itself.
     into: str | None = None
@@ -61,10 +63,12 @@ def setting(
     metavar: str | None = None,
     default_text: str | None = None,
     secret: bool = False,
+    const: Any = None,
     into: str | None = None,
 ) -> Any:
     """A settings field: `default` (a list default is copied per instance) and its `Setting`."""
-    meta = {"setting": Setting(group, help, unit, choices, metavar, default_text, secret, into)}
+    info = Setting(group, help, unit, choices, metavar, default_text, secret, const, into)
+    meta = {"setting": info}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -228,6 +232,8 @@ def add_arguments(
         if f.kind is bool:
             group.add_argument(f.flag, action=argparse.BooleanOptionalAction, **common)
             continue
+        if f.info.const is not None:
+            common.update(nargs="?", const=f.info.const)
         choices = f.choices()
         group.add_argument(
             f.flag,

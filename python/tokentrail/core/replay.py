@@ -23,6 +23,9 @@ from tokentrail.kinds import Replay, ReplayGap
 
 logger = logging.getLogger(__name__)
 
+# Rows checked for repeated experts at a time.
+_CHECK_ROWS = 4096
+
 # The keys HF configs name a MoE's routed expert count and router top-k by.
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
@@ -176,12 +179,15 @@ def _out_of_range(
     low, high = int(rows.min()), int(rows.max())
     if low < 0 or high >= shape.num_experts:
         return f"expert ids in [{low}, {high}], not in [0, {shape.num_experts})"
-    # A layer's top-k is k distinct experts; a dense layer is all zeros.
-    ordered = np.sort(rows, axis=-1)
-    repeats = (np.diff(ordered, axis=-1) == 0).any(axis=-1)
-    dense = (rows == 0).all(axis=-1)
-    if (repeats & ~dense).any():
-        return "a layer routes a token to one expert twice"
+    # A layer's top-k is k distinct experts; a dense layer is all zeros. Checked a block of
+    # rows at a time: the sorted copy of a 128K-token turn would be as big as the turn.
+    for begin in range(0, len(rows), _CHECK_ROWS):
+        block = rows[begin : begin + _CHECK_ROWS]
+        ordered = np.sort(block, axis=-1)
+        repeats = (np.diff(ordered, axis=-1) == 0).any(axis=-1)
+        dense = (block == 0).all(axis=-1)
+        if (repeats & ~dense).any():
+            return "a layer routes a token to one expert twice"
     return None
 
 

@@ -1,4 +1,5 @@
-"""Inference engines behind the adapter: SGLang, vLLM, and a scripted one for tests.
+"""Inference engines behind the adapter: SGLang, vLLM, a Hugging Face model in process, and a
+scripted one for tests.
 
 All speak token ids (`GenerateRequest` in, `Generation` out); `create_engine("sglang://h:p")`,
 `create_engine("vllm://h:p")` or `create_engine("scripted")` picks one from the registry;
@@ -17,6 +18,7 @@ from tokentrail.engines.base import (
 from tokentrail.engines.registry import create_engine, engine_names, register_engine
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
+from tokentrail.engines.transformers_lm import TransformersEngine
 from tokentrail.engines.vllm import VLLMEngine
 from tokentrail.errors import EngineError, EngineSpecError, SamplingParamsError, ScriptError
 
@@ -32,6 +34,7 @@ __all__ = [
     "SamplingParamsError",
     "ScriptError",
     "ScriptedEngine",
+    "TransformersEngine",
     "VLLMEngine",
     "create_engine",
     "engine_names",

@@ -89,6 +89,10 @@ class ReplayRequest:
             return self
         return dataclasses.replace(self, routed_start=start)
 
+    def asks_rows(self) -> bool:
+        """Whether any replay rows are asked for."""
+        return self.routed_start is not None or self.indexer is not None
+
     def unsupported(self) -> tuple[ReplayRows | None, ReplayRows | None]:
         """What an engine that reports neither answers, `(routed_experts, indexer_topk)`:
         `NOT_SUPPORTED` for what was asked, None for the rest."""

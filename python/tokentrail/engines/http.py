@@ -1,5 +1,10 @@
 """HTTP plumbing shared by the SGLang and vLLM clients: one `aiohttp.ClientSession` per event
-loop, JSON in and out, every failure an `EngineError` carrying the engine's own message."""
+loop, JSON in and out, every failure an `EngineError` carrying the engine's own message and URL.
+
+An answer is read to its end however it arrives (one write, many small chunks, chunked transfer
+encoding, trickled), and never past the bound the request sets (`engines.bound`): a longer one
+is refused and its connection dropped, which also stops the request in vLLM.
+"""
 
 from __future__ import annotations
 
@@ -19,16 +24,17 @@ from tokentrail.engines.base import (
     SESSION_HEADER,
     GenerateRequest,
 )
+from tokentrail.engines.wire_rows import lift_base64
 from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError
 from tokentrail.kinds import EngineFault
 
 logger = logging.getLogger(__name__)
 
-
-def answer_limit(max_new_tokens: int) -> int:
-    """Bytes a generation's answer may take: a megabyte, plus a kilobyte per token asked for
-    (SGLang writes ~30 bytes per token, vLLM with logprobs ~150)."""
-    return 1024 * 1024 + 1024 * max(0, max_new_tokens)
+# An engine that does not take the connection within this long is unreachable: the harness
+# should hear so now, not after the generation timeout.
+CONNECT_TIMEOUT_S = 10.0
+# An error answer (non-2xx) is read up to this much; its message is what matters.
+ERROR_BODY_BYTES = 1024 * 1024
 
 
 def base_url(spec: str, address: str) -> str:
@@ -55,6 +61,7 @@ class HTTPEngine:
     def __init__(self, base_url: str, *, timeout: float = 600.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.connect_timeout = CONNECT_TIMEOUT_S
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Strong references to fire-and-forget aborts, so they are not collected mid-flight.
@@ -65,9 +72,12 @@ class HTTPEngine:
         # A session belongs to the loop it was made in; a new loop (each `asyncio.run`) needs
         # its own. The old one cannot be closed from here and is dropped.
         if self._session is None or self._session.closed or self._loop is not loop:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._session = aiohttp.ClientSession(timeout=self._timeout(self.timeout))
             self._loop = loop
         return self._session
+
+    def _timeout(self, total: float) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=total, sock_connect=min(total, self.connect_timeout))
 
     def _headers(self, req: GenerateRequest) -> dict[str, str]:
         sid = header_value(req.session_id)
@@ -84,41 +94,64 @@ class HTTPEngine:
         body: Any = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
-        max_bytes: int | None = None,
     ) -> Any:
+        """The JSON answer of one call."""
+        data, _ = await self._request_answer(method, path, body, headers, timeout)
+        return data
+
+    async def _request_answer(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
+        lift: bool = False,
+    ) -> tuple[Any, dict[str, memoryview]]:
         """The JSON answer of one call; `max_bytes` bounds the answer read (a generation's
-        answer cannot be bigger than its tokens make it)."""
+        answer cannot be bigger than its request makes it: `engines.bound.answer_limit`).
+        With `lift`, the replay rows' base64 comes back apart (`wire_rows.lift_base64`): by
+        the placeholder that stands in for it in the answer, views of the answer's bytes."""
         url = self.base_url + path
         kwargs: dict[str, Any] = {"headers": dict(headers or {})}
         if body is not None:
             kwargs["json"] = body
         if timeout is not None:
-            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout)
+            kwargs["timeout"] = self._timeout(timeout)
         try:
             async with self._client().request(method, url, **kwargs) as resp:
                 status = resp.status
-                if max_bytes is None:
-                    raw = await resp.read()
-                else:
-                    raw = await resp.content.read(max_bytes + 1)
-                    if len(raw) > max_bytes:
-                        raise EngineOutputError(
-                            EngineFault.TOO_LONG,
-                            f"{self.name} answered {path} with more than {max_bytes} bytes, "
-                            "more than the tokens asked for can take",
-                        )
+                ok = 200 <= status < 300
+                raw = await read_bounded(resp, max_bytes if ok else ERROR_BODY_BYTES)
+                if raw is None and ok:
+                    resp.close()  # unread: drop the connection (vLLM aborts the request on it)
+                    raise EngineOutputError(
+                        EngineFault.TOO_LONG,
+                        f"{self.name} at {url} answered with more than {max_bytes} bytes, "
+                        "more than the request can take (tokens and replay rows asked for)",
+                    )
+        except aiohttp.ConnectionTimeoutError:
+            raise EngineError(
+                f"cannot reach {self.name} at {url}: no connection within "
+                f"{self.connect_timeout:g} s"
+            ) from None
         except asyncio.TimeoutError:  # aiohttp's timeout; not yet the builtin one on 3.10
             raise EngineError(
-                f"{self.name} did not answer {path} within {timeout or self.timeout:g} s"
+                f"{self.name} at {url} did not answer within {timeout or self.timeout:g} s"
             ) from None
         except aiohttp.ClientError as exc:
             raise EngineError(f"cannot reach {self.name} at {url}: {exc}") from None
-        if not 200 <= status < 300:
-            raise EngineError(f"{self.name}: {error_message(raw)}", status)
+        if not ok:
+            message = error_message(raw) if raw is not None else "error answer too long"
+            raise EngineError(f"{self.name} at {url}: {message}", status)
+        lifted: dict[str, memoryview] = {}
+        if lift and raw is not None:
+            raw, lifted = lift_base64(raw)
         try:
-            return json.loads(raw)
+            return json.loads(raw.decode("utf-8") if raw is not None else ""), lifted
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise EngineError(f"{self.name} answered {path} with invalid JSON", status) from None
+            raise EngineError(f"{self.name} at {url} answered with invalid JSON", status) from None
 
     async def _abort_in_background(self, coro: Any) -> None:
         """Run an abort to completion even if the caller is cancelled again meanwhile."""
@@ -139,6 +172,24 @@ class HTTPEngine:
         self._session = None
 
 
+async def read_bounded(
+    resp: aiohttp.ClientResponse, max_bytes: int | None
+) -> bytes | bytearray | None:
+    """The whole body of `resp`, read chunk by chunk to its end; None as soon as it is longer
+    than `max_bytes` (a declared `Content-Length` over it is refused before reading)."""
+    if max_bytes is None:
+        return await resp.read()
+    declared = resp.content_length
+    if declared is not None and declared > max_bytes:
+        return None
+    body = bytearray()
+    async for chunk in resp.content.iter_any():
+        if len(body) + len(chunk) > max_bytes:
+            return None
+        body += chunk
+    return body
+
+
 _UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")
 
 
@@ -148,7 +199,7 @@ def header_value(value: str) -> str:
     return _UNSAFE_IN_HEADER.sub("_", value)
 
 
-def error_message(raw: bytes) -> str:
+def error_message(raw: bytes | bytearray) -> str:
     """The message in an engine's error body: `{"error": {"message"}}` (SGLang, vLLM),
     `{"message"}` (older vLLM), `{"detail"}` (FastAPI), else the text itself."""
     text = raw.decode("utf-8", "replace").strip()

@@ -2,7 +2,8 @@
 
 Output ids and logprobs both come from `meta_info.output_token_logprobs`; the stop token stays in
 them. Routed experts (`return_routed_experts`, from `routed_experts_start_len` on) and indexer
-top-k (`return_indexer_topk`) come back as base64 of little-endian int32 rows; the weight
+top-k (`return_indexer_topk`) come back as base64 of little-endian int32 rows, decoded into
+the store's element type (`engines.wire_rows`); the weight
 version is `meta_info.weight_version` (with `weight_versions` spans from 0.5.20). A cancelled
 `generate` sends `/abort_request` so the engine frees the slot at once.
 """
@@ -10,18 +11,19 @@ version is `meta_info.weight_version` (with `weight_versions` spans from 0.5.20)
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
-from tokentrail.engines.http import HTTPEngine, answer_limit, base_url
+from tokentrail.engines.bound import answer_limit
+from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
+from tokentrail.engines.wire_rows import Base64, decode_int32_base64
 from tokentrail.errors import EngineError
 from tokentrail.kinds import Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -100,12 +102,14 @@ class SGLangEngine(HTTPEngine):
     async def generate(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
         try:
-            data = await self._request_json(
+            data, lifted = await self._request_answer(
                 "POST",
                 "/generate",
                 self.request_body(req),
                 self._headers(req),
-                max_bytes=answer_limit(req.sampling.max_new_tokens),
+                # SGLang 0.5.9 to 0.5.11 send every position's rows, whatever the start.
+                max_bytes=answer_limit(req, honours_start=False),
+                lift=req.replay.asks_rows(),
             )
         except asyncio.CancelledError:
             # The client went away: closing the connection alone leaves SGLang decoding until it
@@ -113,7 +117,10 @@ class SGLangEngine(HTTPEngine):
             await self._abort_in_background(self.abort(req.request_id))
             raise
         elapsed = time.perf_counter() - start
-        return parse_generate_response(data, req, elapsed)
+        if lifted:
+            # Rows of a long turn take a while to decode: off the event loop.
+            return await asyncio.to_thread(parse_generate_response, data, req, elapsed, lifted)
+        return parse_generate_response(data, req, elapsed, lifted)
 
     async def abort(self, request_id: str) -> None:
         try:
@@ -124,8 +131,12 @@ class SGLangEngine(HTTPEngine):
             logger.debug("sglang: abort of %s failed: %s", request_id, exc)
 
 
-def parse_generate_response(data: Any, req: GenerateRequest, elapsed: float) -> Generation:
-    """A `Generation` from a non-streaming `/generate` answer."""
+def parse_generate_response(
+    data: Any, req: GenerateRequest, elapsed: float, lifted: Mapping[str, Base64] | None = None
+) -> Generation:
+    """A `Generation` from a non-streaming `/generate` answer; `lifted` holds the replay rows'
+    base64 taken out of it before parsing, by placeholder (`wire_rows.lift_base64`)."""
+    lifted = lifted or {}
     if isinstance(data, list) and len(data) == 1:
         data = data[0]  # a batch of one
     meta = data.get("meta_info") if isinstance(data, dict) else None
@@ -182,18 +193,27 @@ def parse_generate_response(data: Any, req: GenerateRequest, elapsed: float) -> 
         kind,
         prompt_tokens,
         elapsed,
-        routed_experts=_routed_experts(meta, req, prompt_tokens, len(ids)),
-        indexer_topk=_indexer_topk(meta, req, prompt_tokens, len(ids)),
+        routed_experts=_routed_experts(meta, req, prompt_tokens, len(ids), lifted),
+        indexer_topk=_indexer_topk(meta, req, prompt_tokens, len(ids), lifted),
         weight_versions=weight_spans(
             meta.get("weight_version"), meta.get("weight_versions"), len(ids), req.request_id
         ),
     )
 
 
-def _int32_rows(meta: dict[str, Any], key: str, req: GenerateRequest) -> np.ndarray | ReplayRows:
-    """`meta_info[key]` decoded: standard base64 of raw little-endian int32, no header."""
+def _int32_rows(
+    meta: dict[str, Any],
+    key: str,
+    req: GenerateRequest,
+    dtype: np.dtype,
+    lifted: Mapping[str, Base64],
+) -> np.ndarray | ReplayRows:
+    """`meta_info[key]` decoded into `dtype` (the store's): standard base64 of raw
+    little-endian int32, no header."""
     raw = meta.get(key)
-    if not isinstance(raw, str):
+    if isinstance(raw, str):
+        raw = lifted.get(raw, raw)
+    if not isinstance(raw, str | memoryview):
         flag = "--enable-return-" + key.replace("_", "-")
         logger.warning(
             "sglang returned no %s for request %s (a server without %s, or an abort)",
@@ -202,23 +222,24 @@ def _int32_rows(meta: dict[str, Any], key: str, req: GenerateRequest) -> np.ndar
             flag,
         )
         return ReplayRows.missing(ReplayGap.ENGINE_RETURNED_NONE)
-    try:
-        data: bytes | None = base64.b64decode(raw, validate=True)
-    except (binascii.Error, ValueError):
-        data = None
-    if data is None or len(data) % 4:
-        logger.warning("sglang %s of request %s is not int32 base64", key, req.request_id)
+    values = decode_int32_base64(raw, dtype)
+    if isinstance(values, str):
+        logger.warning("sglang %s of request %s: %s", key, req.request_id, values)
         return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
-    return np.frombuffer(data, dtype="<i4")
+    return values
 
 
 def _routed_experts(
-    meta: dict[str, Any], req: GenerateRequest, prompt: int, output: int
+    meta: dict[str, Any],
+    req: GenerateRequest,
+    prompt: int,
+    output: int,
+    lifted: Mapping[str, Base64],
 ) -> ReplayRows | None:
     replay = req.replay
     if replay.routed_start is None or replay.routing is None:
         return None
-    values = _int32_rows(meta, "routed_experts", req)
+    values = _int32_rows(meta, "routed_experts", req, replay.routing.dtype, lifted)
     if isinstance(values, ReplayRows):
         return values
     start = min(replay.routed_start, prompt)
@@ -248,12 +269,16 @@ def _routed_experts(
 
 
 def _indexer_topk(
-    meta: dict[str, Any], req: GenerateRequest, prompt: int, output: int
+    meta: dict[str, Any],
+    req: GenerateRequest,
+    prompt: int,
+    output: int,
+    lifted: Mapping[str, Base64],
 ) -> ReplayRows | None:
     shape = req.replay.indexer
     if shape is None:
         return None
-    values = _int32_rows(meta, "indexer_topk", req)
+    values = _int32_rows(meta, "indexer_topk", req, np.dtype(np.int32), lifted)
     if isinstance(values, ReplayRows):
         return values
     layers = meta.get("indexer_topk_num_layers", shape.layers)  # sglang-miles reports it

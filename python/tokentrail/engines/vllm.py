@@ -10,20 +10,18 @@ its connection closes, so aborting is cancelling.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import io
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from tokentrail.compat import cancelling
 from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
-from tokentrail.engines.http import HTTPEngine, answer_limit, base_url
+from tokentrail.engines.bound import answer_limit
+from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
+from tokentrail.engines.wire_rows import Base64, decode_npy_base64
 from tokentrail.errors import EngineError
 from tokentrail.kinds import Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -109,17 +107,18 @@ class VLLMEngine(HTTPEngine):
         start = time.perf_counter()
         model = await self.model_name()
         call = asyncio.ensure_future(
-            self._request_json(
+            self._request_answer(
                 "POST",
                 "/v1/completions",
                 self.request_body(req, model),
                 self._headers(req),
-                max_bytes=answer_limit(req.sampling.max_new_tokens),
+                max_bytes=answer_limit(req, echoes_prompt=True),
+                lift=req.replay.asks_rows(),
             )
         )
         self._inflight[req.request_id] = call
         try:
-            data = await call
+            data, lifted = await call
         except asyncio.CancelledError:
             if req.request_id in self._aborted and not cancelling(asyncio.current_task()):
                 # `abort` cancelled the call and closed its connection; nothing was sampled
@@ -130,7 +129,11 @@ class VLLMEngine(HTTPEngine):
         finally:
             self._inflight.pop(req.request_id, None)
             self._aborted.discard(req.request_id)
-        return parse_completion_response(data, req, time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        if lifted:
+            # Rows of a long turn take a while to decode: off the event loop.
+            return await asyncio.to_thread(parse_completion_response, data, req, elapsed, lifted)
+        return parse_completion_response(data, req, elapsed, lifted)
 
     async def abort(self, request_id: str) -> None:
         call = self._inflight.get(request_id)
@@ -144,8 +147,11 @@ class VLLMEngine(HTTPEngine):
             logger.debug("vllm: abort of %s: %s", request_id, exc)
 
 
-def parse_completion_response(data: Any, req: GenerateRequest, elapsed: float) -> Generation:
-    """A `Generation` from a non-streaming `/v1/completions` answer."""
+def parse_completion_response(
+    data: Any, req: GenerateRequest, elapsed: float, lifted: Mapping[str, Base64] | None = None
+) -> Generation:
+    """A `Generation` from a non-streaming `/v1/completions` answer; `lifted` holds the routed
+    experts' base64 taken out of it before parsing, by placeholder (`wire_rows.lift_base64`)."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise EngineError("vllm answer has no choices")
@@ -190,14 +196,18 @@ def parse_completion_response(data: Any, req: GenerateRequest, elapsed: float) -
         finish,
         prompt_tokens,
         elapsed,
-        routed_experts=_routed_experts(choice, req, prompt_tokens, len(ids)),
+        routed_experts=_routed_experts(choice, req, prompt_tokens, len(ids), lifted or {}),
         indexer_topk=req.replay.unsupported()[1],
         weight_versions=weight_spans(last, spans, len(ids), req.request_id),
     )
 
 
 def _routed_experts(
-    choice: dict[str, Any], req: GenerateRequest, prompt: int, output: int
+    choice: dict[str, Any],
+    req: GenerateRequest,
+    prompt: int,
+    output: int,
+    lifted: Mapping[str, Base64],
 ) -> ReplayRows | None:
     """A choice's `routed_experts`: base64 of a `.npy` file (uint8 up to 256 experts, else
     uint16), shaped `[rows, layers, top_k]` from the prompt start on."""
@@ -205,19 +215,18 @@ def _routed_experts(
     if replay.routed_start is None or replay.routing is None:
         return None
     raw = choice.get("routed_experts")
-    if not isinstance(raw, str):
+    if isinstance(raw, str):
+        raw = lifted.get(raw, raw)
+    if not isinstance(raw, str | memoryview):
         logger.warning(
             "vllm returned no routed_experts for request %s (a server without "
             "--enable-return-routed-experts?)",
             req.request_id,
         )
         return ReplayRows.missing(ReplayGap.ENGINE_RETURNED_NONE)
-    try:
-        rows = np.load(io.BytesIO(base64.b64decode(raw, validate=True)), allow_pickle=False)
-    except (binascii.Error, ValueError, OSError, EOFError):
-        logger.warning("vllm routed_experts of request %s is not a .npy", req.request_id)
-        return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
-    if not isinstance(rows, np.ndarray) or rows.dtype.kind not in "iu":
+    rows = decode_npy_base64(raw, replay.routing.dtype)
+    if isinstance(rows, str):
+        logger.warning("vllm routed_experts of request %s: %s", req.request_id, rows)
         return ReplayRows.missing(ReplayGap.SHAPE_MISMATCH)
     return checked_rows(
         Replay.ROUTED_EXPERTS,

@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
 from tokentrail.adapter.server import Adapter, start_server
-from tokentrail.errors import SessionClosed, SessionError
+from tokentrail.errors import SessionClosed, SessionDamaged, SessionError
 from tokentrail.kinds import LostReason
 from tokentrail.scale.spec import ActorSpec
 from tokentrail.scale.transfer import ShippedBatch
@@ -174,39 +174,56 @@ class AdapterActor:
         history: str | None = None,
         exclude_patterns: list[str] | None = None,
         retry: str | None = None,
+        group: str | None = None,
     ) -> str:
-        """Open a session (journaled); returns the base URL its harness talks to."""
-        self._on_loop(
-            self.adapter.open_session,
-            sid,
-            sampling_defaults,
-            max_context_tokens,
-            history,
-            exclude_patterns,
-            retry,
-        )
+        """Open a session (journaled) in `group`; returns the base URL its harness talks to."""
+
+        def open_it() -> None:
+            self.adapter.open_session(
+                sid,
+                sampling_defaults,
+                max_context_tokens,
+                history,
+                exclude_patterns,
+                retry,
+                group=group,
+            )
+
+        self._on_loop(open_it)
         return self.url
 
-    def finish(self, items: list[tuple[str, float, dict[str, Any]]]) -> ShippedBatch:
+    def finish(
+        self, items: list[tuple[str, float, dict[str, Any]]], accept_lost: bool = False
+    ) -> ShippedBatch:
         """Finish the sessions of `items` (sid, reward, metadata) concurrently; their samples
-        come back as one batch of columns, through the object store."""
-        return self._run(self._finish(items))
+        come back as one batch of columns, through the object store. A session that lost
+        journaled turns is a failure (`JOURNAL_DAMAGED`, with what it lost) unless
+        `accept_lost`."""
+        return self._run(self._finish(items, accept_lost))
 
-    async def _finish(self, items: list[tuple[str, float, dict[str, Any]]]) -> ShippedBatch:
+    async def _finish(
+        self, items: list[tuple[str, float, dict[str, Any]]], accept_lost: bool
+    ) -> ShippedBatch:
         async def one(sid: str, reward: float, metadata: dict[str, Any]) -> Trajectory:
-            return await self.adapter.finish_trajectory(sid, reward=reward, metadata=metadata)
+            return await self.adapter.finish_trajectory(
+                sid, reward=reward, metadata=metadata, accept_lost=accept_lost
+            )
 
         results = await asyncio.gather(*(one(*item) for item in items), return_exceptions=True)
         finished: dict[str, Trajectory] = {}
         failures: dict[str, tuple[str, str]] = {}
+        losses: dict[str, dict[str, Any]] = {}
         for (sid, _, _), result in zip(items, results, strict=True):
             if isinstance(result, Trajectory):
                 finished[sid] = result
+            elif isinstance(result, SessionDamaged):
+                failures[sid] = (LostReason.JOURNAL_DAMAGED, f"adapter {self.index}: {result}")
+                losses[sid] = result.lost
             elif isinstance(result, SessionError | SessionClosed):
                 failures[sid] = self._why_unknown(sid)
             else:
                 raise result
-        return ShippedBatch.of(self.index, finished, failures)
+        return ShippedBatch.of(self.index, finished, failures, losses)
 
     def why_lost(self, sids: list[str]) -> dict[str, tuple[str, str]]:
         """Why this adapter has none of `sids` open: the reason (`LostReason`) and a detail."""

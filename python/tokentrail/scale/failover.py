@@ -145,7 +145,9 @@ class Supervisor:
             reason, detail = why.get(sid, (LostReason.NOT_RECOVERED, detail))
             self.sessions.lose(sid, reason, detail)
 
-    def finish(self, slot: Slot, ref: Any, items: list[FinishItem]) -> Collected:
+    def finish(
+        self, slot: Slot, ref: Any, items: list[FinishItem], accept_lost: bool = False
+    ) -> Collected:
         """The outcome of one actor's finish call (`ref`, if already sent). If the actor died
         on the way, wait for its restart and finish again the sessions it brought back."""
         out = Collected()
@@ -158,7 +160,9 @@ class Supervisor:
                     self.sessions.lose(sid, slot.dead.reason, slot.dead.detail)
                 break
             try:
-                shipped = ray.get(ref if ref is not None else slot.handle.finish.remote(pending))
+                if ref is None:
+                    ref = slot.handle.finish.remote(pending, accept_lost)
+                shipped = ray.get(ref)
             except (ActorUnschedulableError, RayActorError):
                 ref = None
                 try:
@@ -182,7 +186,7 @@ class Supervisor:
         for sid, (reason, detail) in shipped.failures.items():
             if reason == UNKNOWN:
                 raise PoolError(f"pool {self.name}: {detail}, though the pool placed it there")
-            self.sessions.lose(sid, reason, detail)
+            self.sessions.lose(sid, reason, detail, shipped.losses.get(sid))
         for session in shipped.unpack():
             self.sessions.mark(session.sid, SessionState.FINISHED)
             out.finished.append(session)

@@ -154,11 +154,13 @@ class AdapterPool:
         history: str | None = None,
         exclude_patterns: list[str] | None = None,
         retry: str | None = None,
+        group: str | None = None,
     ) -> PooledSession:
         """Place a new session on the least-loaded live actor and open it there (journaled).
 
         The harness then talks to `url` with the session id as its API key; every turn of the
-        session reaches that actor, and no other actor accepts it.
+        session reaches that actor, and no other actor accepts it. Sessions opened with one
+        `group` (a GRPO group's task) pack into one prefix tree (`FinishedBatch.pack_tree`).
         """
         sid = sid or uuid.uuid4().hex
         if self._sessions.is_open(sid):
@@ -166,7 +168,15 @@ class AdapterPool:
         while True:
             alive = [s.index for s in self._slots if s.dead is None]
             slot = self._slots[self._sessions.least_loaded(alive)]
-            args = (sid, sampling_defaults, max_context_tokens, history, exclude_patterns, retry)
+            args = (
+                sid,
+                sampling_defaults,
+                max_context_tokens,
+                history,
+                exclude_patterns,
+                retry,
+                group,
+            )
             try:
                 slot.url = self._supervisor.call(slot, "open_session", *args)
             except SessionLost as lost:
@@ -188,11 +198,18 @@ class AdapterPool:
         return self._sessions.open_sessions()
 
     def finish(
-        self, sid: str, *, reward: float = 0.0, metadata: dict[str, Any] | None = None
+        self,
+        sid: str,
+        *,
+        reward: float = 0.0,
+        metadata: dict[str, Any] | None = None,
+        accept_lost: bool = False,
     ) -> FinishedSession:
         """Finish one session: its samples and ledger. Raises `SessionLost` (with a
-        `LostReason`) when the pool cannot deliver them."""
-        batch = self.finish_many({sid: reward}, metadata={sid: metadata or {}})
+        `LostReason`) when the pool cannot deliver them (see `finish_many`)."""
+        batch = self.finish_many(
+            {sid: reward}, metadata={sid: metadata or {}}, accept_lost=accept_lost
+        )
         if sid in batch.lost:
             raise batch.lost[sid]
         return batch.sessions[sid]
@@ -202,10 +219,14 @@ class AdapterPool:
         rewards: Mapping[str, float] | Iterable[str],
         *,
         metadata: Mapping[str, dict[str, Any]] | None = None,
+        accept_lost: bool = False,
     ) -> FinishedBatch:
         """Finish many sessions in parallel: one Ray call per actor, every actor at once, each
         finishing its sessions concurrently. `rewards` maps session ids to rewards (or lists
-        ids, reward 0). Sessions the pool cannot deliver are in the result's `lost`."""
+        ids, reward 0). Sessions the pool cannot deliver are in the result's `lost`; a session
+        whose actor's journal lost some of its turns is lost as `JOURNAL_DAMAGED` (its
+        `SessionLost.lost` says what is gone) unless `accept_lost`, which delivers what is
+        left with the loss in its ledger and samples' metadata."""
         if not isinstance(rewards, Mapping):
             rewards = dict.fromkeys(rewards, 0.0)
         metadata = metadata or {}
@@ -222,12 +243,12 @@ class AdapterPool:
                 groups.setdefault(placed.actor, []).append(item)
         # Every actor starts finishing before the pool waits for any.
         refs = {
-            i: self._slots[i].handle.finish.remote(items)
+            i: self._slots[i].handle.finish.remote(items, accept_lost)
             for i, items in groups.items()
             if self._slots[i].dead is None
         }
         for i, items in groups.items():
-            collected = self._supervisor.finish(self._slots[i], refs.get(i), items)
+            collected = self._supervisor.finish(self._slots[i], refs.get(i), items, accept_lost)
             batch.lost.update(collected.lost)
             for session in collected.finished:
                 batch.sessions[session.sid] = session

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from tokentrail.compat import StrEnum
 from tokentrail.errors import PoolError, SessionError, SessionLost
@@ -72,11 +73,14 @@ class SessionMap:
     def mark(self, sid: str, state: SessionState) -> None:
         self.get(sid).state = state
 
-    def lose(self, sid: str, reason: str, detail: str) -> SessionLost:
-        """Mark `sid` lost for good, with the reason a trainer reads."""
+    def lose(
+        self, sid: str, reason: str, detail: str, lost: dict[str, Any] | None = None
+    ) -> SessionLost:
+        """Mark `sid` lost for good, with the reason a trainer reads (and, for a damaged
+        journal, what of it is gone)."""
         placed = self.get(sid)
         placed.state = SessionState.LOST
-        placed.lost = SessionLost(sid, reason, detail)
+        placed.lost = SessionLost(sid, reason, detail, lost)
         return placed.lost
 
     def lost(self) -> dict[str, SessionLost]:

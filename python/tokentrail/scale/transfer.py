@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from tokentrail.storage.export import (
     sample_columns,
     samples_from_columns,
 )
+from tokentrail.storage.tree_pack import TreePack, pack_tree
 from tokentrail.trajectory.ledger import Ledger
 from tokentrail.trajectory.manager import Trajectory
 from tokentrail.trajectory.sample import Sample
@@ -41,12 +43,14 @@ class ShippedSession:
 @dataclass
 class ShippedBatch:
     """What one actor's finish call returns: its finished sessions' samples as columns, and
-    the sessions it could not finish, each with the reason (`LostReason`) and a detail."""
+    the sessions it could not finish, each with the reason (`LostReason`) and a detail, and for
+    those that lost journaled turns, what they lost."""
 
     actor: int
     columns: dict[str, np.ndarray]
     sessions: list[ShippedSession] = field(default_factory=list)
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)
+    losses: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -54,6 +58,7 @@ class ShippedBatch:
         actor: int,
         finished: dict[str, Trajectory],
         failures: dict[str, tuple[str, str]] | None = None,
+        losses: dict[str, dict[str, Any]] | None = None,
     ) -> ShippedBatch:
         samples: list[Sample] = []
         sessions = []
@@ -64,7 +69,9 @@ class ShippedBatch:
                 )
             )
             samples.extend(trajectory.samples)
-        return cls(actor, sample_columns(samples), sessions, dict(failures or {}))
+        return cls(
+            actor, sample_columns(samples), sessions, dict(failures or {}), dict(losses or {})
+        )
 
     @property
     def nbytes(self) -> int:
@@ -107,11 +114,16 @@ class FinishedBatch:
             total.restored_echoes += session.ledger.restored_echoes
             for tool, n in session.ledger.restored_by_tool.items():
                 total.restored_by_tool[tool] = total.restored_by_tool.get(tool, 0) + n
+            total.lost.extend(session.ledger.lost)
         return total
 
     def pack(self, backend: str | None = None) -> PackedBatch:
         """Every finished sample packed for variable-length attention (`pack_samples`)."""
         return pack_samples(self.samples(), backend=backend)
+
+    def pack_tree(self) -> TreePack:
+        """Every finished sample packed as one prefix tree per group (`pack_tree`)."""
+        return pack_tree(self.samples())
 
 
 __all__ = ["FinishedBatch", "FinishedSession", "ShippedBatch", "ShippedSession"]

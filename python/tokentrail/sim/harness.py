@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from tokentrail.adapter.answers import RETRY_HEADER
+from tokentrail.core.replay import RoutingShape
 from tokentrail.kinds import Retry
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
 from tokentrail.sim.wire import from_openai, from_responses, to_openai, to_responses, wire_tools
@@ -144,11 +145,19 @@ class SessionSpec:
     think: float = 0.5
     answer_words: int = 60
     files: int = 4
+    # How many of the main conversation's steps call a sub-agent (with `Behaviour.subagents`).
+    subagents: int = 1
 
     def plan(self, *, agent: bool, seed_offset: int = 0, steps: int | None = None) -> Plan:
-        agent_at = -1
+        agent_at: tuple[int, ...] = ()
         if agent and self.steps > 1:
-            agent_at = random.Random(self.seed).randrange(1, self.steps)
+            rng = random.Random(self.seed)
+            # The first draw is the one-sub-agent session's step, so those sessions stay as
+            # they were; further ones are other steps.
+            first = rng.randrange(1, self.steps)
+            rest = [k for k in range(1, self.steps) if k != first]
+            extra = rng.sample(rest, min(len(rest), max(0, self.subagents - 1)))
+            agent_at = (first, *sorted(extra))
         return Plan(
             seed=self.seed + seed_offset,
             steps=self.steps if steps is None else steps,
@@ -510,8 +519,14 @@ async def simulate(
     chat_template: str | None = None,
     task: str = "Refactor the modules and keep the tests green.",
     request_memo: int = 256,
+    routing: RoutingShape | None = None,
+    journal: Any = None,
+    session_id: str = "sim",
+    group: str | None = None,
 ) -> SimRun:
-    """Serve an adapter over the simulated model on loopback, play one session, finish it."""
+    """Serve an adapter over the simulated model on loopback, play one session (opened in
+    `group`, when given), finish it. With `routing`, the adapter asks the engine for routed
+    experts of that shape."""
     from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
     from tokentrail.kinds import History, Restore
     from tokentrail.sim.model import SimulatedEngine
@@ -523,16 +538,22 @@ async def simulate(
         engine=engine or SimulatedEngine(tokenizer, family),
         tokenizer=tokenizer,
         chat_template=chat_template,
-        manager=TrajectoryManager(rewrite_policy=rewrite_policy),
+        manager=TrajectoryManager(rewrite_policy=rewrite_policy, routing=routing),
         config=AdapterConfig(
-            restore=Restore(restore), history=History(history), request_memo=request_memo
+            restore=Restore(restore),
+            history=History(history),
+            request_memo=request_memo,
+            routed_experts=routing is not None,
         ),
+        journal=journal,
     )
     runner, url = await start_server(adapter)
     try:
-        sim = HarnessSim(url, "sim", behaviour=behaviour, spec=spec, protocol=protocol)
+        if group is not None:
+            adapter.open_session(session_id, group=group)
+        sim = HarnessSim(url, session_id, behaviour=behaviour, spec=spec, protocol=protocol)
         result = await sim.run(task)
-        trajectory = await adapter.finish_trajectory("sim", reward=1.0)
+        trajectory = await adapter.finish_trajectory(session_id, reward=1.0)
     finally:
         await runner.cleanup()
     return SimRun(result, trajectory)

@@ -37,7 +37,8 @@ class Plan:
     steps: int = 4
     answer_words: int = 80
     think: float = 0.5
-    agent_at: int = -1
+    # The steps whose tool call is an `Agent` call (a sub-agent), none by default.
+    agent_at: tuple[int, ...] = ()
     files: int = 4
     # How often a tool call is written as compact JSON rather than the template's spacing,
     # as real models sometimes do: a re-render then no longer reproduces the sampled tokens.
@@ -46,7 +47,8 @@ class Plan:
     def marker(self) -> str:
         return (
             f"<sim-plan seed={self.seed} steps={self.steps} answer_words={self.answer_words} "
-            f"think={self.think} agent_at={self.agent_at} files={self.files} "
+            f"think={self.think} agent_at={','.join(map(str, self.agent_at)) or -1} "
+            f"files={self.files} "
             f"compact={self.compact}/>"
         )
 
@@ -61,7 +63,7 @@ class Plan:
             steps=int(fields.get("steps", 4)),
             answer_words=int(fields.get("answer_words", 80)),
             think=float(fields.get("think", 0.5)),
-            agent_at=int(fields.get("agent_at", -1)),
+            agent_at=tuple(int(k) for k in fields.get("agent_at", "-1").split(",") if int(k) >= 0),
             files=int(fields.get("files", 4)),
             compact=float(fields.get("compact", 0.3)),
         )
@@ -94,7 +96,7 @@ def _sentence(rng: random.Random, words: int) -> str:
 
 def tool_step(plan: Plan, k: int, rng: random.Random) -> dict[str, Any]:
     """The tool call of step `k`: payloads carry trailing whitespace a harness may strip."""
-    if k == plan.agent_at:
+    if k in plan.agent_at:
         return {
             "type": "tool_use",
             "name": "Agent",
@@ -132,9 +134,14 @@ class SimulatedEngine(ScriptedEngine):
 
     name = "simulated"
 
-    def __init__(self, tokenizer: LoadedTokenizer, family: Family | None = None) -> None:
+    def __init__(
+        self, tokenizer: LoadedTokenizer, family: Family | None = None, seed: int | None = None
+    ) -> None:
         super().__init__(tokenizer, script=[], family=family)
         self._attempts: Counter[tuple[int, ...]] = Counter()
+        # A sampling seed of its own: rollouts of one plan (a GRPO group's) then differ, as
+        # an engine sampling at a temperature makes them; None plays the plan alone.
+        self._seed = "" if seed is None else f"{seed}:"
 
     def write(self, message: Mapping[str, Any], req: GenerateRequest) -> str:
         plan = _plan(req.messages)
@@ -151,7 +158,7 @@ class SimulatedEngine(ScriptedEngine):
         attempt = self._attempts[key]
         self._attempts[key] += 1
         done = progress(messages)
-        rng = random.Random(f"{plan.seed}:{done}:{attempt}:{len(messages)}")
+        rng = random.Random(f"{self._seed}{plan.seed}:{done}:{attempt}:{len(messages)}")
         last = _text(messages[-1]) if messages else ""
         blocks: list[dict[str, Any]] = []
         if rng.random() < plan.think:

@@ -60,14 +60,16 @@ from tokentrail.storage.journal_open import (
     load_live,
     prepare,
 )
-from tokentrail.storage.journal_receipts import Receipts
+from tokentrail.storage.journal_receipts import Receipts, session_kinds
 from tokentrail.storage.journal_session import (
     Blobs,
     Event,
     SessionDamage,
     decode_events,
     session_rows,
+    tail_lost,
 )
+from tokentrail.trajectory.loss import LostSpan
 
 logger = logging.getLogger(__name__)
 
@@ -145,11 +147,10 @@ class Journal:
         """Mark, in their sessions, the events the receipts name and the file does not hold."""
         for sid, events in lost.items():
             writer = self._writer(sid)
-            first = writer.last + 1
-            damage = SessionDamage(sid, first, len(events), "the WAL tail holding them was lost")
+            damage = tail_lost(sid, events, writer.last + 1)
             self.recovery.damaged.append(damage)
             logger.warning("journal %s: %s", self.path, damage.describe())
-            self.lost(sid, first, len(events), damage.reason)
+            self.lost(sid, damage.first, damage.lost, damage.reason, damage.turns)
             ends = [kind for _, kind in events if kind in END_STATES]
             if ends:
                 # It had ended: so it stays, though its end was lost with the rest.
@@ -166,13 +167,14 @@ class Journal:
 
         A session stops at its first missing or damaged event. Consume it to the end once,
         before appending: then the file is rebuilt if anything was damaged, and every session
-        continues from what was yielded.
+        continues from what was yielded. A session that stops early ends with a `lost` event.
         """
         if self._streamed:
             raise JournalError("a journal's unfinished sessions can be read once, at opening")
         self._streamed = True
         blobs = Blobs(self._db)
         cut: dict[str, int] = {}
+        kinds: dict[str, dict[int, str]] | None = None  # read from the receipts when needed
         for sid in list(self.recovery.live):
             writer = self._writer(sid)
             decoder = TurnDecoder(sid)
@@ -184,9 +186,12 @@ class Journal:
                 yield event
             writer.bases, writer.tools = decoder.bases.digested(), decoder.tools_ref
             if damage:
+                kinds = session_kinds(self.receipts.path) if kinds is None else kinds
+                damage = [d.counted(kinds.get(sid, {})) for d in damage]
                 self.recovery.damaged.extend(damage)
                 for d in damage:
                     logger.warning("journal %s: %s", self.path, d.describe())
+                    yield Event(sid, d.first, JournalEvent.LOST, d.span().to_dict())
                 cut[sid] = good
         if cut:
             self._db.close()
@@ -282,11 +287,9 @@ class Journal:
         self._append(sid, JournalEvent.DROP, dump(dict(details or {})))
         self._forget(sid)
 
-    def lost(self, sid: str, first: int, events: int, reason: str) -> None:
-        """Events of `sid` from #`first` on (`events` of them, -1: unknown) were lost."""
-        self._append(
-            sid, JournalEvent.LOST, dump({"first": first, "events": events, "reason": reason})
-        )
+    def lost(self, sid: str, first: int, events: int, reason: str, turns: int = -1) -> None:
+        """`events` events of `sid` from #`first` on, `turns` of them turns, were lost."""
+        self._append(sid, JournalEvent.LOST, dump(LostSpan(first, events, turns, reason).to_dict()))
 
     def replayed(self, sid: str, turn: int) -> None:
         """Turn `turn` (its session sequence number) answered a retried request again."""

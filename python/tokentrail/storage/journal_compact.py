@@ -21,6 +21,7 @@ from tokentrail.storage.journal_read import read_journal
 from tokentrail.storage.journal_rebuild import rebuild
 from tokentrail.storage.journal_session import SessionDamage
 from tokentrail.storage.replay import Settings, linearize_record
+from tokentrail.trajectory.loss import describe
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,11 @@ def export_finished(path: str | Path, out: str | Path) -> Exported:
     for record in contents.records():
         if record.state != FINISHED:
             continue
-        if record.damage:
-            damaged.append(f"{record.sid}: {record.damage}")
+        spans = record.losses()
+        if spans:
+            # Damage found now, or turns lost at an earlier start: its samples are not whole
+            # (their metadata says so).
+            damaged.append(record.damage or describe(record.sid, spans))
         trajectory = linearize_record(record, pipeline_settings.pipeline(None))
         samples.extend(trajectory.samples)
         sessions += 1

@@ -75,6 +75,7 @@ class SessionState:
 def prepare(path: Path, sync: str, receipts: Receipts, recovery: Recovery) -> Lost:
     """Make `path` a schema-2 file to append to; returns the events it lost, by session."""
     if not path.exists():
+        _set_aside_orphaned(path, receipts)
         return {}
     try:
         version, top = probe(path)
@@ -99,6 +100,25 @@ def prepare(path: Path, sync: str, receipts: Receipts, recovery: Recovery) -> Lo
         recovery.moved_to.append(keep_aside(path, "-receipts", "lost"))
         receipts.cut_after(top)
     return lost
+
+
+def _set_aside_orphaned(path: Path, receipts: Receipts) -> None:
+    """Receipts whose journal file is gone (deleted, or a lost disk that kept them) name events
+    of a file that no longer exists: moved aside, so the new file's numbers start afresh and
+    are never taken for events of the old one."""
+    if not receipts.path.exists() or not receipts.path.stat().st_size:
+        return
+    named = lost_events(receipts.path, 0)
+    aside = Path(f"{receipts.path}.orphaned-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    os.replace(receipts.path, aside)
+    logger.warning(
+        "journal %s is missing, but its receipts name %d events of %d sessions: those sessions "
+        "are not recovered (the receipts are kept at %s)",
+        path,
+        sum(len(events) for events in named.values()),
+        len(named),
+        aside,
+    )
 
 
 def connect(path: Path, sync: str) -> sqlite3.Connection:

@@ -26,9 +26,14 @@ from tokentrail.storage.journal_format import (
     Row,
     session_crc,
 )
-from tokentrail.storage.journal_receipts import lost_events, parse_line, receipts_path
+from tokentrail.storage.journal_receipts import (
+    lost_events,
+    parse_line,
+    receipts_path,
+    session_kinds,
+)
 from tokentrail.storage.journal_scan import Scan, readable, scan_rows
-from tokentrail.storage.journal_session import Blobs, SessionRecord, read_record
+from tokentrail.storage.journal_session import Blobs, SessionRecord, read_record, tail_lost
 from tokentrail.storage.journal_v1 import read_v1, schema_version
 
 logger = logging.getLogger(__name__)
@@ -54,11 +59,17 @@ class JournalContents:
             # Events committed past the file's end (a lost WAL tail no server has reported yet).
             lost = lost_events(receipts, int(top), upto)
             blobs = Blobs(db)
+            kinds: dict[str, dict[int, str]] | None = None  # read from the receipts if needed
             for sid, state, last in _sessions(db):
                 record = read_record(db, sid, state, last, blobs)
                 if sid in lost and record.damage is None:
-                    n = len(lost[sid])
-                    record.damage = f"session {sid}: {n} events past the file's end were lost"
+                    record.found = tail_lost(sid, lost[sid])
+                    record.damage = record.found.describe()
+                elif record.found is not None:
+                    # What the lost events were, where the receipts name them.
+                    kinds = session_kinds(receipts) if kinds is None else kinds
+                    record.found = record.found.counted(kinds.get(sid, {}))
+                    record.damage = record.found.describe()
                 if record.damage:
                     logger.warning("journal %s: %s", self.path, record.damage)
                 yield record

@@ -31,7 +31,12 @@ from tokentrail.storage.journal_format import (
     event_crc,
     session_crc,
 )
-from tokentrail.storage.journal_receipts import parse_line, receipts_path, write_all
+from tokentrail.storage.journal_receipts import (
+    parse_line,
+    receipts_path,
+    session_kinds,
+    write_all,
+)
 from tokentrail.storage.journal_scan import Scan, readable, scan_rows
 from tokentrail.storage.journal_session import SessionDamage
 
@@ -56,6 +61,7 @@ class _Kept:
     cut: str | None = None  # why its later events are not kept
     cut_at: int = 0  # its first event not kept
     dropped_rows: int = 0
+    dropped_turns: int = 0  # of those, generated turns
     ended: str | None = None  # an intact finish or drop after the cut
 
 
@@ -154,6 +160,7 @@ def _copy_events(
             k.cut, k.cut_at = f"event #{k.last + 1} is missing or damaged", k.last + 1
         if k.cut is not None:
             k.dropped_rows += 1
+            k.dropped_turns += row.kind == JournalEvent.TURN
             if row.kind in END_STATES:
                 k.ended = row.kind
             continue
@@ -224,17 +231,22 @@ def _settle(
             ends[sid] = kind
     unknown = len(unattributed) - len(owners)
     damaged = []
+    kinds: dict[str, dict[int, str]] | None = None  # from the receipts, when a session was cut
     for sid, k in kept.items():
         if k.cut is not None:
-            lost_rows = k.dropped_rows + sum(1 for o in owners.values() if o[0] == sid)
+            mine = [kind for o_sid, _, kind in owners.values() if o_sid == sid]
+            lost_rows = k.dropped_rows + len(mine)
             expected = index.get(sid, (LIVE, 0))[1]
             lost = max(lost_rows, expected - k.last) if expected or lost_rows else -1
-            damage = SessionDamage(sid, k.cut_at, lost, k.cut)
+            # Turns among the lost events: the receipts name them all, or the rows did.
+            turns = k.dropped_turns + mine.count(JournalEvent.TURN) if lost == lost_rows else -1
+            if kinds is None:
+                kinds = session_kinds(receipts_path(path))
+            damage = SessionDamage(sid, k.cut_at, lost, k.cut, turns).counted(kinds.get(sid, {}))
             if sid not in keep:
                 damaged.append(damage)
             k.last += 1
-            lost_event = {"first": k.cut_at, "events": lost, "reason": k.cut}
-            _insert(out, sid, k, JournalEvent.LOST, lost_event)
+            _insert(out, sid, k, JournalEvent.LOST, damage.span().to_dict())
             end = k.ended or ends.get(sid) or _end_of(index.get(sid, (LIVE, 0))[0])
             if end is not None and k.state == LIVE:
                 k.last += 1

@@ -132,3 +132,17 @@ def write_all(path: Path, db: sqlite3.Connection) -> None:
         ):
             f.write(receipt_line(seq, sess_seq, kind, sid))
     os.replace(tmp, path)
+
+
+def session_kinds(path: Path) -> dict[str, dict[int, str]]:
+    """Per session, the kind of each event the receipts name, by its session sequence number
+    (the latest line wins: a rebuilt journal numbers again from where a session was cut)."""
+    kinds: dict[str, dict[int, str]] = {}
+    if not path.exists():
+        return kinds
+    with open(path, "rb") as f:
+        for line in f:
+            parsed = parse_line(line)
+            if parsed is not None:
+                kinds.setdefault(parsed[3], {})[parsed[1]] = parsed[2]
+    return kinds

@@ -7,6 +7,7 @@ stops there: what came before is kept, the rest is reported in `SessionDamage`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import zlib
@@ -26,6 +27,7 @@ from tokentrail.storage.journal_format import (
     Row,
     TurnDecoder,
 )
+from tokentrail.trajectory.loss import UNKNOWN, LostSpan
 
 
 @dataclass
@@ -36,10 +38,37 @@ class SessionDamage:
     first: int  # the session sequence number of the first event not recovered
     lost: int  # events from `first` on that were not recovered (-1: unknown)
     reason: str
+    turns: int = UNKNOWN  # how many of those were generated turns (-1: unknown)
 
     def describe(self) -> str:
         count = "an unknown number of" if self.lost < 0 else str(self.lost)
-        return f"session {self.sid}: {count} events from #{self.first} on lost ({self.reason})"
+        turns = "" if self.turns < 0 else f" ({self.turns} turns)"
+        return (
+            f"session {self.sid}: {count} events{turns} from #{self.first} on lost ({self.reason})"
+        )
+
+    def span(self) -> LostSpan:
+        return LostSpan(self.first, self.lost, self.turns, self.reason)
+
+    def counted(self, kinds: dict[int, str]) -> SessionDamage:
+        """This damage with its lost events' and turns' counts taken from `kinds` (the
+        session's events by sequence number, as its receipts name them) where they name every
+        lost one."""
+        named = {n: kind for n, kind in kinds.items() if n >= self.first}
+        if not named or (self.lost >= 0 and len(named) < self.lost):
+            return self
+        if self.lost < 0 and sorted(named) != list(range(self.first, self.first + len(named))):
+            return self
+        turns = sum(1 for kind in named.values() if kind == JournalEvent.TURN)
+        return dataclasses.replace(self, lost=max(self.lost, len(named)), turns=turns)
+
+
+def tail_lost(sid: str, events: list[tuple[int, str]], first: int = 0) -> SessionDamage:
+    """The damage of a session whose events `events` ((number, kind), from its receipts)
+    were committed but are not in the file: a lost WAL tail."""
+    turns = sum(1 for _, kind in events if kind == JournalEvent.TURN)
+    first = first or min(n for n, _ in events)
+    return SessionDamage(sid, first, len(events), "the WAL tail holding them was lost", turns)
 
 
 @dataclass
@@ -68,7 +97,19 @@ class SessionRecord:
     reward: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
     damage: str | None = None
+    # The damage behind `damage`, where it was found reading the session's own events.
+    found: SessionDamage | None = None
     events: int = 0
+
+    def losses(self) -> list[LostSpan]:
+        """Everything the session lost: what recovery reported then (its `lost` events), and
+        damage found now, reading it."""
+        spans = [LostSpan.from_dict(d) for d in self.lost]
+        if self.found is not None:
+            spans.append(self.found.span())
+        elif self.damage is not None:
+            spans.append(LostSpan(self.events + 1, UNKNOWN, UNKNOWN, self.damage))
+        return spans
 
     def add(self, event: Event) -> None:
         self.events += 1
@@ -174,5 +215,6 @@ def read_record(
     for event in decode_events(sid, session_rows(db, sid), expected, tools_of, damage):
         record.add(event)
     if damage:
+        record.found = damage[0]
         record.damage = damage[0].describe()
     return record

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -140,7 +140,12 @@ def linearize_record(
     for seq in record.replays:
         if seq in by_seq:
             manager.answered_again(record.sid, by_seq[seq])
-    trajectory = manager.finish(record.sid, reward=record.reward)
+    # The finish's metadata (its group, the trainer's own keys) is in every sample, as the
+    # finish answered it.
+    trajectory = manager.finish(
+        record.sid, reward=record.reward, extra_metadata=dict(record.metadata) or None
+    )
+    trajectory.mark_lost(record.losses())
     pipeline.forget(record.sid)
     return trajectory
 
@@ -289,6 +294,21 @@ def audit_table(ledgers: list[Ledger]) -> tuple[str, float]:
         f"masked fraction {fraction:.4f}"
     )
     return "\n".join(lines), fraction
+
+
+def lost_table(ledgers: Mapping[str, Ledger]) -> tuple[str, int]:
+    """The sessions that lost journaled turns before they were linearized, each with what it
+    lost; and how many sessions did."""
+    damaged = {name: ledger for name, ledger in ledgers.items() if ledger.lost}
+    if not damaged:
+        return "lost: no session lost journaled turns", 0
+    lines = [f"{'session':<24}{'turns lost':>11}{'events lost':>12}  from  reason"]
+    for name, ledger in damaged.items():
+        for span in ledger.lost:
+            turns = "?" if span.turns < 0 else str(span.turns)
+            events = "?" if span.events < 0 else str(span.events)
+            lines.append(f"{name:<24}{turns:>11}{events:>12}  #{span.first:<4} {span.reason}")
+    return "\n".join(lines), len(damaged)
 
 
 def replay_table(ledgers: list[Ledger]) -> tuple[str, bool]:

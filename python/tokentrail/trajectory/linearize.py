@@ -4,19 +4,26 @@ decisions taken on the way (the chains of generated turns go through the core ba
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
+from tokentrail.errors import TreeError
 from tokentrail.kinds import DriftKind, DriftPolicy, Replay
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
+from tokentrail.trajectory.loss import LostSpan
+from tokentrail.trajectory.loss import summary as loss_summary
+from tokentrail.trajectory.prefix_tree import tree_stats
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tree import Node, iter_nodes, leaves
 from tokentrail.trajectory.turn import StoredTurn
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,20 @@ class Trajectory:
     @property
     def drift_counts(self) -> dict[str, int]:
         return dict(Counter(str(d.kind) for d in self.drifts))
+
+    @property
+    def lost(self) -> dict[str, Any] | None:
+        """What the session lost before linearization (see `trajectory.loss`), or None."""
+        return loss_summary(self.ledger.lost)
+
+    def mark_lost(self, spans: Sequence[LostSpan]) -> None:
+        """Record, in the ledger and in every sample's metadata, the journaled turns the
+        session lost before it was linearized (none: nothing changes)."""
+        if not spans:
+            return
+        self.ledger.lost = [*self.ledger.lost, *spans]
+        for sample in self.samples:
+            sample.metadata["lost"] = self.lost
 
 
 def linearize_session(
@@ -81,6 +102,10 @@ def linearize_session(
         replays=replays,
         mask_superseded=not train_superseded,
     )
+    try:
+        ledger.layout = tree_stats(samples)
+    except TreeError as exc:  # replay rows of mixed shapes: the samples still train as rows
+        logger.debug("session %s: no tree layout stats: %s", sid, exc)
     drifts = [
         DriftRecord(generated[d.turn].turn_index or 0, DriftKind(d.kind), d.at, d.drifted)
         for d in lin.drifts

@@ -30,6 +30,7 @@ from tokentrail.text.constraints import OutputConstraint, forced_tool_call
 from tokentrail.text.families import Family, resolve_family
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.parsing import ParsedOutput, parse_output
+from tokentrail.text.template_check import check_within_budget
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, split_prefill
@@ -186,7 +187,7 @@ class TurnPipeline:
 
     `tool_parser` and `reasoning_parser` name output formats (`text.formats`); `"auto"` takes
     the model family's (`family`, else the one the template or tokenizer belongs to), None
-    turns parsing off.
+    turns parsing off. `template_name` names the template in a refusal (`check_within_budget`).
     """
 
     def __init__(
@@ -202,6 +203,7 @@ class TurnPipeline:
         reasoning_parser: str | None = AUTO,
         family: str | None = None,
         side_rules: SideRules | None = None,
+        template_name: str | None = None,
     ) -> None:
         self.manager = manager
         # Side conversations every session excludes (a session may add its own).
@@ -222,6 +224,14 @@ class TurnPipeline:
                 self.family.name,
                 self.tool_parser,
                 self.reasoning_parser,
+            )
+        if tokenizer is not None and self.family is not None:
+            # The first render of a template runs where it cannot hang or fill the machine.
+            check_within_budget(
+                self.chat_template,
+                template_name or f"the chat template of {tokenizer.name}",
+                call_id=self.family.call_id,
+                variables=tokenizer.special_tokens_map,
             )
         self._splicer = Splicer(tokenizer, self.chat_template, self.family) if tokenizer else None
         self._prompts = (

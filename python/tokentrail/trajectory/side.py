@@ -1,10 +1,12 @@
 """Side conversations: what a harness asks beside the agent's own conversation, with the same
 API key (Qwen Code's memory-extraction agent, hermes-agent's context summarizer, title and
-compaction requests).
+compaction requests, opencode's and kilo's title generator).
 
 Every sample is tagged with the conversation it came from: the branch of the session's tree it
 hangs from, a fingerprint of its system prompt, and whether it is a sub-agent (its first user
-message carries the prompt of an `Agent`/`Task` call made elsewhere in the session). A session
+message carries the prompt of a sub-agent call made elsewhere in the session: Claude Code's
+`Agent`/`Task`, Qwen Code's `agent`, hermes-agent's `delegate_task`, opencode's and kilo's
+`task`, cline's `spawn_agent`; see `SUBAGENT_TOOLS`). A session
 or the server can exclude side conversations by a pattern on their first message (the system
 prompt, or the first user message when there is none) or by a request header: excluded turns
 are served and journaled like any other, and the ledger masks their tokens as `excluded`.
@@ -32,15 +34,23 @@ __all__ = [
 ]
 
 # The first words of side requests captured from the real harnesses (Qwen Code 0.24.4,
-# hermes-agent 0.19.0); `--exclude-side-requests` excludes them all.
+# hermes-agent 0.19.0), and of opencode's title prompt (`agent/prompt/title.txt`, which kilo
+# shares; a provider header may come before it, so it is anchored at a line);
+# `--exclude-side-requests` excludes them all.
 KNOWN_SIDE_PROMPTS = {
     "qwen-code memory extraction": (
         r"\AYou are now acting as the managed memory extraction subagent"
     ),
     "hermes-agent summarizer": r"\AYou are a summarization agent creating a context checkpoint",
+    "opencode/kilo title generator": (
+        r"(?m)^You are a title generator\. You output ONLY a thread title\."
+    ),
 }
-# Tools that start a sub-agent, whose prompt the sub-agent's first user message carries.
-SUBAGENT_TOOLS = frozenset({"Agent", "Task", "agent", "delegate_task"})
+# Tools that start a sub-agent, whose prompt (any string argument of prompt length: `prompt`
+# for most, cline's `task`) the sub-agent's first user message carries: Claude Code's `Agent`
+# (`Task` before 2.1), Qwen Code's `agent`, hermes-agent's `delegate_task`, opencode's and
+# kilo's `task`, cline's `spawn_agent`.
+SUBAGENT_TOOLS = frozenset({"Agent", "Task", "agent", "delegate_task", "task", "spawn_agent"})
 # Shorter argument strings are labels ("description"), not prompts.
 _MIN_PROMPT = 20
 

@@ -30,6 +30,7 @@ from tokentrail.adapter.protocols.common import (
     translate_tools,
     wire_messages,
 )
+from tokentrail.adapter.protocols.fields import ANTHROPIC, ANTHROPIC_COUNT, ANTHROPIC_DEFAULTED
 from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
@@ -196,7 +197,7 @@ def translate_request(body: Mapping[str, Any]) -> Conversation:
 
 def _declared(body: Mapping[str, Any]) -> Conversation:
     """The request's tools and tool choice (no messages yet)."""
-    declared = translate_tools(body.get("tools"), _tool)
+    declared = translate_tools(body.get("tools"), _tool, unique=True)
     choice, forced = _tool_choice(body, declared)
     return Conversation([], declared.tools, choice, forced, declared.withheld)
 
@@ -207,7 +208,8 @@ def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int
     fold = Fold(_reader())
     tools, at = fold.start(previous, at, partial(_declared, body))
     if at == 0 and body.get("system") is not None:
-        system = fold.reader.text(body["system"], "system")
+        # Text blocks only, as the API takes them: a system prompt is not where media go.
+        system = ContentReader(TEXT, {}).text(body["system"], "system")
         if system:
             fold.messages.append({"role": "system", "content": system})
     messages, results, reader = fold.messages, fold.results, fold.reader
@@ -313,6 +315,30 @@ class AnthropicMessages(ResumableProtocol):
     count_tokens_path = "/v1/messages/count_tokens"
     path_prefixes = ("/v1/messages",)
     context_fields = frozenset({"system", "tools", "tool_choice"})
+    fields = ANTHROPIC
+    count_fields = ANTHROPIC_COUNT
+
+    def check_fields(
+        self,
+        body: Mapping[str, Any],
+        *,
+        counting: bool = False,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> None:
+        # max_tokens is required, unless a trainer opened the session with its own limit.
+        if not counting and "max_new_tokens" in (defaults or {}):
+            ANTHROPIC_DEFAULTED.check(body, "")
+        else:
+            super().check_fields(body, counting=counting)
+        thinking, max_tokens = body.get("thinking"), body.get("max_tokens")
+        enabled = isinstance(thinking, dict) and thinking.get("type") == "enabled"
+        if not counting and enabled and isinstance(max_tokens, int):
+            assert isinstance(thinking, dict)
+            if thinking["budget_tokens"] >= max_tokens:
+                raise RequestError(
+                    f"thinking.budget_tokens: must be less than max_tokens ({max_tokens}), got "
+                    f"{thinking['budget_tokens']}"
+                )
 
     def translate_from(
         self, body: dict[str, Any], previous: Translated | None, first_changed: int

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from tokentrail.adapter.protocols.fields import Spec
 from tokentrail.errors import AuthenticationError, RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolSchema, function_tool
@@ -56,6 +57,24 @@ class WireProtocol(ABC):
     count_tokens_path: ClassVar[str | None] = None
     # Paths whose errors are written in this protocol's shape.
     path_prefixes: ClassVar[tuple[str, ...]]
+    # The top-level fields of a turn's body and of a count's, with their types
+    # (`protocols.fields`); None: unchecked.
+    fields: ClassVar[Spec | None] = None
+    count_fields: ClassVar[Spec | None] = None
+
+    def check_fields(
+        self,
+        body: Mapping[str, Any],
+        *,
+        counting: bool = False,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Refuse a known field of the wrong type (or a required one missing) with a 400
+        naming it, before anything of the body is translated. `defaults`: the sampling
+        defaults of the session (a trainer's), which fill what a request leaves out."""
+        spec = self.count_fields if counting else self.fields
+        if spec is not None:
+            spec.check(body, "")
 
     def session_id(
         self, headers: Mapping[str, str], body: Mapping[str, Any], *, trust_body: bool = False
@@ -65,7 +84,13 @@ class WireProtocol(ABC):
         A protocol may also name the session in the body, read only when `trust_body` (the
         operator's `--session-from-body`): otherwise any client could write into any session.
         """
-        sid = bearer(headers) or headers.get("x-api-key")
+        token, key = bearer(headers), headers.get("x-api-key")
+        if token and key and token != key:
+            raise RequestError(
+                "Authorization and x-api-key name different sessions: send the session id as "
+                "one of them (or the same in both)"
+            )
+        sid = token or key
         if not sid:
             raise AuthenticationError(
                 "no session id: send it as the API key (Authorization: Bearer or x-api-key)"
@@ -231,21 +256,31 @@ class DeclaredTools:
     withheld: list[str] = field(default_factory=list)
 
 
-def translate_tools(tools: object, read: Callable[[int, Any], ToolSchema | str]) -> DeclaredTools:
+def translate_tools(
+    tools: object, read: Callable[[int, Any], ToolSchema | str], *, unique: bool = False
+) -> DeclaredTools:
     """A request's tool list through the protocol's `read(pos, tool)`, which returns a tool
-    or the type of a tool to withhold; tools None when absent."""
+    or the type of a tool to withhold; tools None when absent. With `unique`, two functions of
+    one name are a 400 (the Messages API refuses them: a call could not say which it meant)."""
     if tools is None:
         return DeclaredTools(None)
     if not isinstance(tools, list):
         raise RequestError("tools must be a list")
     out = DeclaredTools([])
+    seen: dict[str, int] = {}
     for pos, tool in enumerate(tools):
         read_tool = read(pos, tool)
         if isinstance(read_tool, str):
             out.withheld.append(read_tool)
-        else:
-            assert out.tools is not None
-            out.tools.append(read_tool)
+            continue
+        name = read_tool["function"]["name"]
+        if unique and seen.setdefault(name, pos) != pos:
+            raise RequestError(
+                f"tools[{pos}].name: {name!r} is the name of tools[{seen[name]}] too; tool "
+                "names must be unique"
+            )
+        assert out.tools is not None
+        out.tools.append(read_tool)
     return out
 
 

@@ -1,9 +1,9 @@
 """OpenAI Chat Completions (`POST /v1/chat/completions`) on the wire, chat-template messages
 inside.
 
-Tool-call arguments travel as JSON strings and live inside as dicts (a malformed string is
-kept whole as `_raw_arguments`); tool-call ids are minted per response and dropped inside, so
-they never decide how a turn routes.
+Tool-call arguments travel as JSON strings and live inside as dicts (a string that is not the
+JSON of an object is a 400 naming the call); tool-call ids are minted per response and dropped
+inside, so they never decide how a turn routes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tokentrail.adapter.protocols.common import (
     translate_tools,
     wire_messages,
 )
+from tokentrail.adapter.protocols.fields import CHAT
 from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
@@ -53,17 +54,23 @@ def _tool(pos: int, tool: object) -> ToolSchema | str:
     return tool_schema(pos, fn["name"], fn.get("description"), fn.get("parameters"))
 
 
-def parse_arguments(raw: object) -> dict[str, Any]:
-    """Wire arguments to a dict; a string that is not a JSON object is kept as `_raw_arguments`."""
+def parse_arguments(raw: object, where: str = "arguments") -> dict[str, Any]:
+    """Wire arguments (JSON text of an object, or the object) to a dict; anything else is a
+    400 naming `where`, as the API answers: a call whose arguments are not an object is no
+    call a template can render or a model should learn."""
     if isinstance(raw, dict):
         return raw
     if not isinstance(raw, str):
-        raise RequestError("tool call arguments must be a JSON string")
+        raise RequestError(f"{where}: expected a JSON string, got {type(raw).__name__}")
     try:
         value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return {"_raw_arguments": raw}
-    return value if isinstance(value, dict) else {"_raw_arguments": raw}
+    except RecursionError:
+        raise RequestError(f"{where}: nested too deep") from None
+    except ValueError as exc:
+        raise RequestError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise RequestError(f"{where}: expected the JSON text of an object, got {raw[:80]!r}")
+    return value
 
 
 def dump_arguments(arguments: dict[str, Any]) -> str:
@@ -95,7 +102,9 @@ def _assistant(m: dict[str, Any], where: str, reader: ContentReader) -> tuple[Me
                 raise RequestError(f"{where}.tool_calls[{pos}] needs function.name")
             if isinstance(call.get("id"), str):
                 ids.append(call["id"])
-            arguments = parse_arguments(fn.get("arguments", "{}"))
+            arguments = parse_arguments(
+                fn.get("arguments", "{}"), f"{where}.tool_calls[{pos}].function.arguments"
+            )
             out.append(
                 {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
             )
@@ -267,6 +276,7 @@ class OpenAIChat(ResumableProtocol):
     turn_path = "/v1/chat/completions"
     path_prefixes = ("/v1/chat", "/v1")
     context_fields = frozenset({"tools", "tool_choice"})
+    fields = CHAT
 
     def session_id(
         self, headers: Mapping[str, str], body: Mapping[str, Any], *, trust_body: bool = False

@@ -20,14 +20,13 @@ import json
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from tokentrail.adapter.protocols.common import (
     ContentReader,
     DeclaredTools,
     Outcome,
-    ToolResults,
-    WireProtocol,
     append_system_note,
     mint_id,
     pieces,
@@ -36,7 +35,9 @@ from tokentrail.adapter.protocols.common import (
     tool_choice,
     tool_schema,
 )
+from tokentrail.adapter.protocols.fields import RESPONSES
 from tokentrail.adapter.protocols.openai import dump_arguments, parse_arguments
+from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
@@ -88,8 +89,10 @@ class ToolTable:
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
     withheld: list[str] = field(default_factory=list)
 
-    def internal_name(self, name: str, namespace: object) -> str:
-        return f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
+
+def internal_name(name: str, namespace: object) -> str:
+    """A namespaced function's name inside: `NAMESPACE.NAME` (see `read_tools`)."""
+    return f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
 
 
 def read_tools(tools: object) -> ToolTable:
@@ -156,28 +159,47 @@ def _is(part: object, kind: str) -> bool:
 
 
 class _Builder:
-    """Collects input items into messages, one assistant message per run of assistant items."""
+    """Collects input items into messages, one assistant message per run of assistant items.
 
-    def __init__(self, tools: ToolTable, results: ToolResults, reader: ContentReader) -> None:
-        self.tools = tools
-        self.results = results
-        self.reader = reader
-        self.messages: list[Message] = []
-        self._assistant: Message | None = None
-        self._call_ids: list[str] = []
+    A message in the list is never changed in place: the open assistant message is replaced
+    by an updated copy (`_update`), so a resume mark (`protocols.resume`) that holds it keeps
+    it as it stood.
+    """
+
+    def __init__(self, fold: Fold) -> None:
+        self.fold = fold
+        self.results = fold.results
+        self.reader = fold.reader
+        self.messages = fold.messages
+        # Whether the last message is an assistant message items are still adding to, and
+        # the ids of its calls so far.
+        self._open = False
+        self._call_ids: tuple[str, ...] = ()
+
+    def mark(self) -> None:
+        """A resume mark after the item just read."""
+        self.fold.mark((self._open, self._call_ids))
+
+    def resumed(self) -> None:
+        """Take the state of the mark the fold resumed from."""
+        self._open, self._call_ids = self.fold.marks[-1].extra
 
     def _open_assistant(self) -> Message:
-        if self._assistant is None:
+        if not self._open:
             self.messages.extend(self.results.flush())
-            self._assistant = {"role": "assistant", "content": ""}
-            self.messages.append(self._assistant)
-            self._call_ids = []
-        return self._assistant
+            self.messages.append({"role": "assistant", "content": ""})
+            self._open = True
+            self._call_ids = ()
+        return self.messages[-1]
+
+    def _update(self, **changes: Any) -> None:
+        """The open assistant message, updated (a copy takes its place)."""
+        self.messages[-1] = cast(Message, {**self.messages[-1], **changes})
 
     def _close_assistant(self) -> None:
-        if self._assistant is not None:
+        if self._open:
             self.results.open(self._call_ids)
-            self._assistant = None
+            self._open = False
 
     def system(self, text: str) -> None:
         self._close_assistant()
@@ -205,19 +227,19 @@ class _Builder:
             msg = self._open_assistant()
         if text:
             previous = msg.get("reasoning_content")
-            msg["reasoning_content"] = f"{previous}\n{text}" if previous else text
+            self._update(reasoning_content=f"{previous}\n{text}" if previous else text)
 
     def assistant_text(self, text: str) -> None:
         msg = self._open_assistant()
-        msg["content"] = msg.get("content", "") + text
+        self._update(content=msg.get("content", "") + text)
 
     def call(self, name: str, arguments: dict[str, Any], call_id: object, where: str) -> None:
         if not isinstance(call_id, str) or not call_id:
             raise RequestError(f"{where}: a tool call needs a string call_id")
         msg = self._open_assistant()
         call: ToolCall = {"type": "function", "function": {"name": name, "arguments": arguments}}
-        msg.setdefault("tool_calls", []).append(call)
-        self._call_ids.append(call_id)
+        self._update(tool_calls=[*msg.get("tool_calls", ()), call])
+        self._call_ids = (*self._call_ids, call_id)
 
     def output(self, call_id: object, text: str, where: str) -> None:
         """A tool result; results are put in the order of the calls they answer."""
@@ -260,15 +282,39 @@ def translate_request(
     `previous_response_id` continues (its last message the response), `prior_calls` that
     response's call ids."""
     tools = read_tools(body.get("tools"))
+    return translate_from(body, None, 0, prior, prior_calls, tools).conversation, tools
+
+
+def _declared(body: Mapping[str, Any], tools: ToolTable | None = None) -> Conversation:
+    """The request's tools and tool choice (no messages yet)."""
+    tools = read_tools(body.get("tools")) if tools is None else tools
     choice, forced = _tool_choice(body, tools)
-    reader = ContentReader(TEXT, MEDIA)
-    results = ToolResults()
-    builder = _Builder(tools, results, reader)
+    return Conversation([], tools.schemas or None, choice, forced, tools.withheld)
+
+
+def translate_from(
+    body: Mapping[str, Any],
+    previous: Translated | None,
+    at: int,
+    prior: list[Message] | None = None,
+    prior_calls: list[str] | None = None,
+    tools: ToolTable | None = None,
+) -> Translated:
+    """`translate_request`, resuming `previous` before input item `at` when it can (see
+    `tokentrail.adapter.protocols.resume`); a continued conversation (`prior`) never
+    resumes."""
+    fold = Fold(ContentReader(TEXT, MEDIA))
     if prior:
+        previous = None
+    declared, at = fold.start(previous, at, partial(_declared, body, tools))
+    builder = _Builder(fold)
+    if at:
+        builder.resumed()
+    elif prior:
         builder.messages.extend(prior)
-        results.open(prior_calls or [])
+        fold.results.open(prior_calls or [])
     instructions = body.get("instructions")
-    if instructions is not None and not prior:
+    if at == 0 and instructions is not None and not prior:
         if not isinstance(instructions, str):
             raise RequestError("instructions must be a string")
         if instructions:
@@ -278,20 +324,13 @@ def translate_request(
         raw = [{"type": "message", "role": "user", "content": raw}]
     if not isinstance(raw, list):
         raise RequestError("input must be a string or a list of items")
-    for pos, item in enumerate(raw):
-        _read_item(builder, item, f"input[{pos}]")
-    messages = builder.finish()
-    if not messages:
+    for pos in range(at, len(raw)):
+        _read_item(builder, raw[pos], f"input[{pos}]")
+        builder.mark()
+    builder.finish()
+    if not fold.messages:
         raise RequestError("input must not be empty")
-    conversation = Conversation(
-        messages,
-        tools.schemas or None,
-        tool_choice=choice,
-        forced_tool=forced,
-        withheld_tools=tools.withheld,
-        dropped_media=dict(reader.media),
-    )
-    return conversation, tools
+    return fold.translated(declared)
 
 
 def _read_item(builder: _Builder, item: object, where: str) -> None:
@@ -315,8 +354,8 @@ def _read_item(builder: _Builder, item: object, where: str) -> None:
         name = item.get("name")
         if not isinstance(name, str):
             raise RequestError(f"{where}: function_call needs a string name")
-        internal = builder.tools.internal_name(name, item.get("namespace"))
-        arguments = parse_arguments(item.get("arguments", "{}"))
+        internal = internal_name(name, item.get("namespace"))
+        arguments = parse_arguments(item.get("arguments", "{}"), f"{where}.arguments")
         builder.call(internal, arguments, item.get("call_id"), where)
     elif kind == "custom_tool_call":
         tool, patch = item.get("name"), item.get("input")
@@ -484,14 +523,20 @@ def _item_events(event: _Events, index: int, item: dict[str, Any]) -> Iterator[b
 
 
 @register_protocol
-class OpenAIResponses(WireProtocol):
+class OpenAIResponses(ResumableProtocol):
     name = "responses"
     turn_path = "/v1/responses"
     count_tokens_path = "/v1/responses/input_tokens"
     path_prefixes = ("/v1/responses",)
+    array_field = "input"
+    context_fields = frozenset({"instructions", "tools", "tool_choice"})
+    fields = RESPONSES
+    count_fields = RESPONSES
 
-    def translate(self, body: dict[str, Any]) -> Conversation:
-        return translate_request(body)[0]
+    def translate_from(
+        self, body: dict[str, Any], previous: Translated | None, first_changed: int
+    ) -> Translated:
+        return translate_from(body, previous, first_changed)
 
     def continues(self, body: Mapping[str, Any]) -> str | None:
         ref = body.get("previous_response_id")

@@ -5,9 +5,13 @@ A protocol translates a request's message list as a fold: each wire message appe
 a mid-list `system` note, replaces the last of) the output messages, and updates the open tool
 calls and the count of dropped media. `Fold` keeps that state and marks it after every wire
 message; a later request whose first `k` wire messages are byte for byte the same (and whose
-other translated fields are too) starts from the mark after message `k - 1`: the output
-messages up to it are the earlier translation's own objects, the state is a copy. The result
-equals a full translation of the new request (tests check it message for message).
+other translated fields are too) starts from the mark after message `k - 1`. A mark holds the
+last output message as it stood then: a later wire message may have replaced it (a note joined
+into it), and the resumed translation must not see that. The messages before the last are the
+earlier translation's own objects (a fold never replaces any but its last message, and never
+changes one in place), the state is a copy. The result equals a full translation of the new
+request (`tests/test_resume.py` checks it message for message on generated request sequences,
+and `serve --verify-resume` on every request).
 """
 
 from __future__ import annotations
@@ -29,10 +33,15 @@ class FoldMark:
     """The fold's state right after one wire message."""
 
     messages: int
+    # The last output message then (None when there was none): a later wire message may
+    # have replaced it in the output list.
+    last: Message | None
     # ToolResults: each open call's position by id, and the results answered but not flushed.
     open_calls: dict[str, int]
     answered: tuple[tuple[int, Message], ...]
     media: Counter[str]
+    # What else the protocol's fold holds between wire messages (see `Fold.mark`).
+    extra: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,14 +67,17 @@ class Fold:
     results: ToolResults = field(default_factory=ToolResults)
     marks: list[FoldMark] = field(default_factory=list)
 
-    def mark(self) -> None:
-        """Remember the state after the wire message just translated."""
+    def mark(self, extra: tuple[Any, ...] = ()) -> None:
+        """Remember the state after the wire message just translated; `extra` is the rest of
+        the protocol's own state (immutable values), which `resume` hands back."""
         self.marks.append(
             FoldMark(
                 len(self.messages),
+                self.messages[-1] if self.messages else None,
                 dict(self.results.open_calls),
                 tuple(self.results.answered),
                 Counter(self.reader.media),
+                extra,
             )
         )
 
@@ -95,9 +107,13 @@ class Fold:
 
     def resume(self, previous: Translated, at: int) -> None:
         """Take the state `previous` had before wire message `at` (`previous.resumable(at)`):
-        its messages up to there (the same objects) and a copy of the rest."""
+        its messages up to there as they were then (the same objects) and a copy of the
+        rest."""
         mark = previous.marks[at - 1]
-        self.messages = previous.conversation.messages[: mark.messages]
+        self.messages = []
+        if mark.last is not None:
+            self.messages = previous.conversation.messages[: mark.messages - 1]
+            self.messages.append(mark.last)
         self.results.restore(mark.open_calls, mark.answered)
         self.reader.media = Counter(mark.media)
         self.marks = list(previous.marks[:at])

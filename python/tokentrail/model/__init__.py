@@ -1,0 +1,6 @@
+"""A real model in process, on CPU: tiny architectures with seeded random weights
+(`tiny`), the forward pass that yields logprobs and routed experts (`forward`), and the audit
+that recomputes a sample's logprobs and routing (`audit`).
+
+torch and transformers are imported only when a model is built or loaded.
+"""

@@ -1,0 +1,221 @@
+"""Tiny real architectures with seeded random weights and the real `builtin:` vocabularies.
+
+`tiny_model("qwen3-moe")` is a Hugging Face model directory (config.json, model.safetensors,
+tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json) of a
+Qwen3-MoE with a small hidden size and the full Qwen3 vocabulary: every code path that takes a
+model directory (the `transformers` engine, `--tokenizer DIR`, `--model-config DIR`, the audit,
+SGLang/vLLM with `--load-format dummy`) takes it. Built once per (config, seed, library
+versions) and cached under `$TOKENTRAIL_CACHE/tiny-models/`, like the builtin vocabularies.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokentrail.errors import ModelError
+from tokentrail.text.tokenizer import LoadedTokenizer, cache_root, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+# Bump when the way a tiny model is assembled changes, so stale caches are ignored.
+BUILD_VERSION = 2
+DEFAULT_SEED = 0
+
+# Shared by every tiny architecture: small enough that a 20K-token prompt is a second on one
+# core, large enough that the logprobs and the routing depend on the context.
+_COMMON: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": True,
+    # Weights ten times the usual spread, so that the next-token distribution is far from
+    # uniform and one changed context token moves the logprobs well past float32 noise.
+    "initializer_range": 0.2,
+    "torch_dtype": "float32",
+}
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """One tiny architecture: the HF `model_type`, the builtin vocabulary it speaks, and the
+    config fields beyond the common ones."""
+
+    model_type: str
+    architecture: str
+    tokenizer: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+TINY_MODELS: dict[str, TinySpec] = {
+    "qwen3": TinySpec("qwen3", "Qwen3ForCausalLM", "builtin:qwen3", {"head_dim": 16}),
+    "qwen3-moe": TinySpec(
+        "qwen3_moe",
+        "Qwen3MoeForCausalLM",
+        "builtin:qwen3",
+        {
+            "head_dim": 16,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        },
+    ),
+    "llama3": TinySpec(
+        "llama",
+        "LlamaForCausalLM",
+        "builtin:llama3",
+        {"head_dim": 16, "rope_theta": 500000.0},
+    ),
+    # DeepSeek-V3's MLA attention and grouped sigmoid router, its first layer dense
+    # (`first_k_dense_replace`), over DeepSeek's own vocabulary and the V3.1 chat template.
+    "deepseek-v3": TinySpec(
+        "deepseek_v3",
+        "DeepseekV3ForCausalLM",
+        "builtin:deepseek-v3.1",
+        {
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 2,  # MLA: one latent per head
+            "first_k_dense_replace": 1,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "n_group": 2,
+            "topk_group": 1,
+            "moe_intermediate_size": 32,
+            "kv_lora_rank": 16,
+            "q_lora_rank": 24,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 16,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 1.0,
+            "rope_interleave": True,
+        },
+    ),
+}
+
+
+def tiny_names() -> list[str]:
+    return sorted(TINY_MODELS)
+
+
+def tiny_config(name: str, tokenizer: LoadedTokenizer) -> dict[str, Any]:
+    """The config.json fields of tiny model `name` over `tokenizer` (its vocabulary size and
+    special token ids)."""
+    spec = _spec(name)
+    config: dict[str, Any] = {
+        "model_type": spec.model_type,
+        "architectures": [spec.architecture],
+        **_COMMON,
+        **spec.config,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if tokenizer.bos_token_id is not None:
+        config["bos_token_id"] = tokenizer.bos_token_id
+    if tokenizer.pad_token_id is not None:
+        config["pad_token_id"] = tokenizer.pad_token_id
+    return config
+
+
+def tiny_model(
+    name: str,
+    *,
+    seed: int = DEFAULT_SEED,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """The directory of tiny model `name` (`tiny_names()`), built on first use."""
+    path = _tiny_model(name, seed, str(cache_root(cache_dir)))
+    if not (path / "model.safetensors").is_file():  # removed since: build it again
+        _tiny_model.cache_clear()
+        path = _tiny_model(name, seed, str(cache_root(cache_dir)))
+    return path
+
+
+@functools.lru_cache(maxsize=32)
+def _tiny_model(name: str, seed: int, cache_dir: str) -> Path:
+    # Cached in process: finding the directory loads the vocabulary, which takes a second.
+    import torch
+    import transformers
+
+    tokenizer = load_tokenizer(_spec(name).tokenizer, cache_dir)
+    config = tiny_config(name, tokenizer)
+    key = json.dumps(
+        [config, seed, BUILD_VERSION, torch.__version__, transformers.__version__], sort_keys=True
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    target = cache_root(cache_dir) / "tiny-models" / f"{name}-{digest}"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built in a scratch directory and renamed into place, so that processes building at once
+    # never read a half-written model.
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
+    try:
+        _build(scratch, config, tokenizer, seed)
+        try:
+            scratch.rename(target)
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    logger.info("built tiny model %s at %s", name, target)
+    return target
+
+
+def _build(path: Path, config: dict[str, Any], tokenizer: LoadedTokenizer, seed: int) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.for_model(
+        **{k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
+    )
+    hf_config.architectures = config["architectures"]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    # Routers start at zero in some implementations (every expert tied): draw them too.
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 1 and (name.endswith("gate.weight") or "router" in name):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    model.save_pretrained(path)
+    # transformers may save a field under its own newer name (Qwen3-MoE's `num_experts` as
+    # `num_local_experts`); keep the names the checkpoint's own family uses too, so that an
+    # engine built against another transformers (SGLang, vLLM) reads the same model.
+    saved = json.loads((path / "config.json").read_text())
+    saved.update({k: v for k, v in config.items() if k not in saved and k != "torch_dtype"})
+    (path / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
+    (path / "tokenizer.json").write_text(tokenizer.tokenizer.to_str(), encoding="utf-8")
+    (path / "chat_template.jinja").write_text(tokenizer.chat_template, encoding="utf-8")
+    tok_config: dict[str, Any] = {"eos_token": tokenizer.eos_token}
+    if tokenizer.bos_token is not None:
+        tok_config["bos_token"] = tokenizer.bos_token
+    if tokenizer.pad_token is not None:
+        tok_config["pad_token"] = tokenizer.pad_token
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    generation = {"eos_token_id": sorted(tokenizer.end_token_ids)}
+    (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+
+
+def _spec(name: str) -> TinySpec:
+    try:
+        return TINY_MODELS[name]
+    except KeyError:
+        raise ModelError(f"no tiny model {name!r}; known: {', '.join(tiny_names())}") from None
