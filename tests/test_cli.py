@@ -149,6 +149,9 @@ def test_the_flag_wins_over_the_variable_which_wins_over_the_file(tmp_path: Path
         "config file",
         "default",
     ]
+    # A flag whose value is optional takes its constant without one.
+    assert resolve_settings(serve_args("--access-log"), {}).access_log == "-"
+    assert resolve_settings(serve_args("--access-log", "a.log"), {}).access_log == "a.log"
     # A config file's true is turned off by the flag's --no- form.
     config.write_text("session-from-body = true\n")
     off = resolve_settings(serve_args("--config", str(config), "--no-session-from-body"), {})
