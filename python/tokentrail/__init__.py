@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from tokentrail import _core
 from tokentrail.errors import (
+    EngineError,
     ExportError,
+    InvalidInput,
     LogprobLengthError,
     MessageError,
     PackError,
@@ -17,6 +19,7 @@ from tokentrail.errors import (
     TokenizerError,
     TokentrailError,
     TreeError,
+    UnknownName,
 )
 from tokentrail.kinds import (
     DriftKind,
@@ -56,10 +59,12 @@ __all__ = [
     "DriftKind",
     "DriftPolicy",
     "DriftRecord",
+    "EngineError",
     "ExportError",
     "Fallback",
     "Family",
     "History",
+    "InvalidInput",
     "IncrementalEncoder",
     "Ledger",
     "LoadedTokenizer",
@@ -96,6 +101,7 @@ __all__ = [
     "TurnLedger",
     "TurnPipeline",
     "TurnRecord",
+    "UnknownName",
     "__version__",
     "build_prefix_tree",
     "families",

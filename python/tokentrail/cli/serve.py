@@ -32,6 +32,7 @@ from tokentrail.kinds import (
     Retry,
     RewritePolicy,
     SettingGroup,
+    SyncMode,
 )
 
 if TYPE_CHECKING:
@@ -254,10 +255,9 @@ class ServeSettings:
         None, JOURNAL, "SQLite journal: recover from it, then append every turn", metavar="PATH",
         default_text="none (nothing survives a restart)",
     )  # fmt: skip
-    journal_sync: str = setting(
-        "normal", JOURNAL, "SQLite synchronous mode (full: survive a power loss)",
-        choices=lambda: ["normal", "full"],
-    )  # fmt: skip
+    journal_sync: SyncMode = setting(
+        SyncMode.NORMAL, JOURNAL, "SQLite synchronous mode (full: survive a power loss too)"
+    )
     # -- replay data
     routed_experts: bool = setting(
         False,

@@ -160,11 +160,12 @@ class Engine(Protocol):
     """What the adapter needs from an inference engine.
 
     An engine that can constrain its output to a regular expression (structured output) says
-    so with a true `supports_constraints` attribute; the adapter refuses a forced tool choice
-    on any other before generating.
+    so with a true `supports_constraints`; the adapter refuses a forced tool choice on any other
+    before generating.
     """
 
     name: str
+    supports_constraints: bool
 
     async def generate(self, req: GenerateRequest) -> Generation:
         """Sample one turn. Raises `EngineError`; if cancelled, the engine stops the request."""
