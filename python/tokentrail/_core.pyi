@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "__version__",
     "CLEAN",
     "FORK",
     "POLICIES",
