@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 
-.PHONY: install demo test test-rust test-python lint bench bench-quick
+.PHONY: install demo test test-rust test-python lint package bench bench-quick
 
 install:
 	$(PYTHON) -m pip install $(PIP_FLAGS) -e ".[test]"
@@ -25,6 +25,12 @@ lint:
 	$(PYTHON) -m mypy.stubtest tokentrail._core
 	cargo clippy --all-targets -- -D warnings
 	cargo fmt --check
+
+# The wheel and sdist a release ships: built (the release extension `install` built is reused),
+# installed into a fresh environment without build tools, and run there (.ci/package); after
+# `make install`.
+package:
+	PYTHON=$(PYTHON) bash .ci/package
 
 # Benchmarks measure the extension built in release mode.
 bench: install

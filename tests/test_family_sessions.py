@@ -287,11 +287,15 @@ def test_demo_runs_a_family(name: str, tmp_path: Path, capsys) -> None:
 
 def test_serve_takes_the_familys_parsers_unless_told_otherwise() -> None:
     from tokentrail.cli import build_parser
+    from tokentrail.cli.serve import resolve_settings
 
-    args = build_parser().parse_args(["serve"])
+    args = resolve_settings(build_parser().parse_args(["serve"]), environ={})
     assert (args.tool_parser, args.reasoning_parser) == ("auto", "auto")
-    chosen = build_parser().parse_args(
-        ["serve", "--tool-parser", "kimi_k2", "--reasoning-parser", "none"]
+    chosen = resolve_settings(
+        build_parser().parse_args(
+            ["serve", "--tool-parser", "kimi_k2", "--reasoning-parser", "none"]
+        ),
+        environ={},
     )
     assert (chosen.tool_parser, chosen.reasoning_parser) == ("kimi_k2", "none")
     with pytest.raises(SystemExit):

@@ -13,7 +13,13 @@ PACKAGE = Path(tokentrail.__file__).parent
 
 # Lower layers never import higher ones; a layer may import within itself.
 LAYERS: list[tuple[str, ...]] = [
-    ("tokentrail.errors", "tokentrail.kinds", "tokentrail.messages", "tokentrail._core"),
+    (
+        "tokentrail.compat",
+        "tokentrail.errors",
+        "tokentrail.kinds",
+        "tokentrail.messages",
+        "tokentrail._core",
+    ),
     ("tokentrail.text", "tokentrail.core"),
     ("tokentrail.trajectory",),
     ("tokentrail.storage", "tokentrail.engines", "tokentrail.model"),

@@ -29,10 +29,10 @@ from support.fake_engines import IM_END, FakeSGLang, indexer_rows
 from tokens import assistant, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord, cli
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
-from tokentrail.cli.serve import replay_shapes
+from tokentrail.cli.serve import ServeSettings, replay_shapes, resolve_settings
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.engines import ScriptedEngine, SGLangEngine
-from tokentrail.errors import ReplayError
+from tokentrail.errors import ReplayError, SettingError
 from tokentrail.kinds import History
 from tokentrail.sim.moe import KVRouting
 from tokentrail.storage.journal import Journal
@@ -375,15 +375,18 @@ def test_serve_reads_the_shapes_from_the_model_config(tmp_path) -> None:
     (tmp_path / "config.json").write_text(
         json.dumps({"num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8})
     )
-    parse = cli.build_parser().parse_args
+
+    def parse(argv: list[str]) -> ServeSettings:
+        return resolve_settings(cli.build_parser().parse_args(argv), environ={})
+
     args = parse(["serve", "--routed-experts", "--model-config", str(tmp_path)])
     assert replay_shapes(args) == (RoutingShape(48, 8, 128), None)
     args = parse(["serve", "--routed-experts", "--routing-shape", "2,1,4"])
     assert replay_shapes(args) == (RoutingShape(2, 1, 4), None)
     assert replay_shapes(parse(["serve"])) == (None, None)
-    with pytest.raises(SystemExit, match="need the model's shape"):
+    with pytest.raises(SettingError, match="need the model's shape"):
         replay_shapes(parse(["serve", "--routed-experts"]))
-    with pytest.raises(SystemExit, match="has no indexer top-k"):
+    with pytest.raises(SettingError, match="has no indexer top-k"):
         replay_shapes(parse(["serve", "--indexer-topk", "--model-config", str(tmp_path)]))
 
 

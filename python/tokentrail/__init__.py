@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tokentrail import _core
 from tokentrail.errors import (
     EngineError,
     ExportError,
@@ -49,7 +50,8 @@ from tokentrail.trajectory.prefix_tree import PrefixTree, build_prefix_tree
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.turn import TurnRecord
 
-__version__ = "0.1.0"
+# Cargo.toml holds the version; the extension carries it.
+__version__: str = _core.__version__
 
 __all__ = [
     "ChatTemplate",

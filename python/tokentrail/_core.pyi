@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "__version__",
     "CLEAN",
     "FORK",
     "POLICIES",
@@ -41,6 +42,7 @@ _Floats: TypeAlias = Sequence[float] | npt.NDArray[np.floating]
 _Replay: TypeAlias = str | tuple[int, npt.ArrayLike] | None
 _Rows: TypeAlias = npt.NDArray[np.unsignedinteger | np.signedinteger]
 
+__version__: Final[str]
 CLEAN: Final = "clean"
 REALIGN: Final = "realign"
 FORK: Final = "fork"

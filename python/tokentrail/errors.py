@@ -320,3 +320,11 @@ class SessionLost(InvalidInput):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.sid, self.reason, self.detail, self.lost)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+class SettingError(InvalidInput):
+    """A `tokentrail serve` setting (a flag, a `--config` file key or a `TOKENTRAIL_*` variable)
+    is unknown or has a value it cannot take; the message names the setting and the value."""

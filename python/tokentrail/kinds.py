@@ -10,9 +10,9 @@ member in one place, `parse_kind`, which names the allowed values when it is non
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import TypeVar
 
+from tokentrail.compat import StrEnum
 from tokentrail.errors import InvalidInput, UnknownName
 
 K = TypeVar("K", bound=StrEnum)
@@ -318,6 +318,39 @@ class BranchReason(StrEnum):
     RETRY = "retry"
     # The harness sent another message here than before: an edited or compacted history.
     REWRITTEN = "rewritten"
+
+
+class SettingGroup(StrEnum):
+    """The groups `tokentrail serve --help` shows its settings in, in this order."""
+
+    SERVER = "server"
+    ENGINE = "engine and model"
+    HISTORY = "history and splicing"
+    SESSIONS = "sessions and retries"
+    LIMITS = "limits"
+    JOURNAL = "journal"
+    REPLAY = "replay data"
+    LOGGING = "logging"
+
+
+class SettingSource(StrEnum):
+    """Where a resolved setting came from, the first that has it winning."""
+
+    COMMAND_LINE = "command line"
+    ENVIRONMENT = "environment"
+    CONFIG_FILE = "config file"
+    DEFAULT = "default"
+
+
+class Verdict(StrEnum):
+    """What one `tokentrail doctor` check found."""
+
+    OK = "ok"
+    # Serving works, with a gap an operator should know of (no journal, no admin token).
+    WARN = "warn"
+    FAIL = "FAIL"
+    # Not tried: it needs what an earlier check could not load.
+    SKIP = "skip"
 
 
 class TreeMask(StrEnum):

@@ -8,7 +8,7 @@ into `ToolSchema`s; everything below the adapter speaks only this.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, TypedDict
 
 from tokentrail.kinds import ToolChoice
 
@@ -36,10 +36,14 @@ class Message(TypedDict, total=False):
     is_error: bool
 
 
-class FunctionSchema(TypedDict):
+class _RequiredFunctionSchema(TypedDict):
     name: str
     parameters: dict[str, Any]
-    description: NotRequired[str]
+
+
+class FunctionSchema(_RequiredFunctionSchema, total=False):
+    # Optional (`NotRequired` is 3.11+; a total=False subclass says the same on 3.10).
+    description: str
 
 
 class ToolSchema(TypedDict):

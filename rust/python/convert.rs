@@ -8,7 +8,7 @@ use numpy::{
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{IntoPyDict, PyBool, PyDict, PyList, PyTuple};
+use pyo3::types::{IntoPyDict, PyBool, PyDict, PyInt, PyList, PyTuple};
 
 use crate::counts::Counts;
 use crate::error::Error;
@@ -36,7 +36,7 @@ pub(super) fn token_ids(ids: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>
         .map(|(pos, id)| {
             let id = id?;
             let problem = match id.extract::<u32>() {
-                Ok(n) if !id.is_instance_of::<PyBool>() => return Ok(n),
+                Ok(n) if id.is_exact_instance_of::<PyInt>() || !is_boolean(&id)? => return Ok(n),
                 Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
                     format!("id {id} is outside [0, 2**32)")
                 }
@@ -45,6 +45,12 @@ pub(super) fn token_ids(ids: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>
             Err(token_error(format!("{what}[{pos}]"), problem))
         })
         .collect()
+}
+
+/// Python's bool, or numpy's `np.bool_`, which numpy before 2.3 (all there is for Python
+/// 3.10) still reads as an index.
+fn is_boolean(id: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(id.is_instance_of::<PyBool>() || id.get_type().name()? == "bool")
 }
 
 /// Ids from an integer array of another dtype or byte order: range-checked, then converted

@@ -31,6 +31,8 @@ pyo3::import_exception!(tokentrail.errors, BodyShapeError);
 /// tokentrail's Rust hot path: the same names and semantics as `tokentrail.reference`.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The package's one version: Cargo.toml's, which maturin also writes into the wheel.
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CLEAN", DriftKind::Clean.as_str())?;
     m.add("REALIGN", DriftKind::Realign.as_str())?;
     m.add("FORK", DriftKind::Fork.as_str())?;

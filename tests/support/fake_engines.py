@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, TypeVar
 
 import numpy as np
 from aiohttp import web
@@ -54,6 +54,9 @@ class Recorded:
     headers: dict[str, str]
 
 
+_Server = TypeVar("_Server", bound="_FakeServer")
+
+
 @dataclass
 class _FakeServer:
     reply: ReplyFn = echo_reply
@@ -80,7 +83,7 @@ class _FakeServer:
     def routes(self) -> list[web.RouteDef]:
         raise NotImplementedError
 
-    async def __aenter__(self) -> Self:
+    async def __aenter__(self: _Server) -> _Server:
         # The real engines take prompts of any length (FastAPI reads the whole body).
         app = web.Application(client_max_size=1 << 30)
         app.add_routes(self.routes())
@@ -215,7 +218,7 @@ class FakeSGLang(_FakeServer):
             except asyncio.CancelledError:
                 self.disconnected.append(rid)
                 raise
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 pass
             meta = self._meta(rid, input_ids, [], [], {"type": "abort", "message": "Abort"})
             return web.json_response({"text": "", "output_ids": [], "meta_info": meta})

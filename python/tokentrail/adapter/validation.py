@@ -209,9 +209,8 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout_s: float) -
             f"request body too large: {length} bytes > {max_bytes} (--max-body-bytes)"
         )
     try:
-        async with asyncio.timeout(timeout_s or None):
-            return await request.read()
-    except TimeoutError:
+        return await asyncio.wait_for(request.read(), timeout_s or None)
+    except asyncio.TimeoutError:  # not yet the builtin TimeoutError on 3.10
         expected = f" of the {length} announced" if length is not None else ""
         raise RequestTimeout(
             f"the request body{expected} did not arrive within {timeout_s:g} s (--body-timeout)"

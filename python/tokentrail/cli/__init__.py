@@ -1,5 +1,5 @@
-"""The `tokentrail` command: `serve` the adapter, `replay`/`audit`/`journal` its records,
-`pack` samples as prefix trees, run the `demo`.
+"""The `tokentrail` command: `serve` the adapter, check a deployment with `doctor`,
+`replay`/`audit`/`journal` its records, `pack` samples as prefix trees, run the `demo`.
 
 `tokentrail demo` is the main job on built-in defaults: the scripted engine, the Qwen3
 vocabulary and a harness that re-renders echoes as Claude Code does; no GPU, no network.
@@ -13,16 +13,25 @@ import argparse
 import logging
 import sys
 
-from tokentrail.cli import demo, pack, records, serve, view
+from tokentrail.cli import demo, doctor, pack, records, serve, view
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tokentrail import __version__
+
     parser = argparse.ArgumentParser(prog="tokentrail", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"tokentrail {__version__}")
     parser.add_argument(
-        "--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default) or ERROR"
+        "--log-level",
+        dest="global_log_level",
+        default="WARNING",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="the log level of every command (default: WARNING)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     serve.add_command(sub)
+    doctor.add_command(sub)
     demo.add_command(sub)
     records.add_command(sub)
     pack.add_command(sub)
@@ -34,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from tokentrail.errors import JournalError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.global_log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args))
     except JournalError as exc:

@@ -136,7 +136,7 @@ class HTTPEngine:
                 f"cannot reach {self.name} at {url}: no connection within "
                 f"{self.connect_timeout:g} s"
             ) from None
-        except TimeoutError:
+        except asyncio.TimeoutError:  # aiohttp's timeout; not yet the builtin one on 3.10
             raise EngineError(
                 f"{self.name} at {url} did not answer within {timeout or self.timeout:g} s"
             ) from None

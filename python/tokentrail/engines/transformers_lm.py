@@ -199,7 +199,9 @@ class TransformersEngine:
         params = req.sampling
         seed = params.seed
         if seed is None:
-            seed = int.from_bytes(hashlib.blake2b(req.request_id.encode(), digest_size=8).digest())
+            seed = int.from_bytes(
+                hashlib.blake2b(req.request_id.encode(), digest_size=8).digest(), "big"
+            )
         generator = torch.Generator().manual_seed(seed % 2**63)
         hidden, rows = self.lm.forward(prompt[keep:], branch.cache)
         parts = [] if rows is None else [rows]

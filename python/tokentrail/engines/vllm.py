@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from tokentrail.compat import cancelling
 from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
@@ -119,8 +120,7 @@ class VLLMEngine(HTTPEngine):
         try:
             data, lifted = await call
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if req.request_id in self._aborted and not (current and current.cancelling()):
+            if req.request_id in self._aborted and not cancelling(asyncio.current_task()):
                 # `abort` cancelled the call and closed its connection; nothing was sampled
                 # that vLLM will report.
                 return Generation([], [], "abort", len(req.input_ids), time.perf_counter() - start)

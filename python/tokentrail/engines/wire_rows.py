@@ -19,6 +19,8 @@ import secrets
 
 import numpy as np
 
+from tokentrail.compat import a2b_base64_strict
+
 __all__ = ["CHUNK_CHARS", "decode_int32_base64", "decode_npy_base64", "lift_base64"]
 
 # Base64 as a JSON string holds: a text, or a view of the bytes of the answer it came in.
@@ -83,7 +85,7 @@ def decode_int32_base64(
     at = 0
     for begin in range(0, len(text), chunk_chars):
         try:
-            chunk = binascii.a2b_base64(text[begin : begin + chunk_chars], strict_mode=True)
+            chunk = a2b_base64_strict(text[begin : begin + chunk_chars])
         except (binascii.Error, ValueError):
             return "not base64"
         if len(chunk) % 4 or at + len(chunk) // 4 > out.size:
@@ -103,7 +105,7 @@ def decode_npy_base64(text: Base64, dtype: np.dtype) -> np.ndarray | str:
     """`text`, base64 of a `.npy` file of integers, as an array of `dtype` (the file's own
     buffer when it already is one); or what is wrong with it."""
     try:
-        data = binascii.a2b_base64(text, strict_mode=True)
+        data = a2b_base64_strict(text)
     except (binascii.Error, ValueError):
         return "not base64"
     header = io.BytesIO(data)

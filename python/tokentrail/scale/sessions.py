@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from tokentrail.compat import StrEnum
 from tokentrail.errors import PoolError, SessionError, SessionLost
 
 

@@ -13,12 +13,12 @@ import os
 import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tokentrail.compat import StrEnum
 from tokentrail.core.backend import load_backend
 from tokentrail.errors import ExportError, PackError
 from tokentrail.trajectory.sample import REPLAY_FIELDS, Sample

@@ -73,7 +73,7 @@ class Family:
 
     def template(self) -> str:
         """The family's chat template (tokentrail's rendition of its documented format)."""
-        path = resources.files("tokentrail.text").joinpath("templates", self.template_file)
+        path = resources.files("tokentrail.text").joinpath("templates").joinpath(self.template_file)
         return path.read_text("utf-8")
 
     def end_token(self, message: Mapping[str, Any]) -> str:

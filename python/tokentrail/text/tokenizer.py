@@ -308,7 +308,10 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 def _builtin_chat_template(name: str) -> str:
     return (
-        resources.files("tokentrail.text").joinpath("templates", f"{name}.jinja").read_text("utf-8")
+        resources.files("tokentrail.text")
+        .joinpath("templates")
+        .joinpath(f"{name}.jinja")
+        .read_text("utf-8")
     )
 
 

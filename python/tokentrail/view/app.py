@@ -33,7 +33,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _asset(name: str) -> bytes:
-    return resources.files("tokentrail.view").joinpath("static", name).read_bytes()
+    return resources.files("tokentrail.view").joinpath("static").joinpath(name).read_bytes()
 
 
 class Viewer:
