@@ -25,6 +25,7 @@ from tokentrail.adapter import notes as request_notes
 from tokentrail.adapter.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
@@ -38,6 +39,7 @@ from tokentrail.engines.base import (
     ReplayRequest,
     SamplingParams,
 )
+from tokentrail.engines.streaming import StreamingEngine, TokenSink
 from tokentrail.engines.validation import check_generation
 from tokentrail.errors import (
     ContextTooLong,
@@ -45,9 +47,10 @@ from tokentrail.errors import (
     EngineLimit,
     EngineOutputError,
     ReplayError,
+    TokentrailError,
     UpstreamError,
 )
-from tokentrail.kinds import EngineFault, Retry, Stage
+from tokentrail.kinds import EngineFault, Retry, Stage, ToolChoice
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
@@ -76,6 +79,11 @@ class TurnSettings:
     context_tokens: int
     # What a retried request gets unless the session or the request says otherwise.
     retry: Retry = Retry.REPLAY
+    # Stream replies to the harness as they are sampled (`adapter.live`), with a keepalive
+    # whenever nothing else went out for `keepalive_s`; off: a streamed reply is written
+    # whole once the turn is done.
+    live_stream: bool = False
+    keepalive_s: float = KEEPALIVE_S
 
 
 class Turns:
@@ -159,22 +167,54 @@ class Turns:
             logger.debug("session %s: a retry generated again; turn %s superseded", sid, earlier)
             self.metrics.retried(recorded=False)
         pending = session.answers.start(prepared, proto.name, key)
+        live = self._live(request, proto, turn, prepared)
         try:
             answer = await self._generate_and_keep(
-                proto, turn, session, prepared, sampling, key, timing, bool(earlier)
+                proto, turn, session, prepared, sampling, key, timing, bool(earlier), live
             )
+        except TokentrailError as exc:
+            session.answers.done(pending, None)
+            if live is not None and live.started:
+                # The 200 went out: the error goes in the stream, in the protocol's shape.
+                return await live.fail(exc.status, exc.kind, str(exc))
+            raise
         except BaseException:
             session.answers.done(pending, None)
+            if live is not None:
+                await live.abandon()
             raise
         session.answers.done(pending, answer)
         # The turn is kept whether or not this reply arrives: a retry is answered from it.
-        response = await write_reply(request, proto, answer.reply, turn.stream, turn.body)
+        if live is not None:
+            response = await live.finish(answer.reply, live.parsed_reply)
+        else:
+            response = await write_reply(request, proto, answer.reply, turn.stream, turn.body)
         if self.pipeline.splice_check_waits(sid):
             self.sessions.after(sid, self.pipeline.check_splice)
         timing.lap(Stage.RESPOND)
         self.metrics.observe_turn(timing.stages)
         self.timings.append(timing)
         return response
+
+    def _live(
+        self, request: web.Request, proto: WireProtocol, turn: TurnRequest, prepared: PreparedTurn
+    ) -> LiveReply | None:
+        """A reply streamed as sampled, for a streamed request when `live_stream` is on (a
+        prefill's reply is the continuation of a parse that spans it: written whole)."""
+        if not (turn.stream and self.settings.live_stream) or prepared.prefill is not None:
+            return None
+        tool_choice = prepared.conversation.tool_choice
+        return LiveReply(
+            request,
+            proto,
+            turn.body,
+            tokenizer=self.tokenizer,
+            tool_parser=None if tool_choice is ToolChoice.NONE else self.pipeline.tool_parser,
+            reasoning_parser=self.pipeline.reasoning_parser,
+            model=self.settings.model_name,
+            prompt_tokens=len(prepared.prompt_ids),
+            keepalive_s=self.settings.keepalive_s,
+        )
 
     async def _generate_and_keep(
         self,
@@ -186,6 +226,7 @@ class Turns:
         key: str,
         timing: TurnTiming,
         supersede: bool,
+        live: LiveReply | None = None,
     ) -> RecordedAnswer:
         """Generate the turn, then journal and record it before its reply leaves (a crash from
         there on must not lose it); returns the reply as kept for retries. With `supersede` it
@@ -194,14 +235,20 @@ class Turns:
         rid = uuid.uuid4().hex
         notes = request_notes.current()
         notes.request_id, notes.prompt_tokens = rid, len(prepared.prompt_ids)
-        generation = await self._generate(prepared, sampling, sid, rid)
+        if live is not None:
+            await live.start()
+        generation = await self._generate(
+            prepared, sampling, sid, rid, None if live is None else live.sink
+        )
         notes.output_tokens = len(generation.output_ids)
         timing.lap(Stage.ENGINE)
         timing.engine_reported = generation.engine_time_s
 
         parsed, reply, outcome = await self.offload.run(
-            self._answer, proto, prepared, generation, turn.body
+            self._answer, proto, prepared, generation, turn.body, live and live.reply_id
         )
+        if live is not None:
+            live.parsed_reply = parsed.reply
         metadata = {
             "protocol": proto.name,
             "request_id": rid,
@@ -269,6 +316,7 @@ class Turns:
         prepared: PreparedTurn,
         generation: Generation,
         body: dict[str, Any],
+        reply_id: str | None = None,
     ) -> tuple[ParsedTurn, dict[str, Any], Outcome]:
         """The sampled ids as a message, and the protocol's reply to the harness (the reply
         to a prefill holds the continuation alone)."""
@@ -285,7 +333,7 @@ class Turns:
             reasoning_tokens=reasoning_tokens(self.tokenizer, generation.output_ids, reply),
             output_ids=list(generation.output_ids),
             logprobs=list(generation.logprobs),
-            reply_id=proto.mint_reply_id(),
+            reply_id=reply_id or proto.mint_reply_id(),
             body=body,
         )
         if proto.wants_logprobs(body):
@@ -293,10 +341,16 @@ class Turns:
         return parsed, proto.reply(outcome), outcome
 
     async def _generate(
-        self, prepared: PreparedTurn, sampling: SamplingParams, sid: str, rid: str
+        self,
+        prepared: PreparedTurn,
+        sampling: SamplingParams,
+        sid: str,
+        rid: str,
+        sink: TokenSink | None = None,
     ) -> Generation:
         """One engine call, its output checked; any failure is a 502 with an abort sent and
-        nothing recorded, counted by fault."""
+        nothing recorded, counted by fault. With a `sink`, the tokens go to it as the engine
+        streams them (all at the end from an engine that does not stream)."""
         request = GenerateRequest(
             input_ids=prepared.prompt_ids,
             sampling=sampling,
@@ -309,7 +363,12 @@ class Turns:
         )
         try:
             async with self._engine_slot():
-                generation = await self.engine.generate(request)
+                if sink is not None and isinstance(self.engine, StreamingEngine):
+                    generation = await self.engine.generate_streaming(request, sink)
+                else:
+                    generation = await self.engine.generate(request)
+                    if sink is not None and generation.output_ids:
+                        sink(generation.output_ids, generation.logprobs)
             check_generation(
                 generation,
                 max_new_tokens=sampling.max_new_tokens,

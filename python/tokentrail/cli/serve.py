@@ -14,6 +14,7 @@ from tokentrail.kinds import Backend, DriftPolicy, History, Restore, Retry, Rewr
 
 
 def add_command(sub: Any) -> None:
+    from tokentrail.adapter.protocols.common import KEEPALIVE_S
     from tokentrail.text.formats import reasoning_format_names, tool_format_names
 
     serve = sub.add_parser("serve", help="serve the Anthropic/OpenAI adapter")
@@ -135,6 +136,21 @@ def add_command(sub: Any) -> None:
         help="exclude the known side requests of Qwen Code (memory extraction), hermes-agent "
         "(context summarizer) and opencode/kilo (title generator) from training",
     )
+    group = serve.add_argument_group("streaming (README: Streaming)")
+    group.add_argument(
+        "--engine-stream",
+        action="store_true",
+        help="stream from the engine (SGLang /generate, vLLM /v1/completions with stream: true; "
+        "ids and logprobs taken from the stream) and to the harness as tokens are sampled",
+    )
+    group.add_argument(
+        "--keepalive",
+        type=float,
+        default=KEEPALIVE_S,
+        metavar="SECONDS",
+        help="with --engine-stream, a keepalive (Anthropic ping, SSE comment) whenever nothing "
+        f"else went out for this long, so idle timeouts do not fire (default {KEEPALIVE_S:g})",
+    )
     _log_flags(serve)
     serve.set_defaults(func=_serve)
 
@@ -172,6 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
     from tokentrail.adapter.limits import Limits
     from tokentrail.adapter.server import Adapter, AdapterConfig, serve_forever
     from tokentrail.engines import create_engine
+    from tokentrail.engines.streaming import StreamingEngine
     from tokentrail.errors import TokentrailError
     from tokentrail.storage.journal import Journal
     from tokentrail.text.families import resolve_family
@@ -218,6 +235,8 @@ def _serve(args: argparse.Namespace) -> int:
         routed_experts=args.routed_experts,
         indexer_topk=args.indexer_topk,
         retry=Retry(args.retries),
+        live_stream=args.engine_stream,
+        keepalive_s=args.keepalive,
         access_log=(
             None if args.access_log is None else AccessLog(args.access_log, args.access_log_json)
         ),
@@ -241,8 +260,11 @@ def _serve(args: argparse.Namespace) -> int:
             indexer=indexer,
         )
         journal = Journal(args.journal, sync=args.journal_sync) if args.journal else None
+        engine = create_engine(args.engine, tokenizer, timeout=args.engine_timeout)
+        if args.engine_stream and isinstance(engine, StreamingEngine):
+            engine.stream = True
         adapter = Adapter(
-            engine=create_engine(args.engine, tokenizer, timeout=args.engine_timeout),
+            engine=engine,
             tokenizer=tokenizer,
             chat_template=template,
             manager=manager,
