@@ -281,8 +281,10 @@ def test_an_engine_failing_after_the_200_is_an_error_event(tokenizer) -> None:
     assert "device-side assert" in data["error"]["message"]
 
 
-def test_a_client_gone_mid_stream_aborts_the_engine_request(tokenizer) -> None:
-    ids, _ = sampled(tokenizer)
+def test_a_client_gone_mid_stream_is_recorded_masked_and_its_retry_answered_fresh(
+    tokenizer,
+) -> None:
+    ids, logprobs = sampled(tokenizer)
     fake = FakeSGLang(reply_for(tokenizer), stall_at=20)
 
     async def scenario(url: str, srv: Any):
@@ -297,11 +299,28 @@ def test_a_client_gone_mid_stream_aborts_the_engine_request(tokenizer) -> None:
                     seen += chunk
                     if b"thinking_delta" in seen:
                         break
-        for _ in range(300):
+        for _ in range(500):
             if srv.aborted:
                 break
             await asyncio.sleep(0.01)
-        return srv.aborted, list(srv.streamed)
+        aborted, rids = list(srv.aborted), list(srv.streamed)
+        await asyncio.sleep(0.3)  # the partial turn is recorded in the background
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/metrics") as resp:
+                metrics = await resp.text()
+        srv.stall_at = None
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="s-gone", max_retries=0)
+        retry = await client.messages.create(**ANTHROPIC_BODY)
+        return aborted, rids, metrics, retry, await finished(url, "s-gone")
 
-    aborted, rids = serve(fake, SGLangEngine, tokenizer, scenario)
-    assert aborted == rids  # the one engine request, aborted by its rid
+    aborted, rids, metrics, retry, done = serve(fake, SGLangEngine, tokenizer, scenario)
+    assert aborted == rids[:1]  # the engine request, stopped by its rid
+    assert "tokentrail_client_disconnects_total 1.0" in metrics
+    partial, fresh = done["ledger"]["turns"]
+    assert partial["generated"] == 20 and partial["trained"] == 0
+    assert partial["masked"] == {"client_disconnected": 20}
+    assert partial["superseded"] is True  # the retry was answered fresh
+    assert fresh["generated"] == len(ids) and fresh["trained"] == len(ids)
+    assert retry.content[-1].type == "tool_use"
+    (sample,) = done["samples"]
+    assert "client_disconnected" in json.dumps(done["ledger"])

@@ -53,6 +53,7 @@ from tokentrail.errors import (
 from tokentrail.kinds import EngineFault, Retry, Stage, ToolChoice
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
+from tokentrail.trajectory.ledger import DISCONNECTED_KEY
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import (
     ParsedTurn,
@@ -116,6 +117,8 @@ class Turns:
         self.vocab_size = tokenizer.vocab_size
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
         self._engine_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        # Turns cut short by their client, being recorded (strong references).
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- on the loop: the turn ------------------------------------------------------------------
 
@@ -237,9 +240,18 @@ class Turns:
         notes.request_id, notes.prompt_tokens = rid, len(prepared.prompt_ids)
         if live is not None:
             await live.start()
-        generation = await self._generate(
-            prepared, sampling, sid, rid, None if live is None else live.sink
-        )
+        try:
+            generation = await self._generate(
+                prepared, sampling, sid, rid, None if live is None else live.sink
+            )
+        except asyncio.CancelledError:
+            if live is not None:
+                # The harness went away mid-stream (the engine request is stopped by the
+                # cancel): what it was sent is recorded, masked, in the background.
+                self.metrics.client_disconnected()
+                if live.ids:
+                    self._keep_partial(proto, session, prepared, live, rid)
+            raise
         notes.output_tokens = len(generation.output_ids)
         timing.lap(Stage.ENGINE)
         timing.engine_reported = generation.engine_time_s
@@ -265,6 +277,61 @@ class Turns:
             self._keep(session, prepared, generation, parsed, metadata, answer, supersede)
         )
         return await asyncio.shield(keep)
+
+    def _keep_partial(
+        self,
+        proto: WireProtocol,
+        session: Session,
+        prepared: PreparedTurn,
+        live: LiveReply,
+        rid: str,
+    ) -> None:
+        """Record, and journal, a turn cut short by a client gone mid-stream: the tokens the
+        engine streamed until it was stopped, finish `abort`, masked `client_disconnected`.
+        Nothing answers a retry from it: a retry is generated fresh and supersedes it."""
+        generation = Generation(
+            list(live.ids), list(live.logprobs), "abort", len(prepared.prompt_ids), 0.0
+        )
+
+        async def keep() -> None:
+            parsed = await self.offload.run(self.pipeline.parse, prepared, generation.output_ids)
+            metadata = {
+                "protocol": proto.name,
+                "request_id": rid,
+                "reply_id": live.reply_id,
+                "call_ids": [],
+                "ill_formed": parsed.reason,
+                "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
+                DISCONNECTED_KEY: True,
+                **prepared.tags,
+            }
+            if self.journal is not None:
+                await self.offload.journal(
+                    partial(journal_turn, self.journal, prepared, generation, parsed, metadata)
+                )
+            session.turns += 1
+            await self.offload.run(
+                partial(
+                    self.pipeline.record,
+                    prepared,
+                    generation,
+                    parsed.message,
+                    ill_formed=parsed.ill_formed,
+                    metadata=metadata,
+                ),
+                session=prepared.sid,
+            )
+
+        task = asyncio.ensure_future(keep())
+        self._background.add(task)
+        task.add_done_callback(self._kept_partial)
+
+    def _kept_partial(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning(
+                "a turn cut short by its client could not be recorded: %s", task.exception()
+            )
 
     async def _keep(
         self,

@@ -272,6 +272,10 @@ class Ledger:
 # -- deciding every generated token's fate ---------------------------------------------------
 
 
+# The metadata key that marks a turn cut short by a client gone mid-stream (`adapter.live`).
+DISCONNECTED_KEY = "client_disconnected"
+
+
 def is_superseded(node: Node) -> bool:
     """A generated turn a later generation from its prompt replaced, and nothing built on."""
     return node.turn is not None and node.turn.superseded and not node.children
@@ -314,17 +318,20 @@ def build_ledger(
         if turn is not None:
             k = turn.id
             excluded = node.metadata.get("excluded")
+            disconnected = bool(node.metadata.get(DISCONNECTED_KEY))
             superseded = is_superseded(node)
-            trained_k = 0 if excluded else lin.trained.get(k, 0)
-            masked: dict[MaskReason, int] = (
-                {MaskReason.EXCLUDED: turn.output_len}
-                if excluded
-                else {
+            trained_k = 0 if excluded or disconnected else lin.trained.get(k, 0)
+            masked: dict[MaskReason, int]
+            if excluded:
+                masked = {MaskReason.EXCLUDED: turn.output_len}
+            elif disconnected:
+                masked = {MaskReason.CLIENT_DISCONNECTED: turn.output_len}
+            else:
+                masked = {
                     MaskReason.REALIGNED: lin.realigned.get(k, 0),
                     MaskReason.TRUNCATED: lin.truncated.get(k, 0),
                 }
-            )
-            if superseded and mask_superseded and not excluded:
+            if superseded and mask_superseded and not excluded and not disconnected:
                 # Left out of every sample: whatever no other reason took.
                 masked[MaskReason.SUPERSEDED] = turn.output_len - trained_k - sum(masked.values())
             row = turn_fate(

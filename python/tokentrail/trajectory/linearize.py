@@ -12,7 +12,7 @@ from typing import Any
 from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
 from tokentrail.kinds import DriftKind, DriftPolicy, Replay
 from tokentrail.messages import tool_names
-from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
+from tokentrail.trajectory.ledger import DISCONNECTED_KEY, Ledger, build_ledger, is_superseded
 from tokentrail.trajectory.loss import LostSpan
 from tokentrail.trajectory.loss import summary as loss_summary
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
@@ -107,8 +107,9 @@ def linearize_session(
 def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
     """Every root-to-leaf path's generated turns, as store ids.
 
-    Excluded turns (side conversations) stay in the tree and the ledger but in no chain: a
-    later turn that builds on one holds its tokens as prompt. A superseded leaf (a retry was
+    Excluded turns (side conversations) and turns cut short by a client that went away stay in
+    the tree and the ledger but in no chain: a later turn that builds on one holds its tokens as
+    prompt. A superseded leaf (a retry was
     answered fresh) is left out unless superseded turns train.
     """
     chains = []
@@ -116,7 +117,11 @@ def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
         if is_superseded(leaf) and not train_superseded:
             continue
         chain = [
-            n.turn.id for n in leaf.path() if n.turn is not None and not n.metadata.get("excluded")
+            n.turn.id
+            for n in leaf.path()
+            if n.turn is not None
+            and not n.metadata.get("excluded")
+            and not n.metadata.get(DISCONNECTED_KEY)
         ]
         if chain:
             chains.append(chain)
