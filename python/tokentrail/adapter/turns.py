@@ -170,7 +170,7 @@ class Turns:
             logger.debug("session %s: a retry generated again; turn %s superseded", sid, earlier)
             self.metrics.retried(recorded=False)
         pending = session.answers.start(prepared, proto.name, key)
-        live = self._live(request, proto, turn, prepared)
+        live = live_reply(self, request, proto, turn, prepared)
         try:
             answer = await self._generate_and_keep(
                 proto, turn, session, prepared, sampling, key, timing, bool(earlier), live
@@ -198,26 +198,6 @@ class Turns:
         self.metrics.observe_turn(timing.stages)
         self.timings.append(timing)
         return response
-
-    def _live(
-        self, request: web.Request, proto: WireProtocol, turn: TurnRequest, prepared: PreparedTurn
-    ) -> LiveReply | None:
-        """A reply streamed as sampled, for a streamed request when `live_stream` is on (a
-        prefill's reply is the continuation of a parse that spans it: written whole)."""
-        if not (turn.stream and self.settings.live_stream) or prepared.prefill is not None:
-            return None
-        tool_choice = prepared.conversation.tool_choice
-        return LiveReply(
-            request,
-            proto,
-            turn.body,
-            tokenizer=self.tokenizer,
-            tool_parser=None if tool_choice is ToolChoice.NONE else self.pipeline.tool_parser,
-            reasoning_parser=self.pipeline.reasoning_parser,
-            model=self.settings.model_name,
-            prompt_tokens=len(prepared.prompt_ids),
-            keepalive_s=self.settings.keepalive_s,
-        )
 
     async def _generate_and_keep(
         self,
@@ -250,7 +230,11 @@ class Turns:
                 # cancel): what it was sent is recorded, masked, in the background.
                 self.metrics.client_disconnected()
                 if live.ids:
-                    self._keep_partial(proto, session, prepared, live, rid)
+                    task = asyncio.ensure_future(
+                        keep_cut_short(self, proto, session, prepared, live, rid)
+                    )
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
             raise
         notes.output_tokens = len(generation.output_ids)
         timing.lap(Stage.ENGINE)
@@ -277,61 +261,6 @@ class Turns:
             self._keep(session, prepared, generation, parsed, metadata, answer, supersede)
         )
         return await asyncio.shield(keep)
-
-    def _keep_partial(
-        self,
-        proto: WireProtocol,
-        session: Session,
-        prepared: PreparedTurn,
-        live: LiveReply,
-        rid: str,
-    ) -> None:
-        """Record, and journal, a turn cut short by a client gone mid-stream: the tokens the
-        engine streamed until it was stopped, finish `abort`, masked `client_disconnected`.
-        Nothing answers a retry from it: a retry is generated fresh and supersedes it."""
-        generation = Generation(
-            list(live.ids), list(live.logprobs), "abort", len(prepared.prompt_ids), 0.0
-        )
-
-        async def keep() -> None:
-            parsed = await self.offload.run(self.pipeline.parse, prepared, generation.output_ids)
-            metadata = {
-                "protocol": proto.name,
-                "request_id": rid,
-                "reply_id": live.reply_id,
-                "call_ids": [],
-                "ill_formed": parsed.reason,
-                "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
-                DISCONNECTED_KEY: True,
-                **prepared.tags,
-            }
-            if self.journal is not None:
-                await self.offload.journal(
-                    partial(journal_turn, self.journal, prepared, generation, parsed, metadata)
-                )
-            session.turns += 1
-            await self.offload.run(
-                partial(
-                    self.pipeline.record,
-                    prepared,
-                    generation,
-                    parsed.message,
-                    ill_formed=parsed.ill_formed,
-                    metadata=metadata,
-                ),
-                session=prepared.sid,
-            )
-
-        task = asyncio.ensure_future(keep())
-        self._background.add(task)
-        task.add_done_callback(self._kept_partial)
-
-    def _kept_partial(self, task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.warning(
-                "a turn cut short by its client could not be recorded: %s", task.exception()
-            )
 
     async def _keep(
         self,
@@ -458,6 +387,79 @@ class Turns:
         if self._engine_slots is None or self._engine_slots[0] is not loop:
             self._engine_slots = (loop, asyncio.Semaphore(n))
         return self._engine_slots[1]
+
+
+def live_reply(
+    turns: Turns,
+    request: web.Request,
+    proto: WireProtocol,
+    turn: TurnRequest,
+    prepared: PreparedTurn,
+) -> LiveReply | None:
+    """A reply streamed as sampled, for a streamed request when `live_stream` is on (a
+    prefill's reply is the continuation of a parse that spans it: written whole)."""
+    if not (turn.stream and turns.settings.live_stream) or prepared.prefill is not None:
+        return None
+    tool_choice = prepared.conversation.tool_choice
+    return LiveReply(
+        request,
+        proto,
+        turn.body,
+        tokenizer=turns.tokenizer,
+        tool_parser=None if tool_choice is ToolChoice.NONE else turns.pipeline.tool_parser,
+        reasoning_parser=turns.pipeline.reasoning_parser,
+        model=turns.settings.model_name,
+        prompt_tokens=len(prepared.prompt_ids),
+        keepalive_s=turns.settings.keepalive_s,
+    )
+
+
+async def keep_cut_short(
+    turns: Turns,
+    proto: WireProtocol,
+    session: Session,
+    prepared: PreparedTurn,
+    live: LiveReply,
+    rid: str,
+) -> None:
+    """Record, and journal, a turn cut short by a client gone mid-stream: the tokens the
+    engine streamed until it was stopped, finish `abort`, masked `client_disconnected`.
+    Nothing answers a retry from it: a retry is generated fresh and supersedes it."""
+    generation = Generation(
+        list(live.ids), list(live.logprobs), "abort", len(prepared.prompt_ids), 0.0
+    )
+    try:
+        parsed = await turns.offload.run(turns.pipeline.parse, prepared, generation.output_ids)
+        metadata = {
+            "protocol": proto.name,
+            "request_id": rid,
+            "reply_id": live.reply_id,
+            "call_ids": [],
+            "ill_formed": parsed.reason,
+            "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
+            DISCONNECTED_KEY: True,
+            **prepared.tags,
+        }
+        if turns.journal is not None:
+            await turns.offload.journal(
+                partial(journal_turn, turns.journal, prepared, generation, parsed, metadata)
+            )
+        session.turns += 1
+        await turns.offload.run(
+            partial(
+                turns.pipeline.record,
+                prepared,
+                generation,
+                parsed.message,
+                ill_formed=parsed.ill_formed,
+                metadata=metadata,
+            ),
+            session=prepared.sid,
+        )
+    except Exception as exc:
+        logger.warning(
+            "session %s: a turn cut short by its client was not recorded: %s", prepared.sid, exc
+        )
 
 
 def journal_turn(
