@@ -58,13 +58,15 @@ def messages(draw: st.DrawFn) -> dict[str, Any]:
     return message
 
 
-def streamed(text: str, cuts: list[int], tool: str | None, reasoning: str | None) -> None:
+def streamed(
+    text: str, cuts: list[int], tool: str | None, reasoning: str | None, opens: bool = True
+) -> None:
     """Feed `text` cut at `cuts`; what went out must be a prefix of the whole parse at every
     step and, with `finish`, equal it."""
     whole = parse_output(text, tool, reasoning)
     final_r = whole.message.get("reasoning_content") or ""
     final_c = whole.message.get("content") or ""
-    parser = StreamParser(tool, reasoning)
+    parser = StreamParser(tool, reasoning, prompt_opens=opens)
     got_r, got_c = "", ""
     bounds = [0, *sorted(set(cuts)), len(text)]
     for a, b in zip(bounds, bounds[1:], strict=False):
@@ -98,6 +100,9 @@ def test_streamed_parse_equals_the_whole_parse(message: dict[str, Any], family, 
     text = format_output(message, fmt_tool, reasoning, opened=opened)
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
     streamed(text, cuts, tool, reasoning)
+    if not opened:
+        # A family whose prompt never opens the block: content streams from its first token.
+        streamed(text, cuts, tool, reasoning, opens=False)
 
 
 @settings(max_examples=300, deadline=None)
@@ -149,6 +154,12 @@ def test_content_goes_out_before_the_turn_ends() -> None:
     out = parser.feed("nk>\n\nHere is <tool_")
     assert (out.reasoning, out.content) == ("", "Here is ")
     assert parser.feed("call>\n{").content == ""  # a call: nothing more until the end
+
+
+def test_content_streams_at_once_when_the_prompt_cannot_open_a_block() -> None:
+    parser = StreamParser("hermes", "qwen3", prompt_opens=False)
+    assert parser.feed("Sure, here").content == "Sure, here"
+    assert StreamParser("hermes", "qwen3").feed("Sure, here").content == ""
 
 
 def test_a_block_the_prompt_opened_is_held_until_it_closes() -> None:

@@ -87,8 +87,10 @@ class _FakeServer:
     token_delay_s: float = 0.0
     first_token_s: float = 0.0
     stall_at: int | None = None
-    # Every streamed answer's events, as sent (the JSON objects), by request id.
+    # Every streamed answer's events, as sent (the JSON objects), and when each was written
+    # (`time.perf_counter`), by request id.
     streamed: dict[str, list[Any]] = field(default_factory=dict)
+    streamed_at: dict[str, list[float]] = field(default_factory=dict)
     _runner: web.AppRunner | None = None
 
     def routes(self) -> list[web.RouteDef]:
@@ -162,9 +164,11 @@ class _FakeServer:
         await response.prepare(request)
         sent: list[Any] = []
         self.streamed[rid] = sent
+        times = self.streamed_at[rid] = []
 
         async def send(obj: Any) -> None:
             sent.append(obj)
+            times.append(time.perf_counter())
             await response.write(
                 b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
             )

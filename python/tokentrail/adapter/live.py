@@ -44,6 +44,7 @@ class LiveReply:
         tokenizer: LoadedTokenizer,
         tool_parser: str | None,
         reasoning_parser: str | None,
+        prompt_opens_reasoning: bool,
         model: str,
         prompt_tokens: int,
         keepalive_s: float = KEEPALIVE_S,
@@ -52,7 +53,9 @@ class LiveReply:
         self.reply_id = proto.mint_reply_id()
         self.stream: LiveStream = proto.live(body, self.reply_id, model, prompt_tokens)
         self.decoder = StreamDecoder(tokenizer)
-        self.parser = StreamParser(tool_parser, reasoning_parser)
+        self.parser = StreamParser(
+            tool_parser, reasoning_parser, prompt_opens=prompt_opens_reasoning
+        )
         self.keepalive_s = keepalive_s
         self.response: web.StreamResponse | None = None
         self._pending = bytearray()

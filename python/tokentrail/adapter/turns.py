@@ -401,6 +401,7 @@ def live_reply(
     if not (turn.stream and turns.settings.live_stream) or prepared.prefill is not None:
         return None
     tool_choice = prepared.conversation.tool_choice
+    family = turns.pipeline.family
     return LiveReply(
         request,
         proto,
@@ -408,6 +409,8 @@ def live_reply(
         tokenizer=turns.tokenizer,
         tool_parser=None if tool_choice is ToolChoice.NONE else turns.pipeline.tool_parser,
         reasoning_parser=turns.pipeline.reasoning_parser,
+        # An unknown family's prompt may open the block: its content waits to be sure.
+        prompt_opens_reasoning=family is None or family.prompt_opens_reasoning,
         model=turns.settings.model_name,
         prompt_tokens=len(prepared.prompt_ids),
         keepalive_s=turns.settings.keepalive_s,

@@ -110,6 +110,13 @@ class StreamParser:
 
     tool_parser: str | None
     reasoning_parser: str | None
+    # Whether the prompt may have opened the reasoning block (its generation prompt ends with
+    # `<think>`). When it cannot have (a family whose prompt never does), output that does not
+    # open a block itself is content from its first token; only a stray `</think>` in it
+    # (which the whole parse reads as the end of reasoning) then makes `finish` report a
+    # mismatch. When it may have, that content waits for `</think>`, `<think>`, a call start
+    # or the end.
+    prompt_opens: bool = True
     text: str = ""
     sent_reasoning: list[str] = field(default_factory=list)
     sent_content: list[str] = field(default_factory=list)
@@ -164,7 +171,7 @@ class StreamParser:
                 self.scan = self.r_start
                 self.phase = _Phase.REASONING
             elif not THINK_OPEN.startswith(s):
-                self.phase = _Phase.OPENED
+                self.phase = _Phase.OPENED if self.prompt_opens else _Phase.BODY
         elif self.phase is _Phase.REASONING:
             self._reasoning(out)
         elif self.phase is _Phase.OPENED:
