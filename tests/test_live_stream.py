@@ -25,6 +25,7 @@ from support.fake_engines import IM_END, FakeSGLang, FakeVLLM
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.engines.vllm import VLLMEngine
+from tokentrail.storage.journal import Journal
 from tokentrail.text.parsing import format_output
 
 ADMIN = "live-admin"
@@ -66,7 +67,16 @@ def reply_for(tokenizer):
     return lambda _prompt: (list(ids), list(logprobs), "stop")
 
 
-def serve(fake: Any, client_cls: type, tokenizer, scenario, *, stream: bool = True, **config):
+def serve(
+    fake: Any,
+    client_cls: type,
+    tokenizer,
+    scenario,
+    *,
+    stream: bool = True,
+    journal: Journal | None = None,
+    **config,
+):
     async def go():
         async with fake as srv:
             engine = client_cls(srv.url, stream=stream)
@@ -74,6 +84,7 @@ def serve(fake: Any, client_cls: type, tokenizer, scenario, *, stream: bool = Tr
                 engine=engine,
                 tokenizer=tokenizer,
                 config=AdapterConfig(admin_token=ADMIN, live_stream=stream, **config),
+                journal=journal,
             )
             runner, url = await start_server(adapter)
             try:
@@ -324,3 +335,40 @@ def test_a_client_gone_mid_stream_is_recorded_masked_and_its_retry_answered_fres
     assert retry.content[-1].type == "tool_use"
     (sample,) = done["samples"]
     assert "client_disconnected" in json.dumps(done["ledger"])
+
+
+def test_a_turn_cut_short_stays_masked_after_a_restart(tokenizer, tmp_path) -> None:
+    """Journaled as cut short: the adapter restarted on its journal still masks it whole and
+    trains nothing of it."""
+    path = tmp_path / "j.db"
+    fake = FakeSGLang(reply_for(tokenizer), stall_at=12)
+
+    async def cut(url: str, srv: Any):
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{url}/v1/messages",
+                json={**ANTHROPIC_BODY, "stream": True},
+                headers={"x-api-key": "s-j"},
+            ) as resp:
+                async for chunk in resp.content.iter_any():
+                    if b"thinking_delta" in chunk:
+                        break
+        for _ in range(500):
+            if srv.aborted:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+
+    first = Journal(path)
+    serve(fake, SGLangEngine, tokenizer, cut, journal=first)
+    first.close()
+
+    async def finish(url: str, srv: Any):
+        return await finished(url, "s-j")
+
+    second = Journal(path)
+    done = serve(FakeSGLang(reply_for(tokenizer)), SGLangEngine, tokenizer, finish, journal=second)
+    second.close()
+    (turn,) = done["ledger"]["turns"]
+    assert turn["masked"] == {"client_disconnected": 12} and turn["trained"] == 0
+    assert done["samples"] == []
