@@ -102,13 +102,12 @@ class LiveReply:
 
     async def _write_loop(self) -> None:
         assert self.response is not None
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.keepalive_s)
-            except TimeoutError:
-                self.keepalives += 1
-                await self.response.write(self.stream.keepalive())
-                continue
+            # A timer, not `wait_for` (a task per wake-up, per token): it only sets the event.
+            timer = loop.call_later(self.keepalive_s, self._wake.set)
+            await self._wake.wait()
+            timer.cancel()
             self._wake.clear()
             if self._pending:
                 data = bytes(self._pending)
@@ -116,6 +115,9 @@ class LiveReply:
                 await self.response.write(data)
                 if self.first_write_at is None:
                     self.first_write_at = time.perf_counter()
+            else:
+                self.keepalives += 1
+                await self.response.write(self.stream.keepalive())
 
     async def _stop_writer(self) -> None:
         if self._writer is None:
