@@ -33,6 +33,7 @@ from support.claude_code import (
 from support.engine_thread import engine_in_thread
 from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import resume_checks, serving, serving_in_thread
+from support.stand_in import scripted_reply
 from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest
@@ -423,3 +424,50 @@ def test_real_claude_code_over_sglang_with_routed_experts_at_48x8(
     coverage = ledger["replay"]["routed_experts"]
     assert coverage["missing"] == {} and coverage["present"] == coverage["tokens"] > 10_000
     assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
+
+
+@pytest.mark.parametrize("wire", ["sglang", "vllm"])
+def test_real_claude_code_streams_token_by_token_from_a_streaming_engine(
+    claude_exe: Path, tmp_path: Path, wire: str
+) -> None:
+    """The first test's session with `--engine-stream` over a stand-in that streams as the
+    engine does, a token or two an event, after a 1.5 s wait before each turn's first token
+    (keepalives every 0.3 s meanwhile): Claude Code takes every reply without a retry, and
+    what is recorded is what the engine streamed, every token trained."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    script = _script(repo)
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    fake_cls = FakeSGLang if wire == "sglang" else FakeVLLM
+    fake = fake_cls(scripted_reply(script), first_token_s=1.5, tokens_per_event=2)
+    with engine_in_thread(fake) as engine:
+        with serving(
+            script_file, "--engine", f"{wire}://{engine.url}", "--engine-stream",
+            "--keepalive", "0.3",
+        ) as served:  # fmt: skip
+            run = run_claude(
+                claude_exe,
+                "Fix the spacing in calc.py and add util.py with mul().",
+                base_url=served.url,
+                session_id=f"cc-stream-{wire}",
+                cwd=repo,
+                timeout=240,
+            )
+            assert run.returncode == 0, run.stderr[-2000:]
+            finished = served.finish(f"cc-stream-{wire}")
+
+    path = "/generate" if wire == "sglang" else "/v1/completions"
+    assert all(body["stream"] is True for body in fake.bodies(path))
+    assert len(fake.streamed) == len(script)  # no retries: every streamed answer was taken
+    assert all(len(events) > 3 for events in fake.streamed.values())
+    assert (repo / "util.py").read_text() == "def mul(a, b):\n    return a * b\n"
+    ledger = finished["ledger"]
+    streamed_tokens = (
+        sum(len(body["output_token_logprobs"]) for body in fake.answers)
+        if wire == "sglang"
+        else sum(len(a["choices"][0]["token_ids"]) for a in fake.answered)
+    )
+    assert ledger["generated_tokens"] == streamed_tokens > 0
+    assert ledger["trained_tokens"] == ledger["generated_tokens"]

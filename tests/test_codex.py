@@ -17,9 +17,14 @@ from pathlib import Path
 import pytest
 
 from support.codex import CODEX_VERSION, install_codex, run_codex, write_home
+from support.engine_thread import engine_in_thread
+from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import resume_checks, serving_in_thread
+from support.stand_in import scripted_reply
 from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.engines.sglang import SGLangEngine
+from tokentrail.engines.vllm import VLLMEngine
 from tokentrail.sim.codex import CALC, CODEX_SCRIPT, TEST
 
 SCRIPT = CODEX_SCRIPT
@@ -92,3 +97,42 @@ def test_real_codex_session_and_its_resume_train_every_token(
     # Every request was translated resumed and in full, and the two were the same.
     checks = resume_checks(adapter.metrics.render()[0].decode())
     assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)
+
+
+@pytest.mark.parametrize("wire", ["sglang", "vllm"])
+def test_real_codex_over_a_streaming_engine(
+    codex_exe: Path, tokenizer, tmp_path: Path, wire: str
+) -> None:
+    """The first process above with the engine streamed (`--engine-stream`) from a stand-in
+    that waits 1 s before each first token and streams a token or two an event: the Responses
+    stream keeps Codex waiting with keepalives (0.3 s) and is written whole once the turn is
+    done; Codex takes every reply without a retry, and what is recorded is what was streamed."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "calc.py").write_text(CALC)
+    (work / "test_calc.py").write_text(TEST)
+    fake_cls = FakeSGLang if wire == "sglang" else FakeVLLM
+    fake = fake_cls(scripted_reply(SCRIPT), first_token_s=1.0, tokens_per_event=2)
+    with engine_in_thread(fake) as stand_in:
+        client = (SGLangEngine if wire == "sglang" else VLLMEngine)(stand_in.url, stream=True)
+        adapter = Adapter(
+            engine=client,
+            tokenizer=tokenizer,
+            config=AdapterConfig(live_stream=True, keepalive_s=0.3),
+        )
+        with serving_in_thread(adapter) as (url, loop):
+            home = write_home(tmp_path / "codex-home", url)
+            first = run_codex(
+                codex_exe, "Space the sum in calc.py.", home=home, session_id="cxs", cwd=work
+            )
+            assert first.returncode == 0, first.stderr[-3000:]
+            trajectory = asyncio.run_coroutine_threadsafe(
+                adapter.finish_trajectory("cxs", reward=1.0), loop
+            ).result(60)
+
+    assert (work / "calc.py").read_text() == "def add(a, b):\n    return a + b  \n"
+    ledger = trajectory.ledger
+    assert len(fake.streamed) == len(ledger.turns) >= 4  # every streamed answer was taken
+    assert all(len(events) > 3 for events in fake.streamed.values())
+    assert ledger.trained_tokens == ledger.generated_tokens > 0
+    assert len(trajectory.samples) == 1

@@ -86,6 +86,7 @@ def test_session_finished_adds_the_ledger() -> None:
         "realigned": 3,
         "truncated": 2,
         "superseded": 0,
+        "client_disconnected": 0,
         "unaccounted": 0,
     }
     assert labelled(s, "tokentrail_drift_decisions_total", "kind") == {

@@ -17,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from support.engine_thread import engine_in_thread
+from support.fake_engines import FakeSGLang, FakeVLLM
 from support.qwen_code import QWEN_CODE_VERSION, install_qwen_code, run_qwen
 from support.serve import serving
+from support.stand_in import scripted_reply
 
 CALC = "def add(a, b):\n    return a+b\n"
 
@@ -124,3 +127,46 @@ def test_real_qwen_code_session_is_one_sample_and_trains_everything(
     assert ledger["restored_by_tool"] == {"edit": 1}
     # Every request was translated resumed and in full, and the two were the same.
     assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
+
+
+@pytest.mark.parametrize("wire", ["sglang", "vllm"])
+def test_real_qwen_code_streams_token_by_token_from_a_streaming_engine(
+    qwen_exe: Path, tmp_path: Path, wire: str
+) -> None:
+    """The session above with `--engine-stream` over a stand-in that streams as the engine
+    does (a token or two an event, 1 s before each first token, keepalives every 0.3 s): Qwen
+    Code's Chat Completions stream takes every reply, and what is recorded is what the engine
+    streamed, every token trained, one sample."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    (repo / "README.md").write_text("# calc\n")
+    script = _script(repo)
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    fake_cls = FakeSGLang if wire == "sglang" else FakeVLLM
+    fake = fake_cls(scripted_reply(script), first_token_s=1.0, tokens_per_event=2)
+    with engine_in_thread(fake) as engine:
+        with serving(
+            script_file, "--engine", f"{wire}://{engine.url}", "--engine-stream",
+            "--keepalive", "0.3",
+        ) as served:  # fmt: skip
+            run = run_qwen(
+                qwen_exe,
+                "Fix the spacing in calc.py, note it in NOTES.md and check add(2, 3).",
+                base_url=served.url,
+                session_id=f"qwen-stream-{wire}",
+                cwd=repo,
+                timeout=180,
+            )
+            assert run.returncode == 0, (run.stderr[-2000:], run.stdout[-2000:])
+            finished = served.finish(f"qwen-stream-{wire}")
+
+    assert (repo / "NOTES.md").read_text() == "calc.py: add() is spaced.\n"
+    path = "/generate" if wire == "sglang" else "/v1/completions"
+    assert all(body["stream"] is True for body in fake.bodies(path))
+    assert len(fake.streamed) == len(script)
+    assert all(len(events) > 3 for events in fake.streamed.values())
+    ledger = finished["ledger"]
+    assert len(finished["samples"]) == 1
+    assert ledger["trained_tokens"] == ledger["generated_tokens"] > 0

@@ -80,6 +80,9 @@ class MaskReason(StrEnum):
     # A generation the harness asked for again from the same prompt and got a fresh one for
     # (nothing was built on it): a dead end the harness discarded, kept out of training.
     SUPERSEDED = "superseded"
+    # Cut short by a harness that went away mid-stream: the tokens sampled until the engine
+    # was stopped are recorded, and never trained (the harness never saw the whole turn).
+    CLIENT_DISCONNECTED = "client_disconnected"
     # Never expected: a token no reason accounts for. Logged as an error when it happens.
     UNACCOUNTED = "unaccounted"
 
@@ -330,6 +333,7 @@ class SettingGroup(StrEnum):
     LIMITS = "limits"
     JOURNAL = "journal"
     REPLAY = "replay data"
+    STREAMING = "streaming"
     LOGGING = "logging"
 
 

@@ -10,6 +10,13 @@ An answer goes out as `delivery` says: `whole` (one write with `Content-Length`)
 (`Content-Length`, then `piece_bytes` at a time) or `chunked` (chunked transfer encoding, no
 length), each piece `trickle_s` after the last; `pad_to` pads it with JSON whitespace to exactly
 that many bytes (an answer at a bound, or one byte over it).
+
+A request with `stream: true` is answered as the real engine streams (server-sent events
+`data: {json}`, then `data: [DONE]`), `tokens_per_event` tokens an event (SGLang's
+`--stream-interval`), `token_delay_s` between events, `first_token_s` before the first one
+(queueing and prefill), and with `stall_at=k` a stall after k tokens until the request is
+aborted (or the client goes), as a loaded engine stalls. SGLang's events are cumulative by
+default and deltas with `incremental` (`--incremental-streaming-output`); vLLM's are deltas.
 """
 
 from __future__ import annotations
@@ -78,6 +85,15 @@ class _FakeServer:
     pad_to: int | None = None
     # The size in bytes of every 2xx answer sent, in order.
     sent_bytes: list[int] = field(default_factory=list)
+    # How a streamed answer goes out (see the module docstring).
+    tokens_per_event: int = 1
+    token_delay_s: float = 0.0
+    first_token_s: float = 0.0
+    stall_at: int | None = None
+    # Every streamed answer's events, as sent (the JSON objects), and when each was written
+    # (`time.perf_counter`), by request id.
+    streamed: dict[str, list[Any]] = field(default_factory=dict)
+    streamed_at: dict[str, list[float]] = field(default_factory=dict)
     _runner: web.AppRunner | None = None
 
     def routes(self) -> list[web.RouteDef]:
@@ -134,6 +150,59 @@ class _FakeServer:
             raise
         return response
 
+    async def _stream(
+        self,
+        request: web.Request,
+        rid: str,
+        n_tokens: int,
+        event: Callable[[int, int, bool], Any],
+        stalled: Callable[[], Any],
+        after: list[Any] | None = None,
+    ) -> web.StreamResponse:
+        """Server-sent events: `event(start, end, last)` for each run of tokens; at `stall_at`
+        tokens, `stalled()` (awaited: the abort-final event, or None) instead of the rest."""
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        sent: list[Any] = []
+        self.streamed[rid] = sent
+        times = self.streamed_at[rid] = []
+
+        async def send(obj: Any) -> None:
+            sent.append(obj)
+            times.append(time.perf_counter())
+            await response.write(
+                b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+            )
+
+        try:
+            if self.first_token_s:
+                await asyncio.sleep(self.first_token_s)
+            at = 0
+            step = max(1, self.tokens_per_event)
+            while True:
+                if self.stall_at is not None and at >= self.stall_at:
+                    final = await stalled()
+                    if final is not None:
+                        await send(final)
+                    break
+                end = min(n_tokens, at + step)
+                await send(event(at, end, end >= n_tokens))
+                at = end
+                if at >= n_tokens:
+                    break
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+            for obj in after or ():
+                await send(obj)
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (asyncio.CancelledError, ConnectionError):
+            self.disconnected.append(rid)
+            raise
+        return response
+
     def bodies(self, path: str) -> list[Any]:
         return [r.body for r in self.requests if r.path == path]
 
@@ -172,6 +241,8 @@ class FakeSGLang(_FakeServer):
     weight_version: str = "default"
     # 0.5.20+ also sends spans `[(version, start, end)]` over the output.
     weight_spans: list[tuple[str, int, int]] | None = None
+    # `--incremental-streaming-output`: stream events hold only the new tokens.
+    incremental: bool = False
     # Every `meta_info` answered, in order, and the routed experts rows sent in each.
     answers: list[dict[str, Any]] = field(default_factory=list)
     routed_rows: list[np.ndarray] = field(default_factory=list)
@@ -254,7 +325,63 @@ class FakeSGLang(_FakeServer):
             ]
             meta["weight_version"] = self.weight_spans[-1][0]
         self.answers.append(meta)
+        if body.get("stream"):
+            return await self._stream_generate(request, rid, input_ids, ids, logprobs, meta)
         return await self._answer(request, {"text": "", "output_ids": ids, "meta_info": meta}, rid)
+
+    async def _stream_generate(
+        self,
+        request: web.Request,
+        rid: str,
+        input_ids: list[int],
+        ids: list[int],
+        logprobs: list[float],
+        final: dict[str, Any],
+    ) -> web.StreamResponse:
+        """SGLang's stream (tokenizer_manager `_handle_batch_output`): every event's
+        `meta_info` counts all `completion_tokens` so far; by default `output_ids` and
+        `output_token_logprobs` hold every token so far (`text` null until the last event),
+        with `incremental` only the new ones. Replay rows and `e2e_latency` come with the
+        last event alone."""
+        replay_keys = ("routed_experts", "indexer_topk", "cached_tokens_details", "e2e_latency")
+
+        def meta_for(start: int, end: int, reason: Any) -> dict[str, Any]:
+            meta = self._meta(rid, input_ids, ids[:end], logprobs[:end], reason)
+            for key in replay_keys:
+                meta.pop(key, None)
+            if self.incremental:
+                meta["output_token_logprobs"] = meta["output_token_logprobs"][start:]
+            return meta
+
+        def event(start: int, end: int, last: bool) -> Any:
+            if last:
+                meta = dict(final)
+                if self.incremental:
+                    meta["output_token_logprobs"] = meta["output_token_logprobs"][start:]
+            else:
+                meta = meta_for(start, end, None)
+            out_ids = ids[start:end] if self.incremental else ids[:end]
+            text = "" if self.incremental or last else None
+            return {"text": text, "output_ids": out_ids, "meta_info": meta}
+
+        async def stalled() -> Any:
+            at = self.stall_at or 0
+            abort = self._abort_events.setdefault(rid, asyncio.Event())
+            try:
+                await asyncio.wait_for(abort.wait(), HANG_LIMIT_S)
+            except TimeoutError:
+                pass
+            meta = meta_for(at, at, {"type": "abort", "message": "Abort in waiting queue"})
+            meta["output_token_logprobs"] = (
+                [] if self.incremental else meta["output_token_logprobs"]
+            )
+            return {
+                "text": "",
+                "output_ids": [] if self.incremental else ids[:at],
+                "meta_info": meta,
+            }
+
+        return await self._stream(request, rid, len(ids), event, stalled)
 
     def _meta(
         self,
@@ -384,4 +511,54 @@ class FakeVLLM(_FakeServer):
             "usage": usage,
         }
         self.answered.append(answer)
+        if body.get("stream"):
+            return await self._stream_completions(request, rid, answer, body)
         return await self._answer(request, answer, rid)
+
+    async def _stream_completions(
+        self, request: web.Request, rid: str, answer: dict[str, Any], body: dict[str, Any]
+    ) -> web.StreamResponse:
+        """vLLM's completion stream (serving_completion `completion_stream_generator`): each
+        chunk's choice holds its new `token_ids` and logprobs; the first also the
+        `prompt_token_ids`, the terminal one `finish_reason` and `weight_versions`; with
+        `stream_options.include_usage`, a last chunk with no choices and the usage."""
+        whole = answer["choices"][0]
+        ids, lp = whole["token_ids"], whole["logprobs"]
+
+        def chunk(choice: dict[str, Any], usage: Any = None) -> dict[str, Any]:
+            return {
+                "id": answer["id"],
+                "object": "text_completion",
+                "created": answer["created"],
+                "model": answer["model"],
+                "choices": [choice] if choice else [],
+                "usage": usage,
+            }
+
+        def event(start: int, end: int, last: bool) -> Any:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": "",
+                "logprobs": {
+                    "text_offset": lp["text_offset"][start:end],
+                    "token_logprobs": lp["token_logprobs"][start:end],
+                    "tokens": lp["tokens"][start:end],
+                    "top_logprobs": lp["top_logprobs"][start:end],
+                },
+                "finish_reason": whole["finish_reason"] if last else None,
+                "stop_reason": None,
+                "token_ids": ids[start:end],
+            }
+            if start == 0:
+                choice["prompt_token_ids"] = whole["prompt_token_ids"]
+            if last and "weight_versions" in whole:
+                choice["weight_versions"] = whole["weight_versions"]
+            return chunk(choice)
+
+        async def stalled() -> Any:
+            await asyncio.sleep(HANG_LIMIT_S)  # vLLM stops when the client goes
+            return None
+
+        options = body.get("stream_options") or {}
+        after = [chunk({}, answer["usage"])] if options.get("include_usage") else []
+        return await self._stream(request, rid, len(ids), event, stalled, after)

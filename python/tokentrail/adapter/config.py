@@ -10,6 +10,7 @@ from typing import Any
 from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.offload import DEFAULT_WORKERS
+from tokentrail.adapter.protocols.common import KEEPALIVE_S
 from tokentrail.kinds import History, Restore, Retry, parse_kind
 from tokentrail.trajectory.side import KNOWN_SIDE_PROMPTS
 
@@ -62,6 +63,10 @@ class AdapterConfig:
     verify_resume: bool = False
     # Refuse turns for sessions not opened with `open_session` (an adapter behind a pool).
     open_sessions_only: bool = False
+    # Stream replies as they are sampled (`serve --engine-stream`), tokens captured from the
+    # engine's own stream; a keepalive whenever nothing else went out for `keepalive_s`.
+    live_stream: bool = False
+    keepalive_s: float = KEEPALIVE_S
     # One line per request (`serve --access-log`); None: off.
     access_log: AccessLog | None = None
 

@@ -196,6 +196,12 @@ class Metrics:
             ["answer"],
             registry=r,
         )
+        self.client_disconnects = Counter(
+            "tokentrail_client_disconnects_total",
+            "Streamed turns whose harness went away mid-stream: the engine request was stopped "
+            "and the tokens sampled until then recorded, masked as client_disconnected.",
+            registry=r,
+        )
         self.resume_checks = Counter(
             "tokentrail_resume_checks_total",
             "Requests translated both resumed and in full (serve --verify-resume), by whether "
@@ -258,6 +264,9 @@ class Metrics:
 
     def retried(self, *, recorded: bool) -> None:
         self.retries.labels(answer=RETRY_ANSWERS[0] if recorded else RETRY_ANSWERS[1]).inc()
+
+    def client_disconnected(self) -> None:
+        self.client_disconnects.inc()
 
     def resume_checked(self, result: ResumeCheck) -> None:
         self.resume_checks.labels(result=result.value).inc()

@@ -121,6 +121,8 @@ class Adapter:
                 max_context_tokens=config.max_context_tokens,
                 context_tokens=model_context_length(tokenizer),
                 retry=config.retry,
+                live_stream=config.live_stream,
+                keepalive_s=config.keepalive_s,
             ),
             limits=limits,
             pipeline=self.pipeline,

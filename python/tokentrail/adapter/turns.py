@@ -25,6 +25,7 @@ from tokentrail.adapter import notes as request_notes
 from tokentrail.adapter.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
@@ -38,6 +39,7 @@ from tokentrail.engines.base import (
     ReplayRequest,
     SamplingParams,
 )
+from tokentrail.engines.streaming import StreamingEngine, TokenSink
 from tokentrail.engines.validation import check_generation
 from tokentrail.errors import (
     ContextTooLong,
@@ -45,9 +47,10 @@ from tokentrail.errors import (
     EngineLimit,
     EngineOutputError,
     ReplayError,
+    TokentrailError,
     UpstreamError,
 )
-from tokentrail.kinds import EngineFault, Retry, Stage
+from tokentrail.kinds import EngineFault, Retry, Stage, ToolChoice
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
@@ -76,6 +79,11 @@ class TurnSettings:
     context_tokens: int
     # What a retried request gets unless the session or the request says otherwise.
     retry: Retry = Retry.REPLAY
+    # Stream replies to the harness as they are sampled (`adapter.live`), with a keepalive
+    # whenever nothing else went out for `keepalive_s`; off: a streamed reply is written
+    # whole once the turn is done.
+    live_stream: bool = False
+    keepalive_s: float = KEEPALIVE_S
 
 
 class Turns:
@@ -108,6 +116,8 @@ class Turns:
         self.vocab_size = tokenizer.vocab_size
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
         self._engine_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        # Turns cut short by their client, being recorded (strong references).
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- on the loop: the turn ------------------------------------------------------------------
 
@@ -159,16 +169,28 @@ class Turns:
             logger.debug("session %s: a retry generated again; turn %s superseded", sid, earlier)
             self.metrics.retried(recorded=False)
         pending = session.answers.start(prepared, proto.name, key)
+        live = live_reply(self, request, proto, turn, prepared)
         try:
             answer = await self._generate_and_keep(
-                proto, turn, session, prepared, sampling, key, timing, bool(earlier)
+                proto, turn, session, prepared, sampling, key, timing, bool(earlier), live
             )
+        except TokentrailError as exc:
+            session.answers.done(pending, None)
+            if live is not None and live.started:
+                # The 200 went out: the error goes in the stream, in the protocol's shape.
+                return await live.fail(exc.status, exc.kind, str(exc))
+            raise
         except BaseException:
             session.answers.done(pending, None)
+            if live is not None:
+                await live.abandon()
             raise
         session.answers.done(pending, answer)
         # The turn is kept whether or not this reply arrives: a retry is answered from it.
-        response = await write_reply(request, proto, answer.reply, turn.stream, turn.body)
+        if live is not None:
+            response = await live.finish(answer.reply, live.parsed_reply)
+        else:
+            response = await write_reply(request, proto, answer.reply, turn.stream, turn.body)
         if self.pipeline.splice_check_waits(sid):
             self.sessions.after(sid, self.pipeline.check_splice)
         timing.lap(Stage.RESPOND)
@@ -186,6 +208,7 @@ class Turns:
         key: str,
         timing: TurnTiming,
         supersede: bool,
+        live: LiveReply | None = None,
     ) -> RecordedAnswer:
         """Generate the turn, then journal and record it before its reply leaves (a crash from
         there on must not lose it); returns the reply as kept for retries. With `supersede` it
@@ -194,14 +217,33 @@ class Turns:
         rid = uuid.uuid4().hex
         notes = request_notes.current()
         notes.request_id, notes.prompt_tokens = rid, len(prepared.prompt_ids)
-        generation = await self._generate(prepared, sampling, sid, rid)
+        if live is not None:
+            await live.start()
+        try:
+            generation = await self._generate(
+                prepared, sampling, sid, rid, None if live is None else live.sink
+            )
+        except asyncio.CancelledError:
+            if live is not None:
+                # The harness went away mid-stream (the engine request is stopped by the
+                # cancel): what it was sent is recorded, masked, in the background.
+                self.metrics.client_disconnected()
+                if live.ids:
+                    task = asyncio.ensure_future(
+                        keep_cut_short(self, proto, session, prepared, live, rid)
+                    )
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+            raise
         notes.output_tokens = len(generation.output_ids)
         timing.lap(Stage.ENGINE)
         timing.engine_reported = generation.engine_time_s
 
         parsed, reply, outcome = await self.offload.run(
-            self._answer, proto, prepared, generation, turn.body
+            self._answer, proto, prepared, generation, turn.body, live and live.reply_id
         )
+        if live is not None:
+            live.parsed_reply = parsed.reply
         metadata = dataclasses.replace(
             prepared.tags,
             protocol=proto.name,
@@ -269,6 +311,7 @@ class Turns:
         prepared: PreparedTurn,
         generation: Generation,
         body: dict[str, Any],
+        reply_id: str | None = None,
     ) -> tuple[ParsedTurn, dict[str, Any], Outcome]:
         """The sampled ids as a message, and the protocol's reply to the harness (the reply
         to a prefill holds the continuation alone)."""
@@ -285,7 +328,7 @@ class Turns:
             reasoning_tokens=reasoning_tokens(self.tokenizer, generation.output_ids, reply),
             output_ids=list(generation.output_ids),
             logprobs=list(generation.logprobs),
-            reply_id=proto.mint_reply_id(),
+            reply_id=reply_id or proto.mint_reply_id(),
             body=body,
         )
         if proto.wants_logprobs(body):
@@ -293,10 +336,16 @@ class Turns:
         return parsed, proto.reply(outcome), outcome
 
     async def _generate(
-        self, prepared: PreparedTurn, sampling: SamplingParams, sid: str, rid: str
+        self,
+        prepared: PreparedTurn,
+        sampling: SamplingParams,
+        sid: str,
+        rid: str,
+        sink: TokenSink | None = None,
     ) -> Generation:
         """One engine call, its output checked; any failure is a 502 with an abort sent and
-        nothing recorded, counted by fault."""
+        nothing recorded, counted by fault. With a `sink`, the tokens go to it as the engine
+        streams them (all at the end from an engine that does not stream)."""
         request = GenerateRequest(
             input_ids=prepared.prompt_ids,
             sampling=sampling,
@@ -309,7 +358,12 @@ class Turns:
         )
         try:
             async with self._engine_slot():
-                generation = await self.engine.generate(request)
+                if sink is not None and isinstance(self.engine, StreamingEngine):
+                    generation = await self.engine.generate_streaming(request, sink)
+                else:
+                    generation = await self.engine.generate(request)
+                    if sink is not None and generation.output_ids:
+                        sink(generation.output_ids, generation.logprobs)
             check_generation(
                 generation,
                 max_new_tokens=sampling.max_new_tokens,
@@ -332,6 +386,82 @@ class Turns:
         if self._engine_slots is None or self._engine_slots[0] is not loop:
             self._engine_slots = (loop, asyncio.Semaphore(n))
         return self._engine_slots[1]
+
+
+def live_reply(
+    turns: Turns,
+    request: web.Request,
+    proto: WireProtocol,
+    turn: TurnRequest,
+    prepared: PreparedTurn,
+) -> LiveReply | None:
+    """A reply streamed as sampled, for a streamed request when `live_stream` is on (a
+    prefill's reply is the continuation of a parse that spans it: written whole)."""
+    if not (turn.stream and turns.settings.live_stream) or prepared.prefill is not None:
+        return None
+    tool_choice = prepared.conversation.tool_choice
+    family = turns.pipeline.family
+    return LiveReply(
+        request,
+        proto,
+        turn.body,
+        tokenizer=turns.tokenizer,
+        tool_parser=None if tool_choice is ToolChoice.NONE else turns.pipeline.tool_parser,
+        reasoning_parser=turns.pipeline.reasoning_parser,
+        # An unknown family's prompt may open the block: its content waits to be sure.
+        prompt_opens_reasoning=family is None or family.prompt_opens_reasoning,
+        model=turns.settings.model_name,
+        prompt_tokens=len(prepared.prompt_ids),
+        keepalive_s=turns.settings.keepalive_s,
+    )
+
+
+async def keep_cut_short(
+    turns: Turns,
+    proto: WireProtocol,
+    session: Session,
+    prepared: PreparedTurn,
+    live: LiveReply,
+    rid: str,
+) -> None:
+    """Record, and journal, a turn cut short by a client gone mid-stream: the tokens the
+    engine streamed until it was stopped, finish `abort`, masked `client_disconnected`.
+    Nothing answers a retry from it: a retry is generated fresh and supersedes it."""
+    generation = Generation(
+        list(live.ids), list(live.logprobs), "abort", len(prepared.prompt_ids), 0.0
+    )
+    try:
+        parsed = await turns.offload.run(turns.pipeline.parse, prepared, generation.output_ids)
+        metadata = dataclasses.replace(
+            prepared.tags,
+            protocol=proto.name,
+            request_id=rid,
+            reply_id=live.reply_id,
+            call_ids=(),
+            ill_formed=parsed.reason,
+            history=prepared.fallback.label if prepared.fallback else str(prepared.history),
+            client_disconnected=True,
+        ).as_metadata()
+        if turns.journal is not None:
+            await turns.offload.journal(
+                partial(journal_turn, turns.journal, prepared, generation, parsed, metadata)
+            )
+        session.turns += 1
+        await turns.offload.run(
+            partial(
+                turns.pipeline.record,
+                prepared,
+                generation,
+                parsed.message,
+                ill_formed=parsed.ill_formed,
+                metadata=metadata,
+            ),
+            session=prepared.sid,
+        )
+    except Exception as exc:
+        logger.warning(
+            "session %s: a turn cut short by its client was not recorded: %s", prepared.sid, exc
+        )
 
 
 def journal_turn(

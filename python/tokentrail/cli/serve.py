@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.offload import DEFAULT_WORKERS
+from tokentrail.adapter.protocols.common import KEEPALIVE_S
 from tokentrail.cli import settings
 from tokentrail.cli.settings import setting
 from tokentrail.errors import SettingError, TokentrailError
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 _L, _C = Limits(), AdapterConfig()
 SERVER, ENGINE, HISTORY = SettingGroup.SERVER, SettingGroup.ENGINE, SettingGroup.HISTORY
 SESSIONS, LIMITS, JOURNAL = SettingGroup.SESSIONS, SettingGroup.LIMITS, SettingGroup.JOURNAL
-REPLAY, LOGGING = SettingGroup.REPLAY, SettingGroup.LOGGING
+REPLAY, STREAMING, LOGGING = SettingGroup.REPLAY, SettingGroup.STREAMING, SettingGroup.LOGGING
 
 
 def _tool_parsers() -> list[str]:
@@ -283,6 +284,22 @@ class ServeSettings:
         None, REPLAY, "the indexer top-k's shape, over the model config's",
         metavar="LAYERS,TOP_K", default_text="the model config's",
     )  # fmt: skip
+    # -- streaming (README: Streaming)
+    engine_stream: bool = setting(
+        False,
+        STREAMING,
+        "stream from the engine (SGLang /generate, vLLM /v1/completions with stream: true; ids "
+        "and logprobs taken from the stream) and to the harness as tokens are sampled",
+        into="config.live_stream",
+    )
+    keepalive: float = setting(
+        KEEPALIVE_S,
+        STREAMING,
+        "with --engine-stream, a keepalive (Anthropic ping, SSE comment) whenever nothing else "
+        "went out for this long, so idle timeouts do not fire",
+        unit="s",
+        into="config.keepalive_s",
+    )
     # -- logging
     log_level: str | None = setting(
         None,
@@ -362,6 +379,7 @@ def build_adapter(s: ServeSettings, resolved: settings.Resolved) -> Adapter:
     from tokentrail.adapter.access_log import AccessLog
     from tokentrail.adapter.server import Adapter
     from tokentrail.engines import create_engine
+    from tokentrail.engines.streaming import StreamingEngine
     from tokentrail.storage.journal import Journal
     from tokentrail.text.families import resolve_family
     from tokentrail.text.tokenizer import load_tokenizer
@@ -401,6 +419,8 @@ def build_adapter(s: ServeSettings, resolved: settings.Resolved) -> Adapter:
     )
     with _naming("--engine", s.engine):
         engine = create_engine(s.engine, tokenizer, timeout=s.engine_timeout)
+    if s.engine_stream and isinstance(engine, StreamingEngine):
+        engine.stream = True
     journal = None
     if s.journal is not None:
         with _naming("--journal", s.journal, sqlite3.Error):

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +24,7 @@ from tokentrail.engines.base import (
     SESSION_HEADER,
     GenerateRequest,
 )
+from tokentrail.engines.streaming import EventTooLong, sse_events
 from tokentrail.engines.wire_rows import lift_base64
 from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError
 from tokentrail.kinds import EngineFault
@@ -153,6 +154,58 @@ class HTTPEngine:
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise EngineError(f"{self.name} at {url} answered with invalid JSON", status) from None
 
+    async def _request_stream(
+        self,
+        path: str,
+        body: Any,
+        headers: Mapping[str, str],
+        max_event_bytes: int,
+        on_event: Callable[[Any], None],
+    ) -> None:
+        """POST `body` and hand each JSON event of the streamed answer to `on_event`, in order,
+        until `[DONE]` or the end. An event `{"error": {...}}` (an engine failing after its
+        200) and an event over `max_event_bytes` end the stream as `EngineError`s."""
+        url = self.base_url + path
+        try:
+            async with self._client().post(url, json=body, headers=dict(headers)) as resp:
+                status = resp.status
+                if not 200 <= status < 300:
+                    raw = await read_bounded(resp, ERROR_BODY_BYTES)
+                    message = error_message(raw) if raw is not None else "error answer too long"
+                    raise EngineError(f"{self.name} at {url}: {message}", status)
+                try:
+                    async for event in sse_events(resp, max_event_bytes):
+                        try:
+                            obj = json.loads(event)
+                        except (json.JSONDecodeError, UnicodeDecodeError):
+                            raise EngineError(
+                                f"{self.name} at {url} streamed an event that is not JSON"
+                            ) from None
+                        if isinstance(obj, dict) and "error" in obj:
+                            raise EngineError(
+                                f"{self.name} at {url}: {error_message(event)}",
+                                _status_of(obj["error"]),
+                            )
+                        on_event(obj)
+                except EventTooLong:
+                    resp.close()  # drop the connection (vLLM aborts the request on it)
+                    raise EngineOutputError(
+                        EngineFault.TOO_LONG,
+                        f"{self.name} at {url} streamed an event of more than "
+                        f"{max_event_bytes} bytes, more than the request can take",
+                    ) from None
+        except aiohttp.ConnectionTimeoutError:
+            raise EngineError(
+                f"cannot reach {self.name} at {url}: no connection within "
+                f"{self.connect_timeout:g} s"
+            ) from None
+        except TimeoutError:
+            raise EngineError(
+                f"{self.name} at {url} did not answer within {self.timeout:g} s"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise EngineError(f"cannot reach {self.name} at {url}: {exc}") from None
+
     async def _abort_in_background(self, coro: Any) -> None:
         """Run an abort to completion even if the caller is cancelled again meanwhile."""
         task = asyncio.ensure_future(coro)
@@ -188,6 +241,16 @@ async def read_bounded(
             return None
         body += chunk
     return body
+
+
+def _status_of(error: Any) -> int | None:
+    """The HTTP status an in-stream error names (`code` in vLLM's, `status_code` in some)."""
+    if isinstance(error, dict):
+        for key in ("code", "status_code"):
+            value = error.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and 400 <= value < 600:
+                return value
+    return None
 
 
 _UNSAFE_IN_HEADER = re.compile(r"[^\x20-\x7e]")

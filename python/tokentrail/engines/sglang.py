@@ -23,9 +23,10 @@ from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
+from tokentrail.engines.streaming import TokenSink
 from tokentrail.engines.wire_rows import Base64, decode_int32_base64
-from tokentrail.errors import EngineError
-from tokentrail.kinds import Replay, ReplayGap
+from tokentrail.errors import EngineError, EngineOutputError
+from tokentrail.kinds import EngineFault, Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -57,10 +58,17 @@ class SGLangEngine(HTTPEngine):
     supports_constraints = True
 
     def __init__(
-        self, base_url: str, tokenizer: LoadedTokenizer | None = None, *, timeout: float = 600.0
+        self,
+        base_url: str,
+        tokenizer: LoadedTokenizer | None = None,
+        *,
+        timeout: float = 600.0,
+        stream: bool = False,
     ) -> None:
         super().__init__(base_url, timeout=timeout)
         self.tokenizer = tokenizer
+        # Whether `generate` streams from the engine (`generate_streaming` always does).
+        self.stream = stream
 
     def request_body(self, req: GenerateRequest) -> dict[str, Any]:
         s = req.sampling
@@ -100,6 +108,8 @@ class SGLangEngine(HTTPEngine):
         return body
 
     async def generate(self, req: GenerateRequest) -> Generation:
+        if self.stream:
+            return await self.generate_streaming(req, _ignore)
         start = time.perf_counter()
         try:
             data, lifted = await self._request_answer(
@@ -122,6 +132,32 @@ class SGLangEngine(HTTPEngine):
             return await asyncio.to_thread(parse_generate_response, data, req, elapsed, lifted)
         return parse_generate_response(data, req, elapsed, lifted)
 
+    async def generate_streaming(self, req: GenerateRequest, sink: TokenSink) -> Generation:
+        """`/generate` with `stream: true`: each event's new tokens go to `sink` as they
+        arrive; the `Generation` is parsed from the last event with every token in it, so it
+        equals the non-streamed one for the same tokens. Cumulative events (SGLang's default)
+        and incremental ones (`--incremental-streaming-output`) are both taken."""
+        start = time.perf_counter()
+        body = self.request_body(req)
+        body["stream"] = True
+        capture = StreamCapture(req, sink)
+        try:
+            await self._request_stream(
+                "/generate",
+                body,
+                self._headers(req),
+                answer_limit(req, honours_start=False),
+                capture.take,
+            )
+        except asyncio.CancelledError:
+            await self._abort_in_background(self.abort(req.request_id))
+            raise
+        elapsed = time.perf_counter() - start
+        final = capture.final()
+        if req.replay.asks_rows():
+            return await asyncio.to_thread(parse_generate_response, final, req, elapsed)
+        return parse_generate_response(final, req, elapsed)
+
     async def abort(self, request_id: str) -> None:
         try:
             await self._request_json(
@@ -129,6 +165,98 @@ class SGLangEngine(HTTPEngine):
             )
         except EngineError as exc:
             logger.debug("sglang: abort of %s failed: %s", request_id, exc)
+
+
+def _ignore(ids: object, logprobs: object) -> None:
+    return None
+
+
+class StreamCapture:
+    """The tokens of one streamed `/generate`, taken event by event.
+
+    Each event carries `meta_info.completion_tokens` (all tokens so far) and either every
+    `output_token_logprobs` entry so far (cumulative: SGLang's default) or only the new ones
+    (`--incremental-streaming-output`, which also slices `output_ids`); the count tells which.
+    """
+
+    def __init__(self, req: GenerateRequest, sink: TokenSink) -> None:
+        self.req = req
+        self.sink = sink
+        self.entries: list[Any] = []
+        self.ids: list[int] = []
+        self.last: dict[str, Any] | None = None
+        self.limit = req.sampling.max_new_tokens + 1  # an end-of-turn token past the budget
+
+    def take(self, obj: Any) -> None:
+        if isinstance(obj, list) and len(obj) == 1:
+            obj = obj[0]
+        meta = obj.get("meta_info") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict):
+            raise EngineError("sglang stream event has no meta_info")
+        entries = meta.get("output_token_logprobs")
+        if not isinstance(entries, list):
+            raise EngineError(
+                "sglang stream event has no meta_info.output_token_logprobs (return_logprob)"
+            )
+        total = meta.get("completion_tokens")
+        have = len(self.entries)
+        if not isinstance(total, int) or isinstance(total, bool):
+            total = len(entries)  # no count: take the events as cumulative
+        if len(entries) == total and total >= have:
+            new = entries[have:]
+        elif have + len(entries) == total:
+            new = entries
+        else:
+            raise EngineError(
+                f"sglang stream event holds {len(entries)} output_token_logprobs with "
+                f"{total} completion tokens after {have}: neither all so far nor the new ones"
+            )
+        ids, logprobs = _entries(new)
+        self.entries.extend(new)
+        self.ids.extend(ids)
+        output_ids = obj.get("output_ids")
+        if output_ids is not None and list(output_ids) not in (self.ids, ids):
+            raise EngineError(
+                f"sglang stream output_ids ({len(output_ids)} tokens) disagree with "
+                f"output_token_logprobs ({len(self.ids)} so far, {len(ids)} new)"
+            )
+        if len(self.ids) > self.limit:
+            raise EngineOutputError(
+                EngineFault.TOO_LONG,
+                f"sglang streamed {len(self.ids)} tokens, more than max_new_tokens="
+                f"{self.req.sampling.max_new_tokens} allows",
+            )
+        self.last = obj
+        if ids:
+            self.sink(ids, logprobs)
+
+    def final(self) -> dict[str, Any]:
+        """The non-streamed answer these events add up to."""
+        if self.last is None:
+            raise EngineError("sglang stream ended without an event")
+        meta = dict(self.last["meta_info"])
+        if meta.get("finish_reason") is None:
+            raise EngineError("sglang stream ended before its last event (no finish_reason)")
+        meta["output_token_logprobs"] = self.entries
+        return {"output_ids": self.ids, "meta_info": meta}
+
+
+def _entries(entries: list[Any]) -> tuple[list[int], list[float]]:
+    """Ids and logprobs of `output_token_logprobs` entries `[logprob, token_id, text|null]`."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for entry in entries:
+        if (
+            not isinstance(entry, list | tuple)
+            or len(entry) < 2
+            or not isinstance(entry[0], int | float)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int)
+        ):
+            raise EngineError(f"sglang output_token_logprobs entry is malformed: {entry!r}")
+        logprobs.append(float(entry[0]))
+        ids.append(entry[1])
+    return ids, logprobs
 
 
 def parse_generate_response(
@@ -145,19 +273,7 @@ def parse_generate_response(
     entries = meta.get("output_token_logprobs")
     if not isinstance(entries, list):
         raise EngineError("sglang answer has no meta_info.output_token_logprobs (return_logprob)")
-    ids: list[int] = []
-    logprobs: list[float] = []
-    for entry in entries:
-        if (
-            not isinstance(entry, list | tuple)
-            or len(entry) < 2
-            or not isinstance(entry[0], int | float)
-            or isinstance(entry[1], bool)
-            or not isinstance(entry[1], int)
-        ):
-            raise EngineError(f"sglang output_token_logprobs entry is malformed: {entry!r}")
-        logprobs.append(float(entry[0]))
-        ids.append(entry[1])
+    ids, logprobs = _entries(entries)
     output_ids = data.get("output_ids")
     if output_ids is not None and list(output_ids) != ids:
         raise EngineError(

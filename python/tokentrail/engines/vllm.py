@@ -21,9 +21,10 @@ from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
+from tokentrail.engines.streaming import TokenSink
 from tokentrail.engines.wire_rows import Base64, decode_npy_base64
-from tokentrail.errors import EngineError
-from tokentrail.kinds import Replay, ReplayGap
+from tokentrail.errors import EngineError, EngineOutputError
+from tokentrail.kinds import EngineFault, Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -58,10 +59,13 @@ class VLLMEngine(HTTPEngine):
         *,
         model: str | None = None,
         timeout: float = 600.0,
+        stream: bool = False,
     ) -> None:
         super().__init__(base_url, timeout=timeout)
         self.tokenizer = tokenizer
         self.model = model
+        # Whether `generate` streams from the engine (`generate_streaming` always does).
+        self.stream = stream
         self._inflight: dict[str, asyncio.Task[Any]] = {}
         self._aborted: set[str] = set()
 
@@ -104,6 +108,11 @@ class VLLMEngine(HTTPEngine):
         return body
 
     async def generate(self, req: GenerateRequest) -> Generation:
+        if self.stream:
+            return await self.generate_streaming(req, _ignore)
+        return await self._generate_whole(req)
+
+    async def _generate_whole(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
         model = await self.model_name()
         call = asyncio.ensure_future(
@@ -135,6 +144,49 @@ class VLLMEngine(HTTPEngine):
             return await asyncio.to_thread(parse_completion_response, data, req, elapsed, lifted)
         return parse_completion_response(data, req, elapsed, lifted)
 
+    async def generate_streaming(self, req: GenerateRequest, sink: TokenSink) -> Generation:
+        """`/v1/completions` with `stream: true`: each chunk's `token_ids` and
+        `logprobs.token_logprobs` (deltas) go to `sink` as they arrive; the terminal chunk
+        brings `finish_reason` and `weight_versions`, the usage chunk the prompt count. The
+        `Generation` equals the non-streamed one for the same tokens. vLLM sends routed experts
+        only on a whole answer, so a turn that asks for them is generated whole, its tokens
+        handed to `sink` at the end. Aborted (`abort`), it returns what was streamed so far."""
+        if req.replay.routed_start is not None:
+            generation = await self._generate_whole(req)
+            if generation.output_ids:
+                sink(generation.output_ids, generation.logprobs)
+            return generation
+        start = time.perf_counter()
+        model = await self.model_name()
+        body = self.request_body(req, model)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        capture = StreamCapture(req, sink)
+        call = asyncio.ensure_future(
+            self._request_stream(
+                "/v1/completions",
+                body,
+                self._headers(req),
+                answer_limit(req, echoes_prompt=True),
+                capture.take,
+            )
+        )
+        self._inflight[req.request_id] = call
+        try:
+            await call
+        except asyncio.CancelledError:
+            if req.request_id in self._aborted and not cancelling(asyncio.current_task()):
+                # `abort` closed the connection (vLLM stops the request on it): what was
+                # streamed is what was sampled.
+                capture.finish = "abort"
+            else:
+                call.cancel()
+                raise
+        finally:
+            self._inflight.pop(req.request_id, None)
+            self._aborted.discard(req.request_id)
+        return parse_completion_response(capture.final(), req, time.perf_counter() - start)
+
     async def abort(self, request_id: str) -> None:
         call = self._inflight.get(request_id)
         if call is None or call.done():
@@ -145,6 +197,100 @@ class VLLMEngine(HTTPEngine):
             await asyncio.wait({call}, timeout=5.0)
         except Exception as exc:  # best effort, never raises
             logger.debug("vllm: abort of %s: %s", request_id, exc)
+
+
+def _ignore(ids: object, logprobs: object) -> None:
+    return None
+
+
+class StreamCapture:
+    """The tokens of one streamed `/v1/completions`, taken chunk by chunk: every chunk's
+    choice holds only its new `token_ids` and `logprobs.token_logprobs`; the first also
+    `prompt_token_ids`, the terminal one `finish_reason` (and `weight_versions` when asked);
+    with `stream_options.include_usage` a last chunk with no choices holds `usage`."""
+
+    def __init__(self, req: GenerateRequest, sink: TokenSink) -> None:
+        self.req = req
+        self.sink = sink
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish: str | None = None
+        self.prompt_ids: list[int] | None = None
+        self.weight_versions: Any = None
+        self.usage: Any = None
+        self.limit = req.sampling.max_new_tokens + 1  # an end-of-turn token past the budget
+
+    def take(self, obj: Any) -> None:
+        if not isinstance(obj, dict):
+            raise EngineError("vllm stream chunk is not an object")
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            raise EngineError("vllm stream chunk has no choices")
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            self._take_choice(choice)
+
+    def _take_choice(self, choice: dict[str, Any]) -> None:
+        ids = choice.get("token_ids")
+        if ids is None:
+            ids = []
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise EngineError(
+                "vllm stream chunk has no choices[0].token_ids (a vLLM without return_token_ids?)"
+            )
+        lp = choice.get("logprobs")
+        logprobs = lp.get("token_logprobs") if isinstance(lp, dict) else None
+        if logprobs is None and not ids:
+            logprobs = []
+        if not isinstance(logprobs, list) or not all(
+            isinstance(x, int | float) and not isinstance(x, bool) for x in logprobs
+        ):
+            raise EngineError("vllm stream chunk has no choices[0].logprobs.token_logprobs")
+        if len(logprobs) != len(ids):
+            raise EngineError(
+                f"vllm streamed {len(ids)} token ids but {len(logprobs)} logprobs in one chunk"
+            )
+        if isinstance(choice.get("prompt_token_ids"), list):
+            self.prompt_ids = choice["prompt_token_ids"]
+        if choice.get("weight_versions") is not None:
+            self.weight_versions = choice["weight_versions"]
+        if choice.get("finish_reason") is not None:
+            self.finish = choice["finish_reason"]
+        floats = [float(x) for x in logprobs]
+        self.ids.extend(ids)
+        self.logprobs.extend(floats)
+        if len(self.ids) > self.limit:
+            raise EngineOutputError(
+                EngineFault.TOO_LONG,
+                f"vllm streamed {len(self.ids)} tokens, more than max_tokens="
+                f"{self.req.sampling.max_new_tokens} allows",
+            )
+        if ids:
+            self.sink(ids, floats)
+
+    def final(self) -> dict[str, Any]:
+        """The non-streamed answer these chunks add up to."""
+        if self.finish is None:
+            raise EngineError("vllm stream ended before its terminal chunk (no finish_reason)")
+        choice: dict[str, Any] = {
+            "index": 0,
+            "token_ids": self.ids,
+            "logprobs": {"token_logprobs": self.logprobs},
+            "finish_reason": self.finish,
+        }
+        if self.prompt_ids is not None:
+            choice["prompt_token_ids"] = self.prompt_ids
+        if self.weight_versions is not None:
+            choice["weight_versions"] = self.weight_versions
+        answer: dict[str, Any] = {"choices": [choice]}
+        if self.usage is not None:
+            answer["usage"] = self.usage
+        return answer
 
 
 def parse_completion_response(

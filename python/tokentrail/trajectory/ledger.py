@@ -322,17 +322,20 @@ def build_ledger(
             k = turn.id
             tags = TurnTags.read(node.metadata)
             excluded = tags.excluded
+            disconnected = tags.client_disconnected
             superseded = is_superseded(node)
-            trained_k = 0 if excluded else lin.trained.get(k, 0)
-            masked: dict[MaskReason, int] = (
-                {MaskReason.EXCLUDED: turn.output_len}
-                if excluded
-                else {
+            trained_k = 0 if excluded or disconnected else lin.trained.get(k, 0)
+            masked: dict[MaskReason, int]
+            if excluded:
+                masked = {MaskReason.EXCLUDED: turn.output_len}
+            elif disconnected:
+                masked = {MaskReason.CLIENT_DISCONNECTED: turn.output_len}
+            else:
+                masked = {
                     MaskReason.REALIGNED: lin.realigned.get(k, 0),
                     MaskReason.TRUNCATED: lin.truncated.get(k, 0),
                 }
-            )
-            if superseded and mask_superseded and not excluded:
+            if superseded and mask_superseded and not excluded and not disconnected:
                 # Left out of every sample: whatever no other reason took.
                 masked[MaskReason.SUPERSEDED] = turn.output_len - trained_k - sum(masked.values())
             row = turn_fate(

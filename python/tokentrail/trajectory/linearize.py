@@ -142,8 +142,9 @@ def linearize_session(
 def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
     """Every root-to-leaf path's generated turns, as store ids.
 
-    Excluded turns (side conversations) stay in the tree and the ledger but in no chain: a
-    later turn that builds on one holds its tokens as prompt. A superseded leaf (a retry was
+    Excluded turns (side conversations) and turns cut short by a client that went away stay in
+    the tree and the ledger but in no chain: a later turn that builds on one holds its tokens as
+    prompt. A superseded leaf (a retry was
     answered fresh) is left out unless superseded turns train.
     """
     chains = []
@@ -153,7 +154,7 @@ def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
         chain = [
             n.turn.id
             for n in leaf.path()
-            if n.turn is not None and not TurnTags.read(n.metadata).excluded
+            if n.turn is not None and TurnTags.read(n.metadata).in_samples
         ]
         if chain:
             chains.append(chain)

@@ -36,8 +36,15 @@ class TurnTags:
     tool_choice: str | None = None
     forced_tool: str | None = None
     prefill: bool = False
+    # Cut short by a client gone mid-stream: recorded, masked `client_disconnected`.
+    client_disconnected: bool = False
     # Keys beyond these (a trainer's own), kept as given.
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def in_samples(self) -> bool:
+        """Whether the turn's tokens go into samples: neither excluded nor cut short."""
+        return self.excluded is None and not self.client_disconnected
 
     def as_metadata(self) -> dict[str, Any]:
         """The JSON object the tree and the journal keep."""
@@ -64,6 +71,8 @@ class TurnTags:
                 out["forced_tool"] = self.forced_tool
         if self.prefill:
             out["prefill"] = True
+        if self.client_disconnected:
+            out["client_disconnected"] = True
         out.update(self.extra)
         return out
 
@@ -85,5 +94,6 @@ class TurnTags:
             tool_choice=get("tool_choice"),
             forced_tool=get("forced_tool"),
             prefill=bool(get("prefill")),
+            client_disconnected=bool(get("client_disconnected")),
             extra={k: v for k, v in metadata.items() if k not in known},
         )

@@ -16,8 +16,10 @@ from typing import Any
 from tokentrail.adapter.protocols.common import (
     ContentReader,
     DeclaredTools,
+    LiveStream,
     Outcome,
     ToolResults,
+    WireProtocol,
     append_system_note,
     is_server_block,
     mint_id,
@@ -308,6 +310,108 @@ def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
     yield _sse("message_stop", {"type": "message_stop"})
 
 
+class AnthropicLive(LiveStream):
+    """A Messages stream as sampled: `message_start`, a `thinking` block of `thinking_delta`s,
+    a `text` block of `text_delta`s, then at the end the tool calls' `tool_use` blocks with
+    their `input_json_delta`, `message_delta` and `message_stop`; `ping` events keep it alive."""
+
+    def __init__(
+        self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str, prompt: int
+    ) -> None:
+        super().__init__(proto, body)
+        self.head: dict[str, Any] = {
+            "id": reply_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt, "output_tokens": 0},
+        }
+        self.index = -1
+        self.block: str | None = None
+
+    def open(self) -> bytes:
+        return _sse("message_start", {"type": "message_start", "message": self.head})
+
+    def keepalive(self) -> bytes:
+        return _sse("ping", {"type": "ping"})
+
+    def _start(self, kind: str) -> bytes:
+        frames = self._stop()
+        self.index += 1
+        self.block = kind
+        head: dict[str, Any] = (
+            {"type": "thinking", "thinking": "", "signature": ""}
+            if kind == "thinking"
+            else {"type": "text", "text": ""}
+        )
+        return frames + _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": self.index, "content_block": head},
+        )
+
+    def _stop(self) -> bytes:
+        if self.block is None:
+            return b""
+        frames = b""
+        if self.block == "thinking":
+            frames = self._delta({"type": "signature_delta", "signature": ""})
+        self.block = None
+        return frames + _sse(
+            "content_block_stop", {"type": "content_block_stop", "index": self.index}
+        )
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _sse(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self.index, "delta": delta},
+        )
+
+    def delta(self, reasoning: str, content: str) -> bytes:
+        frames = b""
+        if reasoning:
+            if self.block != "thinking":
+                frames += self._start("thinking")
+            frames += self._delta({"type": "thinking_delta", "thinking": reasoning})
+        if content:
+            if self.block != "text":
+                frames += self._start("text")
+            frames += self._delta({"type": "text_delta", "text": content})
+        return frames
+
+    def close(self, reply: dict[str, Any], reasoning: str, content: str) -> bytes:
+        frames = self.delta(reasoning, content) + self._stop()
+        for block in reply["content"]:
+            if block["type"] != "tool_use":
+                continue
+            self.index += 1
+            head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            frames += _sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": self.index, "content_block": head},
+            )
+            payload = json.dumps(block["input"], ensure_ascii=False)
+            for part in pieces(payload):
+                frames += self._delta({"type": "input_json_delta", "partial_json": part})
+            frames += _sse(
+                "content_block_stop", {"type": "content_block_stop", "index": self.index}
+            )
+        frames += _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reply["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": reply["usage"]["output_tokens"]},
+            },
+        )
+        return frames + _sse("message_stop", {"type": "message_stop"})
+
+    def error(self, status: int, kind: str, message: str) -> bytes:
+        return _sse("error", self.proto.error_body(status, kind, message))
+
+
 @register_protocol
 class AnthropicMessages(ResumableProtocol):
     name = "anthropic"
@@ -374,3 +478,8 @@ class AnthropicMessages(ResumableProtocol):
 
     def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def live(
+        self, body: Mapping[str, Any], reply_id: str, model: str, prompt_tokens: int
+    ) -> LiveStream:
+        return AnthropicLive(self, body, reply_id, model, prompt_tokens)

@@ -48,6 +48,44 @@ class Outcome:
     token_logprobs: list[tuple[str, float]] | None = None
 
 
+# A harness hears this often from a stream, at least, while the engine queues, prefills or
+# stalls: proxies and harness idle timeouts are 60 s and more (Codex's stream idle timeout is
+# 300 s), and an Anthropic stream pings about this often.
+KEEPALIVE_S = 15.0
+
+
+class LiveStream:
+    """One reply streamed while it is sampled: `open` once, then `delta` with reasoning and
+    content as `text.stream_parsing` hands them out, `keepalive` when nothing else went out for
+    a while, and `close` with the finished reply (the same body `WireProtocol.reply` built,
+    whose tool calls and numbers go out then) and what the parser had still held back.
+
+    This base one sends nothing as sampled: SSE comments while the turn runs, then the whole
+    reply as `WireProtocol.stream` writes it. A protocol that can do better overrides it."""
+
+    def __init__(self, proto: WireProtocol, body: Mapping[str, Any]) -> None:
+        self.proto = proto
+        self.body = body
+
+    def open(self) -> bytes:
+        return b""
+
+    def delta(self, reasoning: str, content: str) -> bytes:
+        return b""
+
+    def keepalive(self) -> bytes:
+        # An SSE comment: every client ignores it; it only keeps the connection busy.
+        return b": keepalive\n\n"
+
+    def close(self, reply: dict[str, Any], reasoning: str, content: str) -> bytes:
+        return b"".join(self.proto.stream(reply, self.body))
+
+    def error(self, status: int, kind: str, message: str) -> bytes:
+        """An error after the 200 went out, in the protocol's error shape."""
+        body = json.dumps(self.proto.error_body(status, kind, message), ensure_ascii=False)
+        return f"data: {body}\n\n".encode()
+
+
 class WireProtocol(ABC):
     """One wire protocol: its routes, translation, sampling keys, replies, SSE and errors."""
 
@@ -145,6 +183,12 @@ class WireProtocol(ABC):
     @abstractmethod
     def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
         """The protocol's JSON error shape."""
+
+    def live(
+        self, body: Mapping[str, Any], reply_id: str, model: str, prompt_tokens: int
+    ) -> LiveStream:
+        """A stream of the reply `reply_id` as it is sampled (see `LiveStream`)."""
+        return LiveStream(self, body)
 
     def count_tokens_reply(self, tokens: int) -> dict[str, Any]:
         return {"input_tokens": tokens}

@@ -17,8 +17,10 @@ from typing import Any
 from tokentrail.adapter.protocols.common import (
     ContentReader,
     DeclaredTools,
+    LiveStream,
     Outcome,
     ToolResults,
+    WireProtocol,
     append_system_note,
     mint_id,
     pieces,
@@ -270,6 +272,52 @@ def stream_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
     yield b"data: [DONE]\n\n"
 
 
+class ChatLive(LiveStream):
+    """A Chat Completions stream as sampled: the role chunk, `reasoning_content` and `content`
+    delta chunks, then at the end the tool calls, logprobs, the finish chunk, the usage chunk
+    (`stream_options.include_usage`) and `[DONE]`; SSE comments keep it alive."""
+
+    def __init__(self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str):
+        super().__init__(proto, body)
+        self.head = {
+            "id": reply_id,
+            "created": int(time.time()),
+            "model": model,
+            "object": "chat.completion.chunk",
+        }
+
+    def _frame(self, delta: dict[str, Any]) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": None}
+        payload = json.dumps({**self.head, "choices": [choice]}, ensure_ascii=False)
+        return f"data: {payload}\n\n".encode()
+
+    def open(self) -> bytes:
+        return self._frame({"role": "assistant", "content": ""})
+
+    def delta(self, reasoning: str, content: str) -> bytes:
+        frames = b""
+        if reasoning:
+            frames += self._frame({"reasoning_content": reasoning})
+        if content:
+            frames += self._frame({"content": content})
+        return frames
+
+    def close(self, reply: dict[str, Any], reasoning: str, content: str) -> bytes:
+        rest = {**reply, **{k: self.head[k] for k in ("id", "created", "model")}}
+        choice = reply["choices"][0]
+        # What went out as sampled is left out of the closing frames.
+        message = {**choice["message"], "content": None, "reasoning_content": None}
+        rest["choices"] = [{**choice, "message": message}]
+        frames = self.delta(reasoning, content)
+        tail = list(stream_chunks(rest, include_usage=_include_usage(self.body)))
+        return frames + b"".join(tail[1:])  # its role chunk went out with `open`
+
+
+def _include_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
 @register_protocol
 class OpenAIChat(ResumableProtocol):
     name = "openai"
@@ -350,9 +398,12 @@ class OpenAIChat(ResumableProtocol):
         }
 
     def stream(self, reply: dict[str, Any], body: Mapping[str, Any]) -> Iterator[bytes]:
-        options = body.get("stream_options")
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        return stream_chunks(reply, include_usage=include_usage)
+        return stream_chunks(reply, include_usage=_include_usage(body))
+
+    def live(
+        self, body: Mapping[str, Any], reply_id: str, model: str, prompt_tokens: int
+    ) -> LiveStream:
+        return ChatLive(self, body, reply_id, model)
 
     def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
         return {"error": {"message": message, "type": kind, "code": status}}

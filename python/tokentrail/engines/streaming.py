@@ -1,0 +1,90 @@
+"""Engine streaming: an engine's answer read as server-sent events while it samples, each new
+token id and its logprob handed to a `TokenSink` as it arrives.
+
+Both SGLang (`/generate` with `stream: true`) and vLLM (`/v1/completions` with `stream: true`)
+send `data: {json}` events separated by a blank line and end with `data: [DONE]`; an error
+after the 200 arrives as an event `{"error": {...}}`. `sse_events` reads them off an aiohttp
+response, each event bounded in size (a stream's total is not: SGLang's default repeats the
+whole output so far in every event).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import aiohttp
+
+from tokentrail.engines.base import GenerateRequest, Generation
+
+__all__ = ["SSE_DONE", "StreamingEngine", "TokenSink", "sse_events"]
+
+# Called with each run of newly sampled ids and their logprobs, in order, as they arrive.
+TokenSink = Callable[[Sequence[int], Sequence[float]], None]
+
+SSE_DONE = b"[DONE]"
+
+
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """An engine that can hand over tokens as they are sampled. The `Generation` returned at
+    the end equals what `generate` returns for the same sampled tokens."""
+
+    name: str
+    # Whether `generate` itself streams from the engine (`--engine-stream`).
+    stream: bool
+
+    async def generate_streaming(self, req: GenerateRequest, sink: TokenSink) -> Generation:
+        """Sample one turn, calling `sink` with each run of new tokens as it arrives."""
+        ...
+
+
+class EventTooLong(Exception):
+    """An event longer than its bound (internal: the engine client names the fault)."""
+
+
+async def sse_events(resp: aiohttp.ClientResponse, max_event_bytes: int) -> AsyncIterator[bytes]:
+    """The `data` of each event in `resp`'s body, up to `[DONE]` (not included) or the end.
+
+    Lines end with LF or CRLF; an event's `data:` lines are joined with LF (the SSE rule);
+    comments (`:`) and other fields are skipped. Raises `EventTooLong` for an event over
+    `max_event_bytes`."""
+    buffer = bytearray()
+    data: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        buffer += chunk
+        start = 0
+        while True:
+            end = buffer.find(b"\n", start)
+            if end < 0:
+                break
+            line = bytes(buffer[start:end]).rstrip(b"\r")
+            start = end + 1
+            if not line:
+                if data:
+                    event = b"\n".join(data)
+                    data, size = [], 0
+                    if event == SSE_DONE:
+                        return
+                    yield event
+                continue
+            if line.startswith(b"data:"):
+                value = line[5:]
+                if value.startswith(b" "):
+                    value = value[1:]
+                size += len(value) + 1
+                if size > max_event_bytes:
+                    raise EventTooLong
+                data.append(value)
+        del buffer[:start]
+        if len(buffer) > max_event_bytes:
+            raise EventTooLong
+    if buffer:
+        line = bytes(buffer).rstrip(b"\r")
+        if line.startswith(b"data:"):
+            data.append(line[5:].lstrip(b" ")[: max_event_bytes + 1])
+    if data:
+        event = b"\n".join(data)
+        if event != SSE_DONE:
+            yield event

@@ -1,0 +1,374 @@
+"""Streaming to the harness as tokens are sampled (`serve --engine-stream`): the adapter in
+process over real sockets, SGLang and vLLM stand-ins that stream as the engines do, the
+official anthropic and openai SDKs as clients, and the real Qwen3 vocabulary.
+
+A reply's thinking and text reach the client while the engine is still sampling; the streamed
+message equals the non-streamed one (thinking, text, tool call); the turn recorded from a
+streamed engine answer equals the one recorded from a whole answer, token for token and bit
+for bit; a keepalive goes out while the engine has produced nothing; an engine failing after
+the 200 is an in-stream error in the protocol's shape; a client gone mid-stream aborts the
+engine request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import anthropic
+import openai
+import pytest
+
+from support.fake_engines import IM_END, FakeSGLang, FakeVLLM
+from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.engines.sglang import SGLangEngine
+from tokentrail.engines.vllm import VLLMEngine
+from tokentrail.storage.journal import Journal
+from tokentrail.text.parsing import format_output
+
+ADMIN = "live-admin"
+BASH = {
+    "name": "Bash",
+    "description": "Run a shell command.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
+}
+MESSAGE = {
+    "role": "assistant",
+    "reasoning_content": "The user wants the tests run. I will call Bash with pytest first, "
+    "then read what fails. Let me think about which flags: -q -x keeps it short.",
+    "content": "I'll run the test suite now — 日本語 too, and an emoji 😀.",
+    "tool_calls": [
+        {"type": "function", "function": {"name": "Bash", "arguments": {"command": "pytest -q"}}}
+    ],
+}
+ANTHROPIC_BODY: dict[str, Any] = {
+    "model": "m",
+    "max_tokens": 512,
+    "system": "You are a coding agent.",
+    "messages": [{"role": "user", "content": "Run the tests."}],
+    "tools": [BASH],
+}
+WIRES = {"sglang": (FakeSGLang, SGLangEngine), "vllm": (FakeVLLM, VLLMEngine)}
+
+
+def sampled(tokenizer) -> tuple[list[int], list[float]]:
+    ids = tokenizer.encode(format_output(MESSAGE, "hermes", "qwen3")) + [IM_END]
+    return ids, [-0.001 * (i % 97) - 1e-9 * i for i in range(len(ids))]
+
+
+def reply_for(tokenizer):
+    ids, logprobs = sampled(tokenizer)
+    return lambda _prompt: (list(ids), list(logprobs), "stop")
+
+
+def serve(
+    fake: Any,
+    client_cls: type,
+    tokenizer,
+    scenario,
+    *,
+    stream: bool = True,
+    journal: Journal | None = None,
+    **config,
+):
+    async def go():
+        async with fake as srv:
+            engine = client_cls(srv.url, stream=stream)
+            adapter = Adapter(
+                engine=engine,
+                tokenizer=tokenizer,
+                config=AdapterConfig(admin_token=ADMIN, live_stream=stream, **config),
+                journal=journal,
+            )
+            runner, url = await start_server(adapter)
+            try:
+                return await scenario(url, srv)
+            finally:
+                await runner.cleanup()
+                await engine.close()
+
+    return asyncio.run(go())
+
+
+async def finished(url: str, sid: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{url}/tokentrail/sessions/{sid}/finish",
+            json={},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        ) as resp:
+            return await resp.json()
+
+
+@pytest.mark.parametrize("wire", list(WIRES))
+def test_anthropic_stream_goes_out_as_sampled_and_equals_the_whole_reply(tokenizer, wire) -> None:
+    fake_cls, client_cls = WIRES[wire]
+    fake = fake_cls(reply_for(tokenizer), token_delay_s=0.01)
+
+    async def scenario(url: str, srv: Any):
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="s-live", max_retries=0)
+        kinds: list[str] = []
+        early = None
+        async with client.messages.stream(**ANTHROPIC_BODY) as stream:
+            async for event in stream:
+                kinds.append(event.type)
+                if event.type == "content_block_delta" and early is None:
+                    (events,) = srv.streamed.values()
+                    # How many of its events the engine had sent when the first delta arrived.
+                    early = len(events)
+            final = await stream.get_final_message()
+        whole = await client.messages.create(**ANTHROPIC_BODY)  # a retry: the recorded reply
+        (events,) = srv.streamed.values()
+        return kinds, early, len(events), final, whole
+
+    kinds, early, total, final, whole = serve(fake, client_cls, tokenizer, scenario)
+    assert early is not None and early < total / 2  # the harness heard it mid-generation
+    blocks = [b.model_dump() for b in final.content]
+    assert [b["type"] for b in blocks] == ["thinking", "text", "tool_use"]
+    assert blocks[0]["thinking"] == MESSAGE["reasoning_content"]
+    assert blocks[1]["text"] == MESSAGE["content"]
+    assert blocks[2]["input"] == {"command": "pytest -q"}
+    assert final.stop_reason == "tool_use"
+    assert [b.model_dump() for b in whole.content] == blocks
+    assert final.id == whole.id and final.usage.output_tokens == whole.usage.output_tokens
+    assert kinds.count("content_block_delta") > 10
+
+
+def recorded(tokenizer, wire: str, stream: bool) -> dict[str, Any]:
+    fake_cls, client_cls = WIRES[wire]
+
+    async def scenario(url: str, srv: Any):
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="s-rec", max_retries=0)
+        if stream:
+            async with client.messages.stream(**ANTHROPIC_BODY) as s:
+                await s.get_final_message()
+        else:
+            await client.messages.create(**ANTHROPIC_BODY)
+        return await finished(url, "s-rec")
+
+    return serve(
+        fake_cls(reply_for(tokenizer), tokens_per_event=3),
+        client_cls,
+        tokenizer,
+        scenario,
+        stream=stream,
+    )
+
+
+@pytest.mark.parametrize("wire", list(WIRES))
+def test_the_recorded_turn_is_the_same_streamed_or_whole(tokenizer, wire) -> None:
+    streamed, whole = recorded(tokenizer, wire, True), recorded(tokenizer, wire, False)
+    ids, logprobs = sampled(tokenizer)
+    (sample,) = streamed["samples"]
+    assert json.dumps(streamed["samples"], sort_keys=True) == json.dumps(
+        whole["samples"], sort_keys=True
+    )
+    assert json.dumps(streamed["ledger"], sort_keys=True) == json.dumps(
+        whole["ledger"], sort_keys=True
+    )
+    text = json.dumps(sample)
+    assert str(ids[5]) in text
+
+
+def test_chat_completions_stream_as_sampled(tokenizer) -> None:
+    fake = FakeSGLang(reply_for(tokenizer), token_delay_s=0.01)
+    body = {
+        "model": "m",
+        "max_tokens": 512,
+        "messages": [{"role": "user", "content": "Run the tests."}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "Bash",
+                    "description": "Run.",
+                    "parameters": BASH["input_schema"],
+                },
+            }
+        ],
+        "stream_options": {"include_usage": True},
+    }
+
+    async def scenario(url: str, srv: Any):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s-chat", max_retries=0)
+        reasoning, content, calls, early, usage = "", "", {}, None, None
+        stream = await client.chat.completions.create(**body, stream=True)
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            extra = delta.model_extra or {}
+            if extra.get("reasoning_content"):
+                reasoning += extra["reasoning_content"]
+                if early is None:
+                    early = len(next(iter(srv.streamed.values())))
+            content += delta.content or ""
+            for call in delta.tool_calls or ():
+                entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
+                entry["name"] += call.function.name or ""
+                entry["arguments"] += call.function.arguments or ""
+        total = len(next(iter(srv.streamed.values())))
+        return reasoning, content, calls, early, total, usage
+
+    reasoning, content, calls, early, total, usage = serve(fake, SGLangEngine, tokenizer, scenario)
+    assert reasoning == MESSAGE["reasoning_content"]
+    assert content == MESSAGE["content"]
+    assert calls == {0: {"name": "Bash", "arguments": '{"command": "pytest -q"}'}}
+    assert early is not None and early < total / 2
+    assert usage is not None and usage.completion_tokens == len(sampled(tokenizer)[0])
+
+
+async def raw_stream(url: str, path: str, body: dict[str, Any], sid: str) -> list[bytes]:
+    """The SSE frames of one streamed request, as the bytes arrive."""
+    frames: list[bytes] = []
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"{url}{path}", json={**body, "stream": True}, headers={"x-api-key": sid}
+        ) as resp:
+            assert resp.status == 200
+            buffer = b""
+            async for chunk in resp.content.iter_any():
+                buffer += chunk
+                *done, buffer = buffer.split(b"\n\n")
+                frames.extend(done)
+    return frames
+
+
+def test_keepalives_go_out_while_the_engine_has_produced_nothing(tokenizer) -> None:
+    fake = FakeSGLang(reply_for(tokenizer), first_token_s=1.0)
+    chat = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi."}]}
+
+    async def scenario(url: str, srv: Any):
+        messages = await raw_stream(url, "/v1/messages", ANTHROPIC_BODY, "s-ka")
+        completions = await raw_stream(url, "/v1/chat/completions", chat, "s-kb")
+        responses = await raw_stream(url, "/v1/responses", {"model": "m", "input": "Hi."}, "s-kc")
+        return messages, completions, responses
+
+    messages, completions, responses = serve(
+        fake, SGLangEngine, tokenizer, scenario, keepalive_s=0.2
+    )
+    pings = [f for f in messages if f.startswith(b"event: ping")]
+    assert len(pings) >= 3
+    # The pings come after message_start and before the first content.
+    first_delta = next(i for i, f in enumerate(messages) if b"content_block_start" in f)
+    assert all(messages.index(p) < first_delta for p in pings)
+    assert messages[0].startswith(b"event: message_start")
+    for frames in (completions, responses):
+        assert sum(f == b": keepalive" for f in frames) >= 3
+    assert completions[-1] == b"data: [DONE]"
+    assert any(b"response.completed" in f for f in responses)
+
+
+def test_an_engine_failing_after_the_200_is_an_error_event(tokenizer) -> None:
+    fake = FakeSGLang(reply_for(tokenizer))
+
+    async def scenario(url: str, srv: Any):
+        original = srv._stream
+
+        async def failing(request, rid, n, event, *rest):
+            def broken(a, b, last):
+                if a >= 5:
+                    return {"error": {"message": "CUDA error: device-side assert"}}
+                return event(a, b, last)
+
+            return await original(request, rid, n, broken, *rest)
+
+        srv._stream = failing
+        return await raw_stream(url, "/v1/messages", ANTHROPIC_BODY, "s-err")
+
+    frames = serve(fake, SGLangEngine, tokenizer, scenario)
+    error = frames[-1].decode()
+    assert error.startswith("event: error")
+    data = json.loads(error.split("data: ", 1)[1])
+    assert data["type"] == "error" and data["error"]["type"] == "api_error"
+    assert "device-side assert" in data["error"]["message"]
+
+
+def test_a_client_gone_mid_stream_is_recorded_masked_and_its_retry_answered_fresh(
+    tokenizer,
+) -> None:
+    ids, logprobs = sampled(tokenizer)
+    fake = FakeSGLang(reply_for(tokenizer), stall_at=20)
+
+    async def scenario(url: str, srv: Any):
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{url}/v1/messages",
+                json={**ANTHROPIC_BODY, "stream": True},
+                headers={"x-api-key": "s-gone"},
+            ) as resp:
+                seen = b""
+                async for chunk in resp.content.iter_any():
+                    seen += chunk
+                    if b"thinking_delta" in seen:
+                        break
+        for _ in range(500):
+            if srv.aborted:
+                break
+            await asyncio.sleep(0.01)
+        aborted, rids = list(srv.aborted), list(srv.streamed)
+        await asyncio.sleep(0.3)  # the partial turn is recorded in the background
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/metrics") as resp:
+                metrics = await resp.text()
+        srv.stall_at = None
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="s-gone", max_retries=0)
+        retry = await client.messages.create(**ANTHROPIC_BODY)
+        return aborted, rids, metrics, retry, await finished(url, "s-gone")
+
+    aborted, rids, metrics, retry, done = serve(fake, SGLangEngine, tokenizer, scenario)
+    assert aborted == rids[:1]  # the engine request, stopped by its rid
+    assert "tokentrail_client_disconnects_total 1.0" in metrics
+    partial, fresh = done["ledger"]["turns"]
+    assert partial["generated"] == 20 and partial["trained"] == 0
+    assert partial["masked"] == {"client_disconnected": 20}
+    assert partial["superseded"] is True  # the retry was answered fresh
+    assert fresh["generated"] == len(ids) and fresh["trained"] == len(ids)
+    assert retry.content[-1].type == "tool_use"
+    (sample,) = done["samples"]
+    assert "client_disconnected" in json.dumps(done["ledger"])
+
+
+def test_a_turn_cut_short_stays_masked_after_a_restart(tokenizer, tmp_path) -> None:
+    """Journaled as cut short: the adapter restarted on its journal still masks it whole and
+    trains nothing of it."""
+    path = tmp_path / "j.db"
+    fake = FakeSGLang(reply_for(tokenizer), stall_at=12)
+
+    async def cut(url: str, srv: Any):
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{url}/v1/messages",
+                json={**ANTHROPIC_BODY, "stream": True},
+                headers={"x-api-key": "s-j"},
+            ) as resp:
+                async for chunk in resp.content.iter_any():
+                    if b"thinking_delta" in chunk:
+                        break
+        for _ in range(500):
+            if srv.aborted:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+
+    first = Journal(path)
+    serve(fake, SGLangEngine, tokenizer, cut, journal=first)
+    first.close()
+
+    async def finish(url: str, srv: Any):
+        return await finished(url, "s-j")
+
+    second = Journal(path)
+    done = serve(FakeSGLang(reply_for(tokenizer)), SGLangEngine, tokenizer, finish, journal=second)
+    second.close()
+    (turn,) = done["ledger"]["turns"]
+    assert turn["masked"] == {"client_disconnected": 12} and turn["trained"] == 0
+    assert done["samples"] == []
