@@ -264,7 +264,7 @@ def test_bad_input_is_a_tree_error() -> None:
     tree = build_prefix_tree([sample([*SYSTEM, 1, 2], 2)])
     with pytest.raises(TreeError, match="one value per row"):
         tree.scatter([1.0, 2.0])
-    with pytest.raises(TreeError, match="unknown tree mask 'sparse'; expected one of dense"):
+    with pytest.raises(TreeError, match="unknown tree mask 'sparse'; expected one of \\('dense'"):
         tree.to_torch("sparse")
 
 

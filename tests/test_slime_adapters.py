@@ -89,17 +89,20 @@ def _bearer(sid: str) -> dict[str, str]:
 # -- §1 session id ------------------------------------------------------------------------------
 
 
-def test_anthropic_session_id_prefers_bearer_then_api_key(hf) -> None:
+def test_anthropic_session_id_from_bearer_or_api_key(hf) -> None:
     async def run() -> None:
         body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
         async with served(AnthropicAdapter, hf, ["a", "b"]) as (adapter, client, _, _):
+            bearer = await client.post("/v1/messages", headers=_bearer("bsid"), json=body)
+            key = await client.post("/v1/messages", headers={"X-Api-Key": "key"}, json=body)
+            # Deliberate differences: two credentials naming different sessions are refused
+            # (slime takes the bearer), and no credential is refused, not pooled into "default".
             both = await client.post(
                 "/v1/messages", headers={**_bearer("bsid"), "X-Api-Key": "key"}, json=body
             )
-            key = await client.post("/v1/messages", headers={"X-Api-Key": "key"}, json=body)
-            # Deliberate difference: no credential is refused, not pooled into "default".
             none = await client.post("/v1/messages", json=body)
-            assert (both.status, key.status, none.status) == (200, 200, 401)
+            assert (bearer.status, key.status, both.status, none.status) == (200, 200, 400, 401)
+            assert (await both.json())["error"]["type"] == "invalid_request_error"
             assert (await none.json())["error"]["type"] == "authentication_error"
             assert len(await _drain(adapter, "bsid")) == 1
             assert len(await _drain(adapter, "key")) == 1
