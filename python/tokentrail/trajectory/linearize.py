@@ -164,6 +164,10 @@ def _sample(
         # Images/documents its turns' prompts held as placeholders, summed over the turns.
         "dropped_media": dict(sorted(media.items())),
     }
+    if last.metadata.get("images"):
+        # The images of the last turn's prompt, which the sample's tokens begin with: each
+        # one's bytes, processor grid and where its placeholder tokens start.
+        metadata["images"] = list(last.metadata["images"])
     versions = trained_versions(built, nodes)
     if versions:
         metadata["weight_versions"] = versions

@@ -1,0 +1,246 @@
+"""Images in prompts over the real adapter and the official Anthropic SDK: vision tokens sized
+by the family's own image processor, kept across turns, carried by the sample; bad images
+refused with 400s in the protocol's shape; families without vision keep `[image]`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import random
+from typing import Any
+
+import anthropic
+import numpy as np
+import pytest
+from PIL import Image
+
+from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.errors import ImageError
+from tokentrail.messages import Conversation, ImageSource
+from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.text.vision import image_mark, resolve_images, vision_spec
+
+READ = {
+    "name": "Read",
+    "description": "Read a file",
+    "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}},
+}
+
+
+def png(width: int, height: int, seed: int = 0, fmt: str = "PNG") -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, fmt)
+    return buf.getvalue()
+
+
+def image_block(data: bytes, media_type: str = "image/png") -> dict[str, Any]:
+    encoded = base64.b64encode(data).decode()
+    return {
+        "type": "image",
+        "source": {"type": "base64", "media_type": media_type, "data": encoded},
+    }
+
+
+@pytest.fixture(scope="module")
+def qwen3_vl():
+    return load_tokenizer("builtin:qwen3-vl")
+
+
+def run(tokenizer, script: list, turns) -> tuple[Any, Any]:
+    adapter = Adapter(
+        engine=ScriptedEngine(tokenizer, script), tokenizer=tokenizer, config=AdapterConfig()
+    )
+
+    async def go() -> tuple[Any, Any]:
+        runner, url = await start_server(adapter)
+        try:
+            client = anthropic.AsyncAnthropic(base_url=url, api_key="s", max_retries=0)
+            out = await turns(client)
+            has = adapter.manager.has_session("s")
+            return out, (await adapter.finish_trajectory("s") if has else None)
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("name", ["qwen2-vl", "qwen3-vl"])
+def test_grid_is_the_image_processors_own(name: str) -> None:
+    # The fast path (the resize rule on the header's size) against the processor run on the
+    # pixels, over generated sizes from tiny to past the pixel cap.
+    spec = vision_spec(name)
+    assert spec is not None
+    processor = spec.processor()
+    rng = random.Random(7)
+    sizes = [(1, 1), (10, 1999), (1999, 10)] + [
+        (rng.randint(1, 1500), rng.randint(1, 1500)) for _ in range(12)
+    ]
+    for w, h in sizes:
+        out = processor(images=[Image.new("RGB", (w, h))], return_tensors="np")
+        grid = tuple(int(x) for x in out["image_grid_thw"][0])
+        assert spec.grid(h, w) == grid, (w, h)
+        assert out["pixel_values"].shape[0] // spec.merge_size**2 == spec.tokens(grid)
+    # Past the aspect ratio the processor takes: refused, as the processor refuses it.
+    with pytest.raises(ValueError, match="aspect ratio"):
+        processor(images=[Image.new("RGB", (3, 2000))], return_tensors="np")
+    with pytest.raises(ImageError, match="aspect ratio"):
+        spec.grid(2000, 3)
+
+
+def test_a_family_without_vision_keeps_the_placeholder() -> None:
+    source = ImageSource.of_base64(base64.b64encode(png(8, 8)).decode(), "image/png")
+    conversation = Conversation(
+        [{"role": "user", "content": "see\n" + image_mark(source.digest)}],
+        None,
+        dropped_media={"image": 1},
+        image_sources={source.digest: source},
+    )
+    resolved = resolve_images(conversation, None)
+    assert resolved.messages == [{"role": "user", "content": "see\n[image]"}]
+    assert resolved.dropped_media == {"image": 1}
+    assert resolved.images == []
+
+
+def test_a_claude_code_read_of_a_png_trains_on_vision_tokens(qwen3_vl) -> None:
+    spec = vision_spec("qwen3-vl")
+    assert spec is not None
+    shot = png(500, 300, seed=1)
+    call = [{"type": "tool_use", "name": "Read", "input": {"file_path": "shot.png"}}]
+    done = [{"type": "text", "text": "a screenshot"}]
+
+    async def turns(client: anthropic.AsyncAnthropic) -> Any:
+        first = [{"role": "user", "content": [{"type": "text", "text": "read shot.png"}]}]
+        one = await client.messages.create(
+            model="m", max_tokens=64, tools=[READ], messages=first, extra_headers=SID
+        )
+        result = {
+            "type": "tool_result",
+            "tool_use_id": one.content[0].id,
+            "content": [image_block(shot)],
+        }
+        second = [
+            *first,
+            {"role": "assistant", "content": [b.model_dump() for b in one.content]},
+            {"role": "user", "content": [result]},
+        ]
+        return await client.messages.create(
+            model="m", max_tokens=64, tools=[READ], messages=second, extra_headers=SID
+        )
+
+    reply, trajectory = run(qwen3_vl, [call, done], turns)
+    assert reply.content[0].text == "a screenshot"
+    sample = trajectory.samples[-1]
+    grid = spec.processor()(images=[Image.open(io.BytesIO(shot))], return_tensors="np")
+    want = int(np.prod(grid["image_grid_thw"][0])) // 4
+    (image,) = sample.metadata["images"]
+    assert image["image_grid_thw"] == [int(x) for x in grid["image_grid_thw"][0]]
+    assert image["tokens"] == want
+    assert base64.b64decode(image["data"]) == shot
+    pad = qwen3_vl.token_id("<|image_pad|>")
+    tokens = sample.tokens.tolist()
+    at = image["offset"]
+    assert tokens[at - 1] == qwen3_vl.token_id("<|vision_start|>")
+    assert tokens[at : at + want] == [pad] * want
+    assert tokens[at + want] == qwen3_vl.token_id("<|vision_end|>")
+    assert tokens.count(pad) == want
+    assert "dropped_media" not in sample.metadata or not sample.metadata["dropped_media"]
+    # The image's tokens are not trained on (the loss mask covers the response tokens).
+    start = at - sample.prompt_length
+    assert start >= 0  # The tool result comes after the first turn's output.
+    assert len(sample.loss_mask[start : start + want]) == want
+    assert not sample.loss_mask[start : start + want].any()
+
+
+SID = {"X-Session-Id": "s"}
+
+
+def test_an_earlier_image_keeps_its_tokens(qwen3_vl) -> None:
+    shot = png(64, 900, seed=2)
+    user = {"role": "user", "content": [{"type": "text", "text": "look"}, image_block(shot)]}
+
+    async def turns(client: anthropic.AsyncAnthropic) -> Any:
+        one = await client.messages.create(
+            model="m", max_tokens=64, messages=[user], extra_headers=SID
+        )
+        convo = [
+            user,
+            {"role": "assistant", "content": [b.model_dump() for b in one.content]},
+            {"role": "user", "content": "and now?"},
+        ]
+        return await client.messages.create(
+            model="m", max_tokens=64, messages=convo, extra_headers=SID
+        )
+
+    _, trajectory = run(
+        qwen3_vl,
+        [[{"type": "text", "text": "tall"}], [{"type": "text", "text": "same"}]],
+        turns,
+    )
+    (sample,) = trajectory.samples  # One chain: turn 2 continues turn 1's tokens exactly.
+    assert len(sample.metadata["turns"]) == 2
+    (image,) = sample.metadata["images"]
+    pad = qwen3_vl.token_id("<|image_pad|>")
+    assert sample.tokens.tolist().count(pad) == image["tokens"]
+
+
+BAD = [
+    (image_block(b"not an image"), "does not decode"),
+    (image_block(png(8, 8)[:40]), "does not decode"),
+    (image_block(png(8, 8), "image/bmp"), "unsupported image type"),
+    (image_block(png(8, 8, fmt="JPEG"), "image/png"), "declared image/png"),
+    ({"type": "image", "source": {"type": "url", "url": "https://x.test/a.png"}}, "not fetched"),
+    (
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "@@"}},
+        "not valid base64",
+    ),
+]
+
+
+@pytest.mark.parametrize(("block", "says"), BAD, ids=[s for _, s in BAD])
+def test_a_bad_image_gets_a_400_in_the_protocols_shape(qwen3_vl, block, says) -> None:
+    async def turns(client: anthropic.AsyncAnthropic) -> Any:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await client.messages.create(
+                model="m",
+                max_tokens=8,
+                messages=[{"role": "user", "content": [block]}],
+                extra_headers=SID,
+            )
+        return refused.value
+
+    error, _ = run(qwen3_vl, [], turns)
+    assert error.status_code == 400
+    assert error.body["type"] == "error"
+    assert error.body["error"]["type"] == "invalid_request_error"
+    assert says in error.body["error"]["message"]
+
+
+def test_limits_per_image_and_per_request() -> None:
+    from tokentrail.text.vision import ImageLimits
+
+    spec = vision_spec("qwen3-vl")
+    data = png(100, 100)
+    sources = [
+        ImageSource.of_base64(base64.b64encode(png(100, 100, seed=s)).decode(), "image/png")
+        for s in range(2)
+    ]
+
+    def convo(srcs: list[ImageSource]) -> Conversation:
+        text = "".join(image_mark(s.digest) for s in srcs)
+        return Conversation(
+            [{"role": "user", "content": text}], None, image_sources={s.digest: s for s in srcs}
+        )
+
+    with pytest.raises(ImageError, match="over 9999 pixels"):
+        resolve_images(convo(sources[:1]), spec, ImageLimits(max_image_pixels=9999))
+    assert resolve_images(convo(sources[:1]), spec, ImageLimits(max_image_pixels=10000)).images
+    with pytest.raises(ImageError, match=f"over {len(data) - 1} bytes"):
+        resolve_images(convo(sources[:1]), spec, ImageLimits(max_image_bytes=len(data) - 1))
+    with pytest.raises(ImageError, match="request's images are over 19999 pixels"):
+        resolve_images(convo(sources), spec, ImageLimits(max_request_pixels=19999))
+    assert (
+        len(resolve_images(convo(sources), spec, ImageLimits(max_request_pixels=20000)).images) == 2
+    )
