@@ -244,3 +244,85 @@ def test_limits_per_image_and_per_request() -> None:
     assert (
         len(resolve_images(convo(sources), spec, ImageLimits(max_request_pixels=20000)).images) == 2
     )
+
+
+def engine_turn(qwen3_vl, fake: Any, make_engine: Any, blocks: list[dict[str, Any]]) -> Any:
+    """One Anthropic request with `blocks` through the adapter to `make_engine(url)`; what
+    the SDK raised (or the reply) and the bodies the stand-in engine got."""
+
+    async def go() -> Any:
+        async with fake as srv:
+            adapter = Adapter(engine=make_engine(srv.url), tokenizer=qwen3_vl)
+            runner, url = await start_server(adapter)
+            client = anthropic.AsyncAnthropic(base_url=url, api_key="s", max_retries=0)
+            try:
+                out: Any = await client.messages.create(
+                    model="m",
+                    max_tokens=8,
+                    messages=[{"role": "user", "content": blocks}],
+                    extra_headers=SID,
+                )
+            except anthropic.APIStatusError as exc:
+                out = exc
+            finally:
+                await runner.cleanup()
+            return out, [r.body for r in srv.requests]
+
+    return asyncio.run(go())
+
+
+def test_sglang_gets_the_images_as_image_data(qwen3_vl) -> None:
+    from support.fake_engines import FakeSGLang
+    from tokentrail.engines.sglang import SGLangEngine
+
+    a, b = png(40, 30, seed=3), png(30, 300, seed=4, fmt="JPEG")
+    blocks = [
+        {"type": "text", "text": "compare"},
+        image_block(a),
+        image_block(b, "image/jpeg"),
+        image_block(a),
+    ]
+    reply, bodies = engine_turn(
+        qwen3_vl, FakeSGLang(), lambda url: SGLangEngine(url, qwen3_vl), blocks
+    )
+    assert reply.stop_reason in ("end_turn", "max_tokens")
+    (body,) = [x for x in bodies if "input_ids" in x]
+    urls = [
+        f"data:image/{t};base64,{base64.b64encode(d).decode()}"
+        for t, d in [("png", a), ("jpeg", b), ("png", a)]
+    ]
+    assert body["image_data"] == urls
+    spec = vision_spec("qwen3-vl")
+    assert spec is not None
+    pad = qwen3_vl.token_id("<|image_pad|>")
+    runs = [spec.tokens(spec.grid(30, 40)), spec.tokens(spec.grid(300, 30))]
+    assert body["input_ids"].count(pad) == runs[0] * 2 + runs[1]
+
+
+def test_the_stand_in_sglang_refuses_images_that_do_not_match_the_prompt() -> None:
+    from support.fake_engines import _image_data_refusal
+
+    ids = [1, 151652, 151655, 151655, 151653, 2]
+    url = "data:image/png;base64," + base64.b64encode(png(4, 4)).decode()
+    assert _image_data_refusal([url], ids) is None
+    assert "2 images" in (_image_data_refusal([url, url], ids) or "")
+    assert "no image_data" in (_image_data_refusal(None, ids) or "")
+    assert "Failed to load image" in (
+        _image_data_refusal(["data:image/png;base64,AAAA"], ids) or ""
+    )
+
+
+def test_vllm_is_refused_a_prompt_with_images_before_generating(qwen3_vl) -> None:
+    # vLLM's /v1/completions takes token ids but no images beside them.
+    from support.fake_engines import FakeVLLM
+    from tokentrail.engines.vllm import VLLMEngine
+
+    refused, bodies = engine_turn(
+        qwen3_vl,
+        FakeVLLM(),
+        lambda url: VLLMEngine(url, qwen3_vl, model="m"),
+        [image_block(png(8, 8))],
+    )
+    assert isinstance(refused, anthropic.BadRequestError)
+    assert "takes no images" in refused.body["error"]["message"]
+    assert not [b for b in bodies if isinstance(b, dict) and "prompt" in b]

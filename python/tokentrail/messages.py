@@ -7,6 +7,7 @@ into `ToolSchema`s; everything below the adapter speaks only this.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, NotRequired, TypedDict
@@ -92,6 +93,9 @@ class ImageInput:
     height: int
     grid_thw: tuple[int, int, int]
     tokens: int
+
+    def data_url(self) -> str:
+        return f"data:{self.media_type};base64,{base64.b64encode(self.data).decode()}"
 
     def described(self) -> dict[str, Any]:
         """Everything but the bytes, as JSON."""
