@@ -19,6 +19,7 @@ from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import ImageError
 from tokentrail.messages import Conversation, ImageSource
+from tokentrail.storage.export import read_samples, write_samples
 from tokentrail.text.tokenizer import load_tokenizer
 from tokentrail.text.vision import image_mark, resolve_images, vision_spec
 
@@ -104,7 +105,7 @@ def test_a_family_without_vision_keeps_the_placeholder() -> None:
     assert resolved.images == []
 
 
-def test_a_claude_code_read_of_a_png_trains_on_vision_tokens(qwen3_vl) -> None:
+def test_a_claude_code_read_of_a_png_trains_on_vision_tokens(qwen3_vl, tmp_path) -> None:
     spec = vision_spec("qwen3-vl")
     assert spec is not None
     shot = png(500, 300, seed=1)
@@ -147,6 +148,16 @@ def test_a_claude_code_read_of_a_png_trains_on_vision_tokens(qwen3_vl) -> None:
     assert tokens[at + want] == qwen3_vl.token_id("<|vision_end|>")
     assert tokens.count(pad) == want
     assert "dropped_media" not in sample.metadata or not sample.metadata["dropped_media"]
+    inputs = sample.multimodal_inputs()
+    assert inputs["images"] == [shot]
+    assert inputs["image_grid_thw"].tolist() == [image["image_grid_thw"]]
+    assert inputs["image_offsets"] == [at]
+    # The exported file carries them: written and read back, the same images and grid.
+    path = tmp_path / "samples.jsonl"
+    write_samples(path, [sample])
+    (back,) = read_samples(path)
+    assert back.multimodal_inputs()["images"] == [shot]
+    assert back.tokens.tolist() == tokens
     # The image's tokens are not trained on (the loss mask covers the response tokens).
     start = at - sample.prompt_length
     assert start >= 0  # The tool result comes after the first turn's output.
@@ -326,3 +337,46 @@ def test_vllm_is_refused_a_prompt_with_images_before_generating(qwen3_vl) -> Non
     assert isinstance(refused, anthropic.BadRequestError)
     assert "takes no images" in refused.body["error"]["message"]
     assert not [b for b in bodies if isinstance(b, dict) and "prompt" in b]
+
+
+def test_a_responses_input_image_as_codex_sends_it(qwen3_vl) -> None:
+    # Codex's `view_image` puts the file in the next input as an `input_image` data URL.
+    import openai
+
+    shot = png(200, 120, seed=5)
+    url = "data:image/png;base64," + base64.b64encode(shot).decode()
+
+    async def go() -> Any:
+        adapter = Adapter(
+            engine=ScriptedEngine(qwen3_vl, [[{"type": "text", "text": "seen"}]]),
+            tokenizer=qwen3_vl,
+        )
+        runner, base = await start_server(adapter)
+        try:
+            client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="s", max_retries=0)
+            await client.responses.create(
+                model="m",
+                input=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "what is this?"},
+                            {"type": "input_image", "image_url": url, "detail": "auto"},
+                        ],
+                    }
+                ],
+                extra_headers=SID,
+            )
+            return await adapter.finish_trajectory("s")
+        finally:
+            await runner.cleanup()
+
+    trajectory = asyncio.run(go())
+    (sample,) = trajectory.samples
+    spec = vision_spec("qwen3-vl")
+    assert spec is not None
+    (image,) = sample.metadata["images"]
+    assert image["tokens"] == spec.tokens(spec.grid(120, 200))
+    assert sample.multimodal_inputs()["images"] == [shot]
+    pad = qwen3_vl.token_id("<|image_pad|>")
+    assert sample.tokens.tolist().count(pad) == image["tokens"]

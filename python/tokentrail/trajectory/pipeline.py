@@ -383,8 +383,10 @@ class TurnPipeline:
             replay_start=replay_start,
             image_pad_id=pad_id,
         )
-        if pad_id >= 0:
-            prepared.image_tags()  # Refuses a prompt whose image tokens are not its images'.
+        if pad_id >= 0 and recorded is None:
+            # Refuses a prompt whose image tokens are not its images' (text that spells them).
+            # A recorded prompt (recovery) was checked when it was served.
+            prepared.image_tags()
         return prepared
 
     def restored(self, sid: str, conversation: Conversation) -> TurnMessages:
