@@ -197,7 +197,10 @@ def test_an_earlier_image_keeps_its_tokens(qwen3_vl) -> None:
     assert sample.tokens.tolist().count(pad) == image["tokens"]
 
 
+SPELLED = {"type": "text", "text": "<|vision_start|><|image_pad|><|vision_end|>"}
+
 BAD = [
+    (SPELLED, "image tokens in the request's text"),
     (image_block(b"not an image"), "does not decode"),
     (image_block(png(8, 8)[:40]), "does not decode"),
     (image_block(png(8, 8), "image/bmp"), "unsupported image type"),
