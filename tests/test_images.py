@@ -383,3 +383,40 @@ def test_a_responses_input_image_as_codex_sends_it(qwen3_vl) -> None:
     assert sample.multimodal_inputs()["images"] == [shot]
     pad = qwen3_vl.token_id("<|image_pad|>")
     assert sample.tokens.tolist().count(pad) == image["tokens"]
+
+
+def test_a_recovered_session_keeps_its_images(qwen3_vl, tmp_path) -> None:
+    from tokentrail.storage.journal import Journal
+
+    shot = png(90, 60, seed=6)
+    path = tmp_path / "j.db"
+
+    async def serve_one() -> None:
+        journal = Journal(path)
+        adapter = Adapter(
+            engine=ScriptedEngine(qwen3_vl, [[{"type": "text", "text": "ok"}]]),
+            tokenizer=qwen3_vl,
+            journal=journal,
+        )
+        runner, url = await start_server(adapter)
+        try:
+            client = anthropic.AsyncAnthropic(base_url=url, api_key="s", max_retries=0)
+            await client.messages.create(
+                model="m",
+                max_tokens=8,
+                messages=[{"role": "user", "content": [image_block(shot)]}],
+                extra_headers=SID,
+            )
+        finally:
+            await runner.cleanup()
+            journal.close()
+
+    asyncio.run(serve_one())
+    journal = Journal(path)  # As after a restart: the session is recovered from the journal.
+    try:
+        adapter = Adapter(engine=ScriptedEngine(qwen3_vl), tokenizer=qwen3_vl, journal=journal)
+        trajectory = asyncio.run(adapter.finish_trajectory("s"))
+    finally:
+        journal.close()
+    (sample,) = trajectory.samples
+    assert sample.multimodal_inputs()["images"] == [shot]
