@@ -420,3 +420,26 @@ def test_a_recovered_session_keeps_its_images(qwen3_vl, tmp_path) -> None:
         journal.close()
     (sample,) = trajectory.samples
     assert sample.multimodal_inputs()["images"] == [shot]
+
+
+def test_an_image_is_decoded_once_and_counted_at_each_occurrence() -> None:
+    from tokentrail.text.vision import ImageCache, ImageLimits
+
+    spec = vision_spec("qwen3-vl")
+    source = ImageSource.of_base64(base64.b64encode(png(100, 100)).decode(), "image/png")
+    twice = Conversation(
+        [{"role": "user", "content": image_mark(source.digest) * 2}],
+        None,
+        image_sources={source.digest: source},
+    )
+    cache = ImageCache()
+    first = resolve_images(twice, spec, None, cache)
+    again = resolve_images(twice, spec, None, cache)
+    assert len(cache) == 1 and cache.bytes == len(first.images[0].data)
+    assert first.images[0] is first.images[1] is again.images[0]  # decoded once
+    # The engine gets the image at each occurrence: both count against the request's limit.
+    with pytest.raises(ImageError, match="over 19999 pixels"):
+        resolve_images(twice, spec, ImageLimits(max_request_pixels=19999), cache)
+    # A cached image is still held to the per-image limit.
+    with pytest.raises(ImageError, match="over 9999 pixels"):
+        resolve_images(twice, spec, ImageLimits(max_image_pixels=9999), cache)

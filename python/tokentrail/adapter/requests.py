@@ -29,7 +29,7 @@ from tokentrail.engines.base import SamplingParams
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ResumeCheck
 from tokentrail.messages import Conversation
-from tokentrail.text.vision import ImageLimits, resolve_images
+from tokentrail.text.vision import ImageCache, ImageLimits, resolve_images
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline
 
@@ -79,6 +79,7 @@ class RequestReader:
         self.manager = pipeline.manager
         self.default_max_tokens = default_max_tokens
         self.image_limits = image_limits or ImageLimits()
+        self.image_cache = ImageCache()
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = parse_body(raw, self.limits.max_json_depth)
@@ -101,7 +102,9 @@ class RequestReader:
 
     def with_images(self, conversation: Conversation) -> Conversation:
         """Image marks as the pipeline's family takes them: vision tokens, or `[image]`."""
-        return resolve_images(conversation, self.pipeline.vision, self.image_limits)
+        return resolve_images(
+            conversation, self.pipeline.vision, self.image_limits, self.image_cache
+        )
 
     def count(self, proto: WireProtocol, raw: bytes) -> int:
         """count_tokens: the full render's length; nothing is recorded or opened."""

@@ -16,9 +16,10 @@ import binascii
 import dataclasses
 import io
 import re
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -28,6 +29,7 @@ from tokentrail.messages import Conversation, ImageInput, ImageSource, Message
 __all__ = [
     "IMAGE_PLACEHOLDER",
     "ImageInput",
+    "ImageCache",
     "ImageLimits",
     "ImageSource",
     "VisionSpec",
@@ -149,24 +151,73 @@ def vision_spec(name: str | None) -> VisionSpec | None:
         raise ImageError(f"unknown vision encoder {name!r}; known: {', '.join(_VISION)}") from None
 
 
+class ImageCache:
+    """Images already decoded and sized, by encoder and digest, up to `max_bytes` of image
+    bytes (least recently used out first): a harness resends every earlier image each turn,
+    and each is decoded once."""
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._images: OrderedDict[tuple[str, str], ImageInput] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, spec: VisionSpec, digest: str) -> ImageInput | None:
+        with self._lock:
+            image = self._images.get((spec.name, digest))
+            if image is not None:
+                self._images.move_to_end((spec.name, digest))
+            return image
+
+    def put(self, spec: VisionSpec, image: ImageInput) -> None:
+        with self._lock:
+            key = (spec.name, image.digest)
+            if key in self._images or len(image.data) > self.max_bytes:
+                return
+            self._images[key] = image
+            self.bytes += len(image.data)
+            while self.bytes > self.max_bytes:
+                _, dropped = self._images.popitem(last=False)
+                self.bytes -= len(dropped.data)
+
+    def __len__(self) -> int:
+        return len(self._images)
+
+
 @dataclass
 class _Budget:
     limits: ImageLimits
+    cache: ImageCache | None
     bytes: int = 0
     pixels: int = 0
-    seen: dict[str, ImageInput] = field(default_factory=dict)
+
+    def take(self, image: ImageInput) -> ImageInput:
+        """Count `image` against the request's limits (every occurrence counts)."""
+        self.bytes += len(image.data)
+        self.pixels += image.width * image.height
+        if self.bytes > self.limits.max_request_bytes:
+            raise ImageError(f"the request's images are over {self.limits.max_request_bytes} bytes")
+        if self.pixels > self.limits.max_request_pixels:
+            raise ImageError(
+                f"the request's images are over {self.limits.max_request_pixels} pixels"
+            )
+        return image
 
 
 def resolve_images(
-    conversation: Conversation, spec: VisionSpec | None, limits: ImageLimits | None = None
+    conversation: Conversation,
+    spec: VisionSpec | None,
+    limits: ImageLimits | None = None,
+    cache: ImageCache | None = None,
 ) -> Conversation:
     """The conversation with every image mark replaced: by the family's placeholder run (the
     image decoded, checked and sized; its digest listed in the message's `images`, in order)
     or, without a vision encoder, by `[image]` as before. Messages without marks are the
-    very same objects. Raises `ImageError` for an image the model cannot take."""
+    very same objects. `cache` keeps decoded images between requests. Raises `ImageError`
+    for an image the model cannot take."""
     if not any(_MARK.search(m.get("content") or "") for m in conversation.messages):
         return conversation
-    budget = _Budget(limits or ImageLimits())
+    budget = _Budget(limits or ImageLimits(), cache)
     messages: list[Message] = []
     images: list[ImageInput] = []
     first_changed: int | None = None
@@ -211,10 +262,17 @@ def _decoded(source: ImageSource, spec: VisionSpec, budget: _Budget, where: str)
             f"{where}: image URLs are not fetched; send the image as base64 data "
             f"(got {source.url[:80]!r})"
         )
-    known = budget.seen.get(source.digest)
-    if known is not None:
-        return known
     limits = budget.limits
+    known = budget.cache.get(spec, source.digest) if budget.cache is not None else None
+    if known is not None:
+        if len(known.data) > limits.max_image_bytes:
+            raise ImageError(f"{where}: the image is over {limits.max_image_bytes} bytes")
+        if known.width * known.height > limits.max_image_pixels:
+            raise ImageError(
+                f"{where}: the image is {known.width}x{known.height}, over "
+                f"{limits.max_image_pixels} pixels"
+            )
+        return budget.take(known)
     declared = (source.media_type or "").lower()
     if declared not in SUPPORTED_TYPES:
         raise ImageError(
@@ -233,16 +291,11 @@ def _decoded(source: ImageSource, spec: VisionSpec, budget: _Budget, where: str)
     width, height, found = _probe(data, limits.max_image_pixels, where)
     if found != declared and not (found == "image/jpeg" and declared == "image/jpg"):
         raise ImageError(f"{where}: the image is declared {declared} but its data is {found}")
-    budget.bytes += len(data)
-    budget.pixels += width * height
-    if budget.bytes > limits.max_request_bytes:
-        raise ImageError(f"the request's images are over {limits.max_request_bytes} bytes")
-    if budget.pixels > limits.max_request_pixels:
-        raise ImageError(f"the request's images are over {limits.max_request_pixels} pixels")
     grid = spec.grid(height, width)
     image = ImageInput(source.digest, found, data, width, height, grid, spec.tokens(grid))
-    budget.seen[source.digest] = image
-    return image
+    if budget.cache is not None:
+        budget.cache.put(spec, image)
+    return budget.take(image)
 
 
 def _probe(data: bytes, max_pixels: int, where: str) -> tuple[int, int, str]:
