@@ -460,6 +460,7 @@ def test_real_claude_code_reads_a_png_as_vision_tokens_over_sglang(
             )
             assert run.returncode == 0, run.stderr[-2000:]
             finished = served.finish("cc-image")
+            checks = served.resume_checks()
 
     first, second = fake.bodies("/generate")
     assert "image_data" not in first
@@ -479,3 +480,5 @@ def test_real_claude_code_reads_a_png_as_vision_tokens_over_sglang(
     assert not sample["metadata"]["dropped_media"]
     ledger = finished["ledger"]
     assert ledger["trained_tokens"] == ledger["generated_tokens"] > 0
+    # The image-holding request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])
