@@ -443,3 +443,23 @@ def test_an_image_is_decoded_once_and_counted_at_each_occurrence() -> None:
     # A cached image is still held to the per-image limit.
     with pytest.raises(ImageError, match="over 9999 pixels"):
         resolve_images(twice, spec, ImageLimits(max_image_pixels=9999), cache)
+
+
+def test_count_tokens_counts_the_vision_tokens(qwen3_vl) -> None:
+    shot = png(500, 300, seed=8)
+    spec = vision_spec("qwen3-vl")
+    assert spec is not None
+    text = [{"type": "text", "text": "see"}]
+
+    async def turns(client: anthropic.AsyncAnthropic) -> Any:
+        counts = []
+        for content in (text, [*text, image_block(shot)]):
+            counted = await client.messages.count_tokens(
+                model="m", messages=[{"role": "user", "content": content}]
+            )
+            counts.append(counted.input_tokens)
+        return counts
+
+    (plain, with_image), _ = run(qwen3_vl, [], turns)
+    # `\n` joins the parts, then the start, the pads and the end of the image.
+    assert with_image - plain == len(qwen3_vl.encode("\n")) + spec.tokens(spec.grid(300, 500)) + 2
