@@ -43,6 +43,7 @@ BENCHES: list[tuple[str, list[str]]] = [
         "tree_layout.py",
         ["--sessions", "1", "--steps", "4", "--context", "1000", "--forward-context", "300"],
     ),
+    ("viewer_open.py", ["--turns", "16", "--context", "8192", "--repeats", "1"]),
 ]
 
 

@@ -41,6 +41,9 @@ class RecordedTurn:
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    routed_experts: None = None
+    indexer_topk: None = None
+    weight_versions: tuple[()] = ()
 
 
 def claude_code_tools() -> tuple[list[dict[str, Any]], str]:

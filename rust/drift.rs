@@ -72,7 +72,10 @@ impl Policy {
         Policy::ALL
             .into_iter()
             .find(|policy| policy.as_str() == name)
-            .ok_or_else(|| Error::UnknownPolicy(format!("'{name}'")))
+            .ok_or_else(|| Error::UnknownPolicy {
+                shown: format!("'{name}'"),
+                allowed: &Policy::NAMES,
+            })
     }
 }
 
@@ -148,7 +151,10 @@ mod tests {
         }
         assert_eq!(
             Policy::parse("greedy"),
-            Err(Error::UnknownPolicy("'greedy'".into()))
+            Err(Error::UnknownPolicy {
+                shown: "'greedy'".into(),
+                allowed: &Policy::NAMES,
+            })
         );
     }
 

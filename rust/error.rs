@@ -1,8 +1,6 @@
 //! The one error type of tokentrail's core: bad input, named by what is wrong with it.
 use std::fmt;
 
-use crate::drift::Policy;
-
 /// Everything the core refuses. The binding maps each variant to a named Python exception
 /// (`TokenIdError`, `LogprobLengthError`, `PolicyError`, `PackError`, `TokenizerError` or
 /// `ReplayError`, all `ValueError`s).
@@ -13,8 +11,12 @@ pub enum Error {
     TokenId(String),
     /// A turn's logprobs do not match its output tokens one for one.
     LogprobLength { logprobs: usize, outputs: usize },
-    /// A drift policy not in `Policy::NAMES`; holds the name as Python shows it.
-    UnknownPolicy(String),
+    /// A drift policy not among `allowed` (`Policy::NAMES`); `shown` is the name as Python
+    /// shows it.
+    UnknownPolicy {
+        shown: String,
+        allowed: &'static [&'static str],
+    },
     /// A setting that must be `>= 0` was negative.
     Negative { setting: &'static str, value: i64 },
     /// A turn forks from the held tokens, so it cannot join this builder.
@@ -77,9 +79,10 @@ impl fmt::Display for Error {
             Error::LogprobLength { logprobs, outputs } => {
                 write!(f, "{logprobs} logprobs for {outputs} output tokens")
             }
-            Error::UnknownPolicy(shown) => {
-                // `Policy::NAMES` as Python prints the tuple `POLICIES`.
-                let names = Policy::NAMES.map(|name| format!("'{name}'")).join(", ");
+            Error::UnknownPolicy { shown, allowed } => {
+                // The names as Python prints the tuple `POLICIES`.
+                let names: Vec<String> = allowed.iter().map(|name| format!("'{name}'")).collect();
+                let names = names.join(", ");
                 write!(f, "unknown drift policy {shown}; expected one of ({names})")
             }
             Error::Negative { setting, value } => {
@@ -153,7 +156,10 @@ mod tests {
                 "2 logprobs for 3 output tokens",
             ),
             (
-                Error::UnknownPolicy("'greedy'".into()),
+                Error::UnknownPolicy {
+                    shown: "'greedy'".into(),
+                    allowed: &["minimal", "slime"],
+                },
                 "unknown drift policy 'greedy'; expected one of ('minimal', 'slime')",
             ),
             (

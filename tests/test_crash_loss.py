@@ -33,7 +33,7 @@ from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import SessionDamaged
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import check_journal, read_journal
+from tokentrail.storage.journal.read import check_journal, read_journal
 from tokentrail.storage.replay import as_recorded
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="SIGKILL")

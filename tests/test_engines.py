@@ -147,7 +147,7 @@ def test_sglang_error_carries_the_engines_message_and_status() -> None:
 
     with pytest.raises(EngineError) as info:
         run(go())
-    assert info.value.status == 500
+    assert info.value.engine_status == 500
     assert "CUDA out of memory (fake)" in info.value.message
 
 
@@ -226,7 +226,7 @@ def test_sglang_answers_that_cannot_be_read_are_engine_errors() -> None:
     body = {"meta_info": {"finish_reason": refused, "output_token_logprobs": []}}
     with pytest.raises(EngineError, match="context length") as info:
         parse_generate_response(body, req, 0.0)
-    assert info.value.status == 400
+    assert info.value.engine_status == 400
 
 
 def test_one_engine_serves_successive_event_loops() -> None:
@@ -315,7 +315,7 @@ def test_vllm_error_carries_the_engines_message_and_status() -> None:
 
     with pytest.raises(EngineError, match="prompt too long") as info:
         run(go())
-    assert info.value.status == 500
+    assert info.value.engine_status == 500
 
 
 def test_vllm_cancelled_generate_closes_the_connection() -> None:

@@ -14,11 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tokentrail.kinds import MaskReason
 from tokentrail.sim.harness import Behaviour, SessionSpec, simulate
 from tokentrail.sim.model import SimulatedEngine
 from tokentrail.text.tokenizer import load_tokenizer
 
-NAMED_REASONS = {"realigned", "merged_rewrite", "truncated"}
+# What these harness behaviours may mask a generated token for: nothing else, never unaccounted.
+NAMED_REASONS = {MaskReason.REALIGNED, MaskReason.MERGED_REWRITE, MaskReason.TRUNCATED}
 
 
 class RecordingEngine(SimulatedEngine):
@@ -90,7 +92,7 @@ def trained_runs_are_what_the_model_produced(sample, calls) -> None:
 @given(
     behaviour=behaviours,
     spec=specs,
-    protocol=st.sampled_from(["anthropic", "openai"]),
+    protocol=st.sampled_from(["anthropic", "openai", "responses"]),
     restore=st.sampled_from(["on", "off"]),
     rewrite_policy=st.sampled_from(["merge", "fork"]),
 )
@@ -120,4 +122,4 @@ def test_every_generated_token_is_accounted_for(
     for sample in run.trajectory.samples:
         trained_runs_are_what_the_model_produced(sample, engine.calls)
     if rewrite_policy == "fork":
-        assert "merged_rewrite" not in ledger.masked_tokens
+        assert MaskReason.MERGED_REWRITE not in ledger.masked_tokens

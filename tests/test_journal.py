@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.errors import JournalError
-from tokentrail.kinds import JournalEvent
+from tokentrail.kinds import History, JournalEvent, Retry
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import check_journal, read_journal
+from tokentrail.storage.journal.read import check_journal, read_journal
 
 TOOLS = [
     {
@@ -354,3 +355,20 @@ def test_journal_check_and_compact_commands(tmp_path: Path, capsys) -> None:
     db.close()
     assert main(["journal", "check", str(path)]) == 1
     assert "DAMAGED from #2" in capsys.readouterr().out
+
+
+def test_session_settings_read_back_from_the_journal_are_the_ones_opened_with() -> None:
+    plain = SessionSettings()
+    assert plain.journaled() == {
+        "sampling_defaults": {},
+        "max_context_tokens": 0,
+        "history": None,
+        "retry": None,
+    }
+    own = SessionSettings({"temperature": 0.5}, 4096, "render", ["memory extraction"], "fresh")
+    assert own.history is History.RENDER and own.retry is Retry.FRESH
+    assert own.exclude_patterns == ("memory extraction",)
+    for settings in (plain, own):
+        assert (
+            SessionSettings.from_journal(json.loads(json.dumps(settings.journaled()))) == settings
+        )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokens import (
     END,
@@ -483,3 +485,40 @@ def test_debug_views(mgr: TrajectoryManager) -> None:
     text = format_sample(s)
     assert text.count("\n") == len(s.tokens)
     assert f"{END:>8}    1" in text
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 50), st.booleans(), st.sampled_from(["ok", "go on", "why"])),
+        min_size=1,
+        max_size=12,
+    ),
+    policy=st.sampled_from(["merge", "fork"]),
+)
+def test_find_reply_is_the_tree_walk_of_find_turn(steps, policy) -> None:
+    """The reply-id lookup (a Responses `previous_response_id`) equals the whole-tree walk, on
+    sessions that branch, continue and rewrite their generated turns (a merge demotes them)."""
+    mgr = TrajectoryManager(rewrite_policy=policy)
+    conversations: list[list[dict]] = [[SYS, user("start")]]
+    replies = []
+    for n, (base, rewrite, text) in enumerate(steps):
+        messages = list(conversations[base % len(conversations)])
+        if rewrite and messages[-1]["role"] == "assistant":
+            messages[-1] = assistant(f"{messages[-1]['content']} (edited)")
+        if messages[-1]["role"] == "assistant":
+            messages.append(user(text))
+        reply = assistant(f"reply {n}")
+        reply_id = f"resp_{n}"
+        mgr.record_turn(
+            "s",
+            turn=TurnRecord(prompt_ids(messages), sampled(reply), "stop", None),
+            prompt_messages=messages,
+            response_message=reply,
+            metadata={"reply_id": reply_id, "call_ids": []},
+        )
+        replies.append(reply_id)
+        conversations.append([*messages, reply])
+    for reply_id in [*replies, "resp_unknown"]:
+        assert mgr.find_reply("s", reply_id) == mgr.find_turn("s", "reply_id", reply_id)
+    assert mgr.find_reply("other", replies[0]) is None

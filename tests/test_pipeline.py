@@ -78,6 +78,9 @@ class Sampled:
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: str = "stop"
+    routed_experts: None = None
+    indexer_topk: None = None
+    weight_versions: tuple[()] = ()
 
 
 def sample(tokenizer, message) -> Sampled:

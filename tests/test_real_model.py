@@ -15,10 +15,8 @@ import dataclasses
 import json
 import os
 import shutil
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +24,7 @@ import pytest
 
 from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
 from support.codex import install_codex, run_codex, write_home
-from support.serve import serving
+from support.serve import resume_checks, serving, serving_in_thread
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.base import GenerateRequest, ReplayRequest, SamplingParams
 from tokentrail.engines.scripted import ScriptedEngine
@@ -300,6 +298,8 @@ def test_real_claude_code_session_on_a_real_model_passes_the_audit(
         elapsed = time.perf_counter() - start
         assert run.returncode == 0, run.stderr[-2000:]
         finished = served.finish(f"cc-{name}")
+        checks = served.resume_checks()
+    assert checks["mismatch"] == 0 and checks["same"] >= len(finished["ledger"]["turns"])
     assert (repo / "util.py").read_text() == "def mul(a, b):\n    return b * a\n"
     ledger = finished["ledger"]
     assert len(ledger["turns"]) >= 10
@@ -312,31 +312,6 @@ def test_real_claude_code_session_on_a_real_model_passes_the_audit(
         report, f"Claude Code {CLAUDE_CODE_VERSION}, 10 turns, tiny {name}: {elapsed:.1f} s"
     )
     assert report.trained == ledger["trained_tokens"]
-
-
-@contextmanager
-def serving_in_thread(adapter) -> Iterator[tuple[str, asyncio.AbstractEventLoop]]:
-    from tokentrail.adapter.server import start_server
-
-    loop = asyncio.new_event_loop()
-    started: dict = {}
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        started["runner"], started["url"] = loop.run_until_complete(start_server(adapter))
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    try:
-        yield started["url"], loop
-    finally:
-        asyncio.run_coroutine_threadsafe(started["runner"].cleanup(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -355,7 +330,7 @@ def test_real_codex_session_on_a_real_model_passes_the_audit(
         engine=engine,
         tokenizer=engine.tokenizer,
         manager=TrajectoryManager(routing=engine.routing),
-        config=AdapterConfig(routed_experts=engine.routing is not None),
+        config=AdapterConfig(routed_experts=engine.routing is not None, verify_resume=True),
     )
     with serving_in_thread(adapter) as (url, loop):
         home = write_home(tmp_path / "codex-home", url)
@@ -373,6 +348,8 @@ def test_real_codex_session_on_a_real_model_passes_the_audit(
         trajectory = asyncio.run_coroutine_threadsafe(
             adapter.finish_trajectory("cx", reward=1.0), loop
         ).result(60)
+    checks = resume_checks(adapter.metrics.render()[0].decode())
+    assert checks["mismatch"] == 0 and checks["same"] >= len(trajectory.ledger.turns)
     assert (work / "calc.py").read_text() == "def add(a, b):\n    return a + b  \n"
     ledger = trajectory.ledger
     assert ledger.trained_tokens == ledger.generated_tokens > 0
@@ -477,7 +454,7 @@ def test_a_replay_with_rendered_history_fails_the_audit(recorded, tmp_path: Path
     the harness's re-rendered echoes, not what the model sampled, so the trained tokens sit in a
     context the engine never saw; `tokentrail audit --recompute` says so and exits 1, and
     passes the samples as recorded."""
-    from tokentrail.storage.journal_read import read_journal
+    from tokentrail.storage.journal.read import read_journal
     from tokentrail.storage.replay import Settings, as_recorded, replay
 
     engine, journal, _ = recorded

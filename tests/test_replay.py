@@ -15,7 +15,7 @@ from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.kinds import History, Restore
 from tokentrail.sim.harness import HarnessSim, Workspace
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import read_journal
+from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.replay import Settings, as_recorded, replay
 from tokentrail.text.tokenizer import load_tokenizer
 from tokentrail.trajectory.manager import TrajectoryManager

@@ -36,7 +36,7 @@ from tokentrail.errors import ReplayError
 from tokentrail.kinds import History
 from tokentrail.sim.moe import KVRouting
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import read_journal
+from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.replay import Settings, as_recorded, replay
 
 SHAPE = RoutingShape(4, 2, 16)

@@ -29,6 +29,7 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from tokentrail.adapter.config import SessionSettings  # noqa: E402
 from tokentrail.adapter.metrics import Metrics  # noqa: E402
 from tokentrail.adapter.server import start_server  # noqa: E402
 from tokentrail.errors import EngineSpecError, JournalError, SessionLost  # noqa: E402
@@ -269,7 +270,7 @@ def test_eight_sessions_on_two_actors_equal_one_process(pool: AdapterPool, tmp_p
 def test_a_group_over_both_actors_packs_into_one_tree(pool: AdapterPool) -> None:
     """Rollouts of one group placed on different actors merge at their shared prompt."""
     sids = [f"grpo-{i}" for i in range(4)]
-    placed = {sid: pool.open_session(sid, group="task-3") for sid in sids}
+    placed = {sid: pool.open_session(sid, SessionSettings(group="task-3")) for sid in sids}
     assert {p.actor for p in placed.values()} == {0, 1}
     asyncio.run(run_harnesses({sid: p.url for sid, p in placed.items()}))
     batch = pool.finish_many({sid: float(i) for i, sid in enumerate(sids)})

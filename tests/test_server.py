@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from support.fake_engines import FakeSGLang, FakeVLLM
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
@@ -382,7 +383,7 @@ def test_in_process_sessions(tokenizer) -> None:
     adapter = scripted(tokenizer)
 
     async def body() -> None:
-        adapter.open_session("trainer-1", sampling_defaults={"max_new_tokens": 3})
+        adapter.open_session("trainer-1", SessionSettings(sampling_defaults={"max_new_tokens": 3}))
         async with serving(adapter) as url:
             request = {k: v for k, v in GOOD.items() if k != "max_tokens"}
             status, reply = await post(url, "/v1/messages", json.dumps(request), "trainer-1")

@@ -14,12 +14,13 @@ import pytest
 
 from tokens import assistant, play, system, user
 from tokentrail import TrajectoryManager
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.turns import EXCLUDE_HEADER
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import PolicyError
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import read_journal
+from tokentrail.storage.journal.read import read_journal
 from tokentrail.text.tokenizer import load_tokenizer
 from tokentrail.trajectory.side import SideRules, system_fingerprint
 
@@ -204,7 +205,7 @@ def test_a_session_can_exclude_its_own_side_conversations(tokenizer) -> None:
         engine=ScriptedEngine(tokenizer, [[{"type": "text", "text": "ok"}]]),
         tokenizer=tokenizer,
     )
-    adapter.open_session("s", exclude_patterns=["memory extraction"])
+    adapter.open_session("s", SessionSettings(exclude_patterns=("memory extraction",)))
     adapter.open_session("t")
 
     async def go() -> tuple[Any, Any]:

@@ -13,6 +13,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main
 from tokentrail.errors import SessionError, TreeError
@@ -77,7 +78,7 @@ def test_a_journaled_group_packs_into_one_tree(tokenizer, tmp_path: Path, capsys
     path = tmp_path / "run.db"
     first = adapter_for(tokenizer, Journal(path), seed=1)
     for k in range(3):
-        first.open_session(f"r{k}", group="task-7")
+        first.open_session(f"r{k}", SessionSettings(group="task-7"))
     first.open_session("solo")
 
     async def turns(url: str) -> list[int]:
@@ -131,7 +132,7 @@ def test_a_journaled_group_packs_into_one_tree(tokenizer, tmp_path: Path, capsys
 def test_bad_groups_are_refused(tokenizer, tmp_path: Path, capsys) -> None:
     adapter = adapter_for(tokenizer, Journal(tmp_path / "j.db"), seed=0)
     with pytest.raises(SessionError, match="group must be a non-empty string"):
-        adapter.open_session("a", group="")
+        adapter.open_session("a", SessionSettings(group=""))
     adapter.journal.close()
     one = Sample(
         tokens=np.array([1, 2, 3], dtype=np.uint32),

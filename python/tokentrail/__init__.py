@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from tokentrail.errors import (
+    EngineError,
     ExportError,
+    InvalidInput,
     LogprobLengthError,
     MessageError,
     PackError,
@@ -16,6 +18,7 @@ from tokentrail.errors import (
     TokenizerError,
     TokentrailError,
     TreeError,
+    UnknownName,
 )
 from tokentrail.kinds import (
     DriftKind,
@@ -54,10 +57,12 @@ __all__ = [
     "DriftKind",
     "DriftPolicy",
     "DriftRecord",
+    "EngineError",
     "ExportError",
     "Fallback",
     "Family",
     "History",
+    "InvalidInput",
     "IncrementalEncoder",
     "Ledger",
     "LoadedTokenizer",
@@ -94,6 +99,7 @@ __all__ = [
     "TurnLedger",
     "TurnPipeline",
     "TurnRecord",
+    "UnknownName",
     "__version__",
     "build_prefix_tree",
     "families",

@@ -1,9 +1,10 @@
-"""Every exception tokentrail raises, in one module.
+"""Every exception tokentrail raises, in one module, under one root: `TokentrailError`.
 
-Bad input is a `TokentrailError` (a `ValueError`), named for what is wrong. The ones a harness
-can cause carry the HTTP status and error type the adapter answers with; the adapter's one error
-middleware (`tokentrail.adapter.middleware`) reads them and writes each protocol's JSON error
-body. `EngineError` is not bad input: the engine failed, and the harness gets a 502.
+Each one carries the HTTP status and error type the adapter answers with when it reaches a
+harness; the adapter's one error middleware (`tokentrail.adapter.middleware`) reads them and
+writes each protocol's JSON error body. Bad input is an `InvalidInput` (a `ValueError`), named
+for what is wrong: a 4xx. An `EngineError` is not bad input: the engine failed, and the harness
+gets a 502.
 """
 
 from __future__ import annotations
@@ -11,47 +12,59 @@ from __future__ import annotations
 from typing import Any
 
 
-class TokentrailError(ValueError):
-    """Base of every error tokentrail raises for bad input."""
+class TokentrailError(Exception):
+    """Root of every error tokentrail raises."""
 
-    # What the adapter answers when this reaches a harness: bad input is a 400.
+    # What the adapter answers when this reaches a harness.
+    status = 500
+    kind = "api_error"
+
+
+class InvalidInput(TokentrailError, ValueError):
+    """Base of every error tokentrail raises for bad input: a 400 unless a subclass says."""
+
     status = 400
     kind = "invalid_request_error"
+
+
+class UnknownName(InvalidInput):
+    """A name that is not one of a closed set's (`tokentrail.kinds.parse_kind`); the message
+    names the allowed values."""
 
 
 # -- the hot path ---------------------------------------------------------------------------------
 
 
-class TokenIdError(TokentrailError):
+class TokenIdError(InvalidInput):
     """A token id is negative, not an integer, or does not fit in 32 bits."""
 
 
-class LogprobLengthError(TokentrailError):
+class LogprobLengthError(InvalidInput):
     """A turn's logprobs do not match its output tokens one for one."""
 
 
-class PolicyError(TokentrailError):
+class PolicyError(InvalidInput):
     """An unknown policy or an out-of-range setting, or a call the policy forbids."""
 
 
-class PackError(TokentrailError):
+class PackError(InvalidInput):
     """Samples cannot be packed: a mask or logprobs does not fit the response, a response is
     longer than its sample, or the inputs differ in number."""
 
 
-class TreeError(TokentrailError):
+class TreeError(InvalidInput):
     """Samples cannot be laid out as a prefix tree (replay rows some samples carry and others
     not, or of two shapes), or a tree asked for a mask it cannot give (too many tokens for a
     dense mask, no flex attention in this torch)."""
 
 
-class BodyShapeError(TokentrailError):
+class BodyShapeError(InvalidInput):
     """A request body the core's index does not take (broken structure, a top-level key with
     escapes or given twice): the adapter then parses it whole, and that parse names what is
     wrong, if anything is."""
 
 
-class ReplayError(TokentrailError):
+class ReplayError(InvalidInput):
     """Replay data (MoE routed experts, indexer top-k) that does not fit: rows of another
     shape than the model's, a value out of range, rows for a store kept without that tape."""
 
@@ -59,15 +72,15 @@ class ReplayError(TokentrailError):
 # -- messages, text, templates ------------------------------------------------------------------
 
 
-class MessageError(TokentrailError):
+class MessageError(InvalidInput):
     """A message list or a message is malformed (not a list, no role, wrong types)."""
 
 
-class TokenizerError(TokentrailError):
+class TokenizerError(InvalidInput):
     """A tokenizer spec cannot be loaded, or a token does not exist in the vocabulary."""
 
 
-class TemplateError(TokentrailError):
+class TemplateError(InvalidInput):
     """A chat template failed: bad syntax, or it rejected the messages (`raise_exception`)."""
 
 
@@ -76,62 +89,67 @@ class TemplateBudgetExceeded(TemplateError):
     (`text.template_check`): it is refused before the server renders it."""
 
 
-class OutputFormatError(TokentrailError):
+class OutputFormatError(InvalidInput):
     """An unknown parser or format name, or a message `format_output` cannot write."""
 
 
 # -- sessions and storage -------------------------------------------------------------------------
 
 
-class SessionError(TokentrailError):
+class SessionError(InvalidInput):
     """An operation names a session that does not exist or is closed."""
 
     status = 404
     kind = "not_found_error"
 
 
-class JournalError(TokentrailError):
+class JournalError(InvalidInput):
     """A journal cannot be opened or written."""
 
 
-class ExportError(TokentrailError):
+class ExportError(InvalidInput):
     """A sample file cannot be written or read: unknown format, missing pyarrow, corrupt file."""
 
 
 # -- engines --------------------------------------------------------------------------------------
 
 
-class EngineSpecError(TokentrailError):
+class EngineSpecError(InvalidInput):
     """An engine spec string `create_engine` does not understand."""
 
 
-class SamplingParamsError(TokentrailError):
+class SamplingParamsError(InvalidInput):
     """A sampling override names an unknown parameter or has the wrong type."""
 
 
-class ScriptError(TokentrailError):
+class ScriptError(InvalidInput):
     """A scripted engine's script is malformed."""
 
 
-class ModelError(TokentrailError):
+class ModelError(InvalidInput):
     """An in-process model cannot be built or loaded (unknown tiny model, unreadable directory,
     torch or transformers missing), or a sample does not fit it."""
 
 
-class EngineError(Exception):
+class EngineError(TokentrailError):
     """The engine failed a request: unreachable, non-2xx, or an answer that cannot be read.
 
-    `status` is the engine's HTTP status when it sent one. The adapter answers the harness with
-    HTTP 502 and this message.
+    `engine_status` is the engine's HTTP status when it sent one. The adapter answers the
+    harness with HTTP 502 and this message.
     """
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    status = 502
+    kind = "api_error"
+
+    def __init__(self, message: str, engine_status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.status = status
+        self.engine_status = engine_status
 
     def __str__(self) -> str:
-        return self.message if self.status is None else f"{self.message} (HTTP {self.status})"
+        if self.engine_status is None:
+            return self.message
+        return f"{self.message} (HTTP {self.engine_status})"
 
 
 class EngineOutputError(EngineError):
@@ -150,7 +168,7 @@ class EngineOutputError(EngineError):
 # -- what a harness's request can be refused for ----------------------------------------------
 
 
-class RequestError(TokentrailError):
+class RequestError(InvalidInput):
     """A harness's request is malformed; the adapter answers it with HTTP 400."""
 
 
@@ -160,46 +178,46 @@ class ImageError(RequestError):
     the per-image or per-request limits."""
 
 
-class AuthenticationError(TokentrailError):
+class AuthenticationError(InvalidInput):
     """A request carries no usable credential (the session id is the API key)."""
 
     status = 401
     kind = "authentication_error"
 
 
-class PermissionDenied(TokentrailError):
+class PermissionDenied(InvalidInput):
     """A credential that may not do this (an admin route without the admin token)."""
 
     status = 403
     kind = "permission_error"
 
 
-class NotFound(TokentrailError):
+class NotFound(InvalidInput):
     """An unknown route or resource."""
 
     status = 404
     kind = "not_found_error"
 
 
-class MethodNotAllowed(TokentrailError):
+class MethodNotAllowed(InvalidInput):
     """A known route asked with a method it does not answer."""
 
     status = 405
     kind = "invalid_request_error"
 
 
-class ContextTooLong(TokentrailError):
+class ContextTooLong(InvalidInput):
     """A prompt over the session's context window: refused before generating, in words both
     SDK families' harnesses recognise ("prompt is too long", "maximum context length"), so
     they compact and retry instead of reading an empty reply."""
 
 
-class EngineLimit(TokentrailError):
+class EngineLimit(InvalidInput):
     """A request asks for something the engine cannot do (a forced tool choice on an engine
     without structured output): refused before anything is generated."""
 
 
-class SessionClosed(TokentrailError):
+class SessionClosed(InvalidInput):
     """A turn for a session that was finished or dropped: retrying cannot help, so the status
     is one the official SDKs do not retry (they retry 408, 409, 429 and 5xx)."""
 
@@ -207,7 +225,7 @@ class SessionClosed(TokentrailError):
     kind = "invalid_request_error"
 
 
-class SessionDamaged(TokentrailError):
+class SessionDamaged(InvalidInput):
     """A finish of a session that lost journaled turns (a crash, a damaged journal) before it
     was linearized, asked without `accept_lost`: never answered as if the session had generated
     only what is left. `lost` says what is gone (turns, events, and each span with its reason
@@ -227,7 +245,7 @@ class SessionDamaged(TokentrailError):
         return type(self), (self.sid, str(self), self.lost, self.ledger)
 
 
-class RequestTimeout(TokentrailError):
+class RequestTimeout(InvalidInput):
     """A request's body did not arrive in full within the adapter's read timeout."""
 
     status = 408
@@ -246,14 +264,14 @@ class BodyCutShort(RequestError):
         )
 
 
-class RequestTooLarge(TokentrailError):
+class RequestTooLarge(InvalidInput):
     """A body, or a part of it, over the adapter's admission limits."""
 
     status = 413
     kind = "request_too_large"
 
 
-class RateLimited(TokentrailError):
+class RateLimited(InvalidInput):
     """A per-session or server-wide limit that a later retry may pass."""
 
     status = 429
@@ -282,11 +300,11 @@ class UpstreamError(TokentrailError):
 # -- the adapter pool (tokentrail.scale) ----------------------------------------------------------
 
 
-class PoolError(TokentrailError):
+class PoolError(InvalidInput):
     """An adapter pool cannot be placed or used as asked: no node fits, an unknown session."""
 
 
-class SessionLost(TokentrailError):
+class SessionLost(InvalidInput):
     """A pool cannot deliver a session's samples; `reason` (a `LostReason`) says why.
 
     Never an empty result in its place: the trainer learns which session's signal is gone.

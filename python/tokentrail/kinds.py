@@ -2,14 +2,36 @@
 
 Drift kinds and policies, rewrite policies, the reasons a generated token is masked, the replay
 channels and why a token has no replay row, how a turn's prompt ids were built, pipeline stages,
-finish reasons. Each is a `StrEnum`, so its members are
-the very strings the ledger, the journal, the metrics and the Rust core (`_core.POLICIES`,
-`_core.CLEAN`, ...) use.
+finish reasons, a journaled session's state and the journal's sync modes, the names reasoning
+arrives under. Each is a `StrEnum`, so its members are the very strings the ledger, the journal,
+the metrics and the Rust core (`_core.POLICIES`, `_core.CLEAN`, ...) use. A string becomes a
+member in one place, `parse_kind`, which names the allowed values when it is none of them.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
+
+from tokentrail.errors import InvalidInput, UnknownName
+
+K = TypeVar("K", bound=StrEnum)
+
+
+def parse_kind(
+    kind: type[K], value: object, what: str, error: type[InvalidInput] = UnknownName
+) -> K:
+    """`value` (a member or its string) as a member of `kind`; anything else raises `error`
+    naming the allowed values: `unknown drift policy 'x'; expected one of ('minimal', 'slime')`.
+    """
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        for member in kind:
+            if member.value == value:
+                return member
+    allowed = ", ".join(repr(member.value) for member in kind)
+    raise error(f"unknown {what} {value!r}; expected one of ({allowed})")
 
 
 class DriftKind(StrEnum):
@@ -281,6 +303,23 @@ class LostReason(StrEnum):
     UNAVAILABLE = "unavailable"
 
 
+class BranchReason(StrEnum):
+    """Why a session's tree branches where it does (the viewer labels each branch with it)."""
+
+    # The line the conversation first took from here.
+    MAIN = "main"
+    # Another first message: a conversation of its own beside the agent's (another system prompt).
+    NEW_CONVERSATION = "new_conversation"
+    # Its first user message carries the prompt an `Agent`/`Task` call handed out elsewhere.
+    SUBAGENT = "subagent"
+    # A side conversation excluded from training (pattern or header).
+    EXCLUDED = "excluded"
+    # The harness asked again from the same prompt and got a fresh generation.
+    RETRY = "retry"
+    # The harness sent another message here than before: an edited or compacted history.
+    REWRITTEN = "rewritten"
+
+
 class TreeMask(StrEnum):
     """The attention mask `PrefixTree.to_torch` builds for the tree layout."""
 
@@ -290,3 +329,34 @@ class TreeMask(StrEnum):
     FLEX = "flex"
     # No mask: the trainer builds its own from `subtree_end` (or `parent`).
     NONE = "none"
+
+
+class JournalState(StrEnum):
+    """Where a journaled session stands."""
+
+    # Still taking turns (or cut off by a crash: recovery picks it up).
+    LIVE = "live"
+    FINISHED = "finished"
+    DROPPED = "dropped"
+
+
+class SyncMode(StrEnum):
+    """How hard a journal commit waits for the disk (SQLite's `synchronous`)."""
+
+    # A commit survives a crash of the process (the default).
+    NORMAL = "normal"
+    # A commit also survives a power loss or kernel crash: an fsync per event.
+    FULL = "full"
+
+
+class ReasoningField(StrEnum):
+    """The names a message's reasoning arrives under (OpenAI-compatible servers differ), in the
+    order they are read: templates read `reasoning_content`, gpt-oss templates `thinking`. The
+    same order and aliasing as transformers."""
+
+    REASONING_CONTENT = "reasoning_content"
+    THINKING = "thinking"
+    REASONING = "reasoning"
+
+
+REASONING_FIELDS: tuple[str, ...] = tuple(field.value for field in ReasoningField)

@@ -62,7 +62,7 @@ impl From<Error> for PyErr {
         match err {
             Error::TokenId(_) => TokenIdError::new_err(message),
             Error::LogprobLength { .. } => LogprobLengthError::new_err(message),
-            Error::UnknownPolicy(_)
+            Error::UnknownPolicy { .. }
             | Error::Negative { .. }
             | Error::Fork { .. }
             | Error::TurnOutOfRange { .. }

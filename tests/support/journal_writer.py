@@ -33,7 +33,7 @@ import numpy as np
 
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_read import read_journal
+from tokentrail.storage.journal.read import read_journal
 
 WIDTH = 1500
 OUTPUT = 8

@@ -31,7 +31,7 @@ import numpy as np
 
 from tokentrail.engines.base import SamplingParams
 from tokentrail.errors import RequestError
-from tokentrail.kinds import Retry
+from tokentrail.kinds import Retry, parse_kind
 from tokentrail.trajectory.pipeline import PreparedTurn
 
 RETRY_HEADER = "X-Tokentrail-Retry"
@@ -92,11 +92,7 @@ def requested_retry(headers: Mapping[str, str]) -> Retry | None:
     value = headers.get(RETRY_HEADER)
     if value is None:
         return None
-    try:
-        return Retry(value.strip().lower())
-    except ValueError:
-        known = ", ".join(r.value for r in Retry)
-        raise RequestError(f"{RETRY_HEADER} must be one of {known}, got {value!r}") from None
+    return parse_kind(Retry, value.strip().lower(), f"{RETRY_HEADER} value", RequestError)
 
 
 @dataclass(eq=False)

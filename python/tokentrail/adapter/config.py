@@ -1,13 +1,16 @@
-"""The adapter's settings, one dataclass that `tokentrail serve` fills from its flags."""
+"""The adapter's settings, one dataclass that `tokentrail serve` fills from its flags, and a
+session's own (`SessionSettings`), which a trainer opens a session with."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.offload import DEFAULT_WORKERS
-from tokentrail.kinds import History, Restore, Retry
+from tokentrail.kinds import History, Restore, Retry, parse_kind
 from tokentrail.trajectory.side import KNOWN_SIDE_PROMPTS
 
 
@@ -65,3 +68,58 @@ class AdapterConfig:
     def side_patterns(self) -> list[str]:
         known = list(KNOWN_SIDE_PROMPTS.values()) if self.exclude_known_side_requests else []
         return [*self.exclude_patterns, *known]
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What a session opened by a trainer sets for itself: `sampling_defaults` fill what a
+    request leaves out, `max_context_tokens` is its context budget (0: the adapter's), `history`
+    and `retry` override the adapter's, `exclude_patterns` exclude its side conversations from
+    training (beside the adapter's own patterns), `group` is the group its samples belong to
+    (`metadata["group"]`, for `pack_tree`). One value from the pool to the actor, the adapter,
+    its sessions and the journal."""
+
+    sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
+    max_context_tokens: int = 0
+    history: History | None = None
+    exclude_patterns: tuple[str, ...] = ()
+    retry: Retry | None = None
+    group: str | None = None
+
+    def __post_init__(self) -> None:
+        # Strings and lists as a caller (or the journal) gives them, held as the types above.
+        set_ = object.__setattr__
+        set_(self, "sampling_defaults", dict(self.sampling_defaults or {}))
+        set_(self, "max_context_tokens", int(self.max_context_tokens))
+        if self.history is not None:
+            set_(self, "history", parse_kind(History, self.history, "history mode"))
+        set_(self, "exclude_patterns", tuple(self.exclude_patterns or ()))
+        if self.retry is not None:
+            set_(self, "retry", parse_kind(Retry, self.retry, "retry mode"))
+
+    def journaled(self) -> dict[str, Any]:
+        """The settings as the journal's `open` event holds them."""
+        out: dict[str, Any] = {
+            "sampling_defaults": dict(self.sampling_defaults),
+            "max_context_tokens": self.max_context_tokens,
+            "history": None if self.history is None else str(self.history),
+            "retry": None if self.retry is None else str(self.retry),
+        }
+        if self.exclude_patterns:
+            out["exclude_patterns"] = list(self.exclude_patterns)
+        if self.group is not None:
+            out["group"] = self.group
+        return out
+
+    @classmethod
+    def from_journal(cls, data: Mapping[str, Any]) -> SessionSettings:
+        """The settings of a journal's `open` event (`journaled` read back)."""
+        patterns: Iterable[str] = data.get("exclude_patterns") or ()
+        return cls(
+            data.get("sampling_defaults") or {},
+            data.get("max_context_tokens", 0),
+            data.get("history"),
+            tuple(patterns),
+            data.get("retry"),
+            data.get("group"),
+        )

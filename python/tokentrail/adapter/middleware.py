@@ -63,38 +63,48 @@ def _answered(request: web.Request, status: int, message: str) -> None:
         )
 
 
+def status_of(exc: BaseException) -> int:
+    """The HTTP status an exception reaching a handler is answered with: the one place that
+    maps one to the other (the middleware answers with it, the metrics count it)."""
+    if isinstance(exc, TokentrailError | web.HTTPException):
+        return exc.status
+    return 500
+
+
+def _answer(request: web.Request, exc: TokentrailError | web.HTTPException) -> web.Response:
+    status = status_of(exc)
+    if isinstance(exc, TokentrailError):
+        kind = exc.kind
+        message = f"engine error: {exc}" if isinstance(exc, EngineError) else str(exc)
+    else:
+        kind = _HTTP_KINDS.get(status, "api_error")
+        message = exc.text or exc.reason
+        if status == 404:
+            message = f"no route {request.method} {request.path}"
+        elif status == 405:
+            message = f"{request.method} is not allowed on {request.path}"
+        elif status == 413:
+            message = f"request body too large: {exc.text}"
+    _answered(request, status, message)
+    response = error_response(request.path, status, kind, message)
+    if isinstance(exc, Overloaded):
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+    if status in _CLOSE_AFTER:
+        response.force_close()
+    return response
+
+
 @web.middleware
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_notes.begin()
     try:
         response = await handler(request)
     except TokentrailError as exc:
-        _answered(request, exc.status, str(exc))
-        response = error_response(request.path, exc.status, exc.kind, str(exc))
-        if isinstance(exc, Overloaded):
-            response.headers["Retry-After"] = str(exc.retry_after_s)
-        if exc.status in _CLOSE_AFTER:
-            response.force_close()
-        return response
-    except EngineError as exc:
-        _answered(request, 502, f"engine error: {exc}")
-        return error_response(request.path, 502, "api_error", f"engine error: {exc}")
+        return _answer(request, exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        message = exc.text or exc.reason
-        if exc.status == 404:
-            message = f"no route {request.method} {request.path}"
-        elif exc.status == 405:
-            message = f"{request.method} is not allowed on {request.path}"
-        elif exc.status == 413:
-            message = f"request body too large: {exc.text}"
-        _answered(request, exc.status, message)
-        kind = _HTTP_KINDS.get(exc.status, "api_error")
-        response = error_response(request.path, exc.status, kind, message)
-        if exc.status in _CLOSE_AFTER:
-            response.force_close()
-        return response
+        return _answer(request, exc)
     except ConnectionResetError:
         raise  # the client went away: nobody to answer
     except Exception as exc:

@@ -32,6 +32,7 @@ from tokentrail.messages import Conversation
 from tokentrail.text.vision import ImageCache, ImageLimits, resolve_images
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline
+from tokentrail.trajectory.tags import TurnTags
 
 __all__ = ["EXCLUDE_HEADER", "RequestReader", "TurnRequest", "continued"]
 
@@ -187,8 +188,8 @@ def continued(
     ref = proto.continues(body)
     if ref is None:
         return proto.translate(body)
-    found = manager.find_turn(sid, "reply_id", ref) if sid is not None else None
+    found = manager.find_reply(sid, ref) if sid is not None else None
     if found is None:
         raise RequestError(f"unknown previous response {ref!r} in this session")
     prior, metadata = found
-    return proto.translate_after(body, prior, list(metadata.get("call_ids") or []))
+    return proto.translate_after(body, prior, list(TurnTags.read(metadata).call_ids))

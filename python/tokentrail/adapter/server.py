@@ -26,12 +26,12 @@ from aiohttp import web
 from tokentrail.adapter import notes as request_notes
 from tokentrail.adapter.access_log import access_log_middleware
 from tokentrail.adapter.admin import Admin
-from tokentrail.adapter.config import AdapterConfig
+from tokentrail.adapter.config import AdapterConfig, SessionSettings
 from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
 from tokentrail.adapter.damaged import refuse_unless_accepted
 from tokentrail.adapter.limits import TurnSlots, model_context_length
 from tokentrail.adapter.metrics import Metrics
-from tokentrail.adapter.middleware import errors_as_json
+from tokentrail.adapter.middleware import errors_as_json, status_of
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
 from tokentrail.adapter.protocols.fields import json_content_type
@@ -44,15 +44,17 @@ from tokentrail.adapter.validation import (
     session_key,
 )
 from tokentrail.engines.base import Engine
-from tokentrail.errors import EngineError
-from tokentrail.kinds import History, Retry, Stage
+from tokentrail.kinds import Stage
 from tokentrail.storage.journal import Journal
+from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.side import SideRules
+from tokentrail.view.app import UI_PREFIX, Viewer
+from tokentrail.view.sources import LiveSource
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ class Adapter:
         self,
         *,
         engine: Engine,
-        tokenizer: LoadedTokenizer,
+        tokenizer: LoadedTokenizer | HFTokenizer,
         chat_template: str | None = None,
         manager: TrajectoryManager | None = None,
         config: AdapterConfig | None = None,
@@ -76,7 +78,8 @@ class Adapter:
     ) -> None:
         """`template_name` names `chat_template` where it is refused (`--chat-template FILE`)."""
         self.engine = engine
-        self.tokenizer = tokenizer
+        # A `transformers` tokenizer object works as well as a loaded one (`text.hf`).
+        self.tokenizer = tokenizer = as_loaded(tokenizer)
         self.config = config = config or AdapterConfig()
         self.limits = limits = config.limits
         self.manager = manager or TrajectoryManager()
@@ -154,6 +157,8 @@ class Adapter:
             web.get("/", self._root),
             web.head("/api/hello", self._hello),
             *admin.routes(),
+            # The viewer over the sessions held here, behind the admin token.
+            *Viewer(LiveSource(self.manager, tokenizer), guard=admin.check).routes(UI_PREFIX),
         ]
         for proto in protocols():
             routes.append(web.post(proto.turn_path, self._turn_handler(proto)))
@@ -178,30 +183,9 @@ class Adapter:
 
     # -- sessions for trainers ------------------------------------------------------------------
 
-    def open_session(
-        self,
-        sid: str,
-        sampling_defaults: dict[str, Any] | None = None,
-        max_context_tokens: int = 0,
-        history: History | str | None = None,
-        exclude_patterns: list[str] | None = None,
-        retry: Retry | str | None = None,
-        *,
-        group: str | None = None,
-    ) -> None:
-        """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations (beside the adapter's own patterns), `group` is the
-        group its samples belong to (`metadata["group"]`, for `pack_tree`)."""
-        self.sessions.open(
-            sid,
-            sampling_defaults,
-            max_context_tokens,
-            history,
-            exclude_patterns,
-            retry,
-            group=group,
-        )
+    def open_session(self, sid: str, settings: SessionSettings | None = None) -> None:
+        """Open (or reopen) a session with its own `settings` (`SessionSettings`)."""
+        self.sessions.open(sid, settings)
 
     async def finish_trajectory(
         self,
@@ -308,7 +292,7 @@ class Adapter:
                 status = response.status
                 return response
             except Exception as exc:
-                status = getattr(exc, "status", 500) if not isinstance(exc, EngineError) else 502
+                status = status_of(exc)
                 raise
             finally:
                 self.metrics.in_flight(-1)

@@ -25,26 +25,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.adapter.answers import Answers, RecordedAnswer
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.damaged import DamagedSessions
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.reuse import RequestMemo
 from tokentrail.errors import (
+    InvalidInput,
     Overloaded,
     RateLimited,
     RequestError,
     SessionClosed,
     SessionError,
-    TokentrailError,
 )
-from tokentrail.kinds import Closed, History, JournalEvent, Retry
-from tokentrail.messages import Conversation
+from tokentrail.kinds import Closed, History, JournalEvent, JournalState, Retry
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal_format import DROPPED, JournaledTurn
-from tokentrail.storage.replay import fit_replay
+from tokentrail.storage.journal.format import JournaledTurn
+from tokentrail.storage.replay import replay_turn
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.loss import LostSpan
-from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
+from tokentrail.trajectory.pipeline import TurnPipeline
 from tokentrail.trajectory.side import SideRules
 
 logger = logging.getLogger(__name__)
@@ -174,28 +174,6 @@ def _checked_finish(reward: object, metadata: dict[str, Any] | None) -> dict[str
     return out
 
 
-def _settings(
-    sampling_defaults: dict[str, Any] | None,
-    max_context_tokens: int,
-    history: History | str | None,
-    exclude_patterns: list[str] | None,
-    retry: Retry | str | None,
-    group: str | None,
-) -> dict[str, Any]:
-    """What the journal keeps of a session's opening, for recovery to open it again."""
-    settings: dict[str, Any] = {
-        "sampling_defaults": dict(sampling_defaults or {}),
-        "max_context_tokens": int(max_context_tokens),
-        "history": str(history) if history is not None else None,
-        "retry": str(retry) if retry is not None else None,
-    }
-    if exclude_patterns:
-        settings["exclude_patterns"] = list(exclude_patterns)
-    if group is not None:
-        settings["group"] = group
-    return settings
-
-
 def _grouped(metadata: dict[str, Any], session: Session | None) -> dict[str, Any]:
     """A finish's metadata with the session's group (`metadata["group"]`), unless it names one."""
     if session is not None and session.group is not None:
@@ -253,37 +231,24 @@ class Sessions:
         return list(self._open)
 
     def open(
-        self,
-        sid: str,
-        sampling_defaults: dict[str, Any] | None = None,
-        max_context_tokens: int = 0,
-        history: History | str | None = None,
-        exclude_patterns: list[str] | None = None,
-        retry: Retry | str | None = None,
-        *,
-        group: str | None = None,
-        journaled: bool = True,
+        self, sid: str, settings: SessionSettings | None = None, *, journaled: bool = True
     ) -> Session:
-        """Open (or reopen) a session; `sampling_defaults` fill what a request leaves out,
-        `history` and `retry` override the adapter's for this session, `exclude_patterns`
-        exclude its side conversations from training, `group` is its samples' group."""
+        """Open (or reopen) a session with its own `settings` (`SessionSettings`)."""
         if not isinstance(sid, str) or not sid:
             raise SessionError("session id must be a non-empty string")
-        rules = SideRules.compile(exclude_patterns)
+        settings = settings or SessionSettings()
+        rules = SideRules.compile(settings.exclude_patterns)
         self._closed.pop(sid)
         session = self._open[sid] = Session(
-            dict(sampling_defaults or {}),
-            int(max_context_tokens),
-            History(history) if history is not None else None,
+            dict(settings.sampling_defaults),
+            settings.max_context_tokens,
+            settings.history,
             rules,
-            Retry(retry) if retry is not None else None,
-            group,
+            settings.retry,
+            settings.group,
         )
         if self.journal is not None and journaled:
-            settings = _settings(
-                sampling_defaults, max_context_tokens, history, exclude_patterns, retry, group
-            )
-            self.offload.journal_soon(self.journal.session_opened, sid, settings)
+            self.offload.journal_soon(self.journal.session_opened, sid, settings.journaled())
         return session
 
     # -- turns ----------------------------------------------------------------------------------
@@ -294,7 +259,7 @@ class Sessions:
         if sid not in self._open and self.journal is not None and self._closed.get(sid) is None:
             ended = self.journal.ended(sid)
             if ended is not None:
-                closed = Closed.DROPPED if ended == DROPPED else Closed.FINISHED
+                closed = Closed.DROPPED if ended == JournalState.DROPPED else Closed.FINISHED
                 self._closed.remember(sid, Tombstone(closed, None))
         tomb = self._closed.get(sid)
         if tomb is not None:
@@ -513,17 +478,7 @@ def recover(sessions: Sessions, journal: Journal) -> None:
             current, turn_of = event.sid, {}
             sessions._open.setdefault(event.sid, Session())
         if event.kind is JournalEvent.OPEN:
-            settings = event.data
-            sessions.open(
-                event.sid,
-                settings.get("sampling_defaults"),
-                settings.get("max_context_tokens", 0),
-                settings.get("history"),
-                settings.get("exclude_patterns"),
-                settings.get("retry"),
-                group=settings.get("group"),
-                journaled=False,
-            )
+            sessions.open(event.sid, SessionSettings.from_journal(event.data), journaled=False)
         elif event.kind is JournalEvent.TURN and event.turn is not None:
             index = _recover_turn(sessions, event.turn)
             if index is not None:
@@ -545,20 +500,8 @@ def recover(sessions: Sessions, journal: Journal) -> None:
 
 def _recover_turn(sessions: Sessions, turn: JournaledTurn) -> int | None:
     try:
-        prepared = sessions.pipeline.prepare(
-            turn.sid,
-            Conversation(turn.translated, turn.tools),
-            recorded=RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback),
-        )
-        index = sessions.pipeline.record(
-            prepared,
-            fit_replay(turn, sessions.manager),
-            turn.response_message,
-            ill_formed=turn.ill_formed,
-            metadata=turn.metadata,
-            supersede=turn.supersedes,
-        )
-    except TokentrailError as exc:
+        index = replay_turn(sessions.pipeline, turn)
+    except InvalidInput as exc:
         logger.warning(
             "journal: session %s, turn #%d cannot be recorded again (%s); skipped",
             turn.sid,

@@ -202,15 +202,15 @@ class Turns:
         parsed, reply, outcome = await self.offload.run(
             self._answer, proto, prepared, generation, turn.body
         )
-        metadata = {
-            "protocol": proto.name,
-            "request_id": rid,
-            "reply_id": outcome.reply_id,
-            "call_ids": outcome.call_ids,
-            "ill_formed": parsed.reason,
-            "history": prepared.fallback.label if prepared.fallback else str(prepared.history),
-            **prepared.tags,
-        }
+        metadata = dataclasses.replace(
+            prepared.tags,
+            protocol=proto.name,
+            request_id=rid,
+            reply_id=outcome.reply_id,
+            call_ids=tuple(outcome.call_ids),
+            ill_formed=parsed.reason,
+            history=prepared.fallback.label if prepared.fallback else str(prepared.history),
+        ).as_metadata()
         answer = RecordedAnswer(0, 0, proto.name, key, reply, is_empty(parsed.message))
         # Shielded: once generated, the turn is journaled and recorded even if the client
         # goes away meanwhile (a retry of it is then answered from the record).
@@ -395,7 +395,7 @@ def check_can_generate(prepared: PreparedTurn, context_limit: int, engine: Engin
             f"prompt is too long: {n} tokens > {context_limit} maximum (this model's maximum "
             f"context length is {context_limit} tokens)"
         )
-    if prepared.constraint is not None and not getattr(engine, "supports_constraints", False):
+    if prepared.constraint is not None and not engine.supports_constraints:
         raise EngineLimit(
             f"tool_choice forces {prepared.constraint.wants}, but the {engine.name} engine "
             "cannot constrain its output (no structured output)"

@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from tokentrail.cli import demo, pack, records, serve
+from tokentrail.cli import demo, pack, records, serve, view
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_command(sub)
     records.add_command(sub)
     pack.add_command(sub)
+    view.add_command(sub)
     return parser
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tokentrail.kinds import Restore
+from tokentrail.kinds import Restore, parse_kind
 
 DEMO_TASK = "Fix the spacing in calc.py, add util.py with mul(), and write NOTES.md."
 DEMO_OUT = "tokentrail-demo-samples.jsonl"
@@ -68,7 +68,9 @@ async def _demo_run(
         tokenizer=tokenizer,
         manager=TrajectoryManager(rewrite_policy=rewrite_policy, routing=routing),
         config=AdapterConfig(
-            restore=Restore(restore), admin_token=admin, routed_experts=routing is not None
+            restore=parse_kind(Restore, restore, "restore mode"),
+            admin_token=admin,
+            routed_experts=routing is not None,
         ),
     )
     runner, url = await start_server(adapter)

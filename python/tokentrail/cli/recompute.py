@@ -100,7 +100,7 @@ def read_any(path: Path) -> list[Any]:
             else:
                 samples.append(Sample.from_dict(record))
         return samples
-    from tokentrail.storage.journal_read import read_journal
+    from tokentrail.storage.journal.read import read_journal
     from tokentrail.storage.replay import as_recorded
 
     return [s for t in as_recorded(read_journal(path)).values() for s in t.samples]

@@ -10,7 +10,8 @@ from typing import Any
 
 from tokentrail.cli import recompute
 from tokentrail.cli.names import names as _names
-from tokentrail.kinds import DriftPolicy, History, Restore, RewritePolicy
+from tokentrail.errors import PolicyError
+from tokentrail.kinds import DriftPolicy, History, Restore, RewritePolicy, parse_kind
 
 
 def add_command(sub: Any) -> None:
@@ -66,17 +67,24 @@ def add_command(sub: Any) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from tokentrail.storage.journal_read import read_journal
+    from tokentrail.storage.journal.read import read_journal
     from tokentrail.storage.replay import Settings, as_recorded, progress_bar, replay, side_by_side
     from tokentrail.text.tokenizer import load_tokenizer
 
     contents = read_journal(args.journal)
     recorded = Settings.recorded(contents.meta)
     settings = Settings(
-        restore=Restore(args.restore or recorded.restore),
-        history=History(args.history or recorded.history),
-        drift_policy=DriftPolicy(args.drift_policy or recorded.drift_policy),
-        rewrite_policy=RewritePolicy(args.rewrite_policy or recorded.rewrite_policy),
+        restore=parse_kind(Restore, args.restore or recorded.restore, "restore mode"),
+        history=parse_kind(History, args.history or recorded.history, "history mode"),
+        drift_policy=parse_kind(
+            DriftPolicy, args.drift_policy or recorded.drift_policy, "drift policy", PolicyError
+        ),
+        rewrite_policy=parse_kind(
+            RewritePolicy,
+            args.rewrite_policy or recorded.rewrite_policy,
+            "rewrite policy",
+            PolicyError,
+        ),
         fork_threshold=recorded.fork_threshold,
         routing=recorded.routing,
         indexer=recorded.indexer,
@@ -116,7 +124,7 @@ def _audit(args: argparse.Namespace) -> int:
                 name = str(record.get("session") or f"line {i + 1}")
                 named[name] = Ledger.from_dict(record.get("ledger", record))
     else:
-        from tokentrail.storage.journal_read import read_journal
+        from tokentrail.storage.journal.read import read_journal
         from tokentrail.storage.replay import as_recorded
 
         named = {sid: t.ledger for sid, t in as_recorded(read_journal(path)).items()}
@@ -145,7 +153,7 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _journal_check(args: argparse.Namespace) -> int:
-    from tokentrail.storage.journal_read import check_journal
+    from tokentrail.storage.journal.read import check_journal
 
     report = check_journal(args.journal)
     print(report.table())
@@ -153,7 +161,7 @@ def _journal_check(args: argparse.Namespace) -> int:
 
 
 def _journal_compact(args: argparse.Namespace) -> int:
-    from tokentrail.storage.journal_compact import compact
+    from tokentrail.storage.journal.compact import compact
 
     done = compact(args.journal, export_to=args.export)
     if done.exported is not None:
@@ -172,7 +180,7 @@ def _journal_compact(args: argparse.Namespace) -> int:
 
 
 def _journal_export(args: argparse.Namespace) -> int:
-    from tokentrail.storage.journal_compact import export_finished
+    from tokentrail.storage.journal.compact import export_finished
 
     done = export_finished(args.journal, args.out)
     print(f"wrote {done.samples} samples of {done.sessions} finished sessions to {args.out}")

@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from tokentrail.cli.names import names as _names
-from tokentrail.kinds import Backend, DriftPolicy, History, Restore, Retry, RewritePolicy
+from tokentrail.kinds import (
+    Backend,
+    DriftPolicy,
+    History,
+    Restore,
+    Retry,
+    RewritePolicy,
+    SyncMode,
+    parse_kind,
+)
 
 
 def add_command(sub: Any) -> None:
@@ -89,7 +98,9 @@ def add_command(sub: Any) -> None:
     )
     _limit_flags(serve)
     serve.add_argument("--journal", default=None, help="SQLite journal: recover, then append")
-    serve.add_argument("--journal-sync", default="normal", choices=["normal", "full"])
+    serve.add_argument(
+        "--journal-sync", default=SyncMode.NORMAL.value, choices=[m.value for m in SyncMode]
+    )
     serve.add_argument(
         "--retries",
         default="replay",
@@ -210,8 +221,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         session_idle_ttl_s=args.session_idle_ttl,
         finish_retention_s=args.finish_retention,
-        restore=Restore(args.restore),
-        history=History(args.history),
+        restore=parse_kind(Restore, args.restore, "restore mode"),
+        history=parse_kind(History, args.history, "history mode"),
         splice_verify_every=args.splice_verify_every,
         request_memo=args.request_memo,
         verify_resume=args.verify_resume,
@@ -219,7 +230,7 @@ def _serve(args: argparse.Namespace) -> int:
         exclude_known_side_requests=args.exclude_side_requests,
         routed_experts=args.routed_experts,
         indexer_topk=args.indexer_topk,
-        retry=Retry(args.retries),
+        retry=parse_kind(Retry, args.retries, "retry mode"),
         access_log=(
             None if args.access_log is None else AccessLog(args.access_log, args.access_log_json)
         ),

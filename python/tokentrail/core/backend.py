@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from tokentrail.errors import PolicyError
-from tokentrail.kinds import Backend
+from tokentrail.kinds import Backend, parse_kind
 
 ENV_VAR = "TOKENTRAIL_BACKEND"
 
@@ -143,8 +143,11 @@ class PackedLike(Protocol):
 class CoreBackend(Protocol):
     """What the manager and the exporters use of a hot-path implementation."""
 
-    POLICIES: tuple[str, ...]
-    REPLAY_STATUS: tuple[str, ...]
+    # Read-only, as a module's constants are.
+    @property
+    def POLICIES(self) -> tuple[str, ...]: ...  # noqa: N802
+    @property
+    def REPLAY_STATUS(self) -> tuple[str, ...]: ...  # noqa: N802
 
     def TurnStore(  # noqa: N802 - the class, called as a factory
         self,
@@ -168,15 +171,11 @@ class CoreBackend(Protocol):
 def load_backend(name: Backend | str | None = None) -> CoreBackend:
     """The Rust core (`"rust"`, the default) or the reference (`"python"`)."""
     chosen = name if name is not None else os.environ.get(ENV_VAR, Backend.RUST)
-    try:
-        backend = Backend(chosen)
-    except ValueError:
-        known = tuple(b.value for b in Backend)
-        raise PolicyError(f"unknown backend {chosen!r}; expected one of {known}") from None
+    backend = parse_kind(Backend, chosen, "backend", PolicyError)
     if backend is Backend.RUST:
         from tokentrail import _core
 
-        return cast(CoreBackend, _core)
+        return _core
     from tokentrail.core import reference
 
-    return cast(CoreBackend, reference)
+    return reference

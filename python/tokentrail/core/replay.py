@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tokentrail.errors import ReplayError
-from tokentrail.kinds import Replay, ReplayGap
+from tokentrail.kinds import Replay, ReplayGap, parse_kind
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class ReplayRows:
 
     @classmethod
     def missing(cls, gap: ReplayGap) -> ReplayRows:
-        return cls(None, 0, ReplayGap(gap))
+        return cls(None, 0, parse_kind(ReplayGap, gap, "replay gap", ReplayError))
 
     def store_arg(self) -> str | tuple[int, np.ndarray]:
         """What `TurnStore.push` takes for it."""

@@ -163,12 +163,13 @@ class Engine(Protocol):
     """What the adapter needs from an inference engine.
 
     An engine that can constrain its output to a regular expression (structured output) says
-    so with a true `supports_constraints` attribute; the adapter refuses a forced tool choice
-    on any other before generating. One that takes images with a prompt's token ids says so
-    with a true `supports_images`; the adapter refuses a prompt with images on any other.
+    so with a true `supports_constraints`; the adapter refuses a forced tool choice on any other
+    before generating. One that takes images with a prompt's token ids says so with a true
+    `supports_images`; the adapter refuses a prompt with images on any other.
     """
 
     name: str
+    supports_constraints: bool
 
     async def generate(self, req: GenerateRequest) -> Generation:
         """Sample one turn. Raises `EngineError`; if cancelled, the engine stops the request."""

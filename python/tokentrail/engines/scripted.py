@@ -25,6 +25,7 @@ from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.engines.registry import register_engine
 from tokentrail.errors import EngineLimit, EngineSpecError, ScriptError
 from tokentrail.text.families import Family, count_calls, resolve_family
+from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.tokenizer import LoadedTokenizer
 
@@ -130,11 +131,11 @@ class ScriptedEngine:
 
     def __init__(
         self,
-        tokenizer: LoadedTokenizer,
+        tokenizer: LoadedTokenizer | HFTokenizer,
         script: str | os.PathLike[str] | Sequence[Any] | None = None,
         family: Family | None = None,
     ) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer = as_loaded(tokenizer)
         # The core's encoder (the same ids as `tokenizer.encode`), so that a benchmark's
         # scripted engine costs the process it shares as little as it can.
         self.encoder = IncrementalEncoder(tokenizer)

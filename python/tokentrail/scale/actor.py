@@ -27,12 +27,12 @@ import ray
 from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.errors import SessionClosed, SessionDamaged, SessionError
-from tokentrail.kinds import LostReason
+from tokentrail.kinds import JournalState, LostReason
 from tokentrail.scale.spec import ActorSpec
 from tokentrail.scale.transfer import ShippedBatch
-from tokentrail.storage.journal_format import DROPPED, FINISHED
 from tokentrail.trajectory.linearize import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -166,30 +166,9 @@ class AdapterActor:
             engine=self.adapter.engine.name,
         )
 
-    def open_session(
-        self,
-        sid: str,
-        sampling_defaults: dict[str, Any] | None = None,
-        max_context_tokens: int = 0,
-        history: str | None = None,
-        exclude_patterns: list[str] | None = None,
-        retry: str | None = None,
-        group: str | None = None,
-    ) -> str:
-        """Open a session (journaled) in `group`; returns the base URL its harness talks to."""
-
-        def open_it() -> None:
-            self.adapter.open_session(
-                sid,
-                sampling_defaults,
-                max_context_tokens,
-                history,
-                exclude_patterns,
-                retry,
-                group=group,
-            )
-
-        self._on_loop(open_it)
+    def open_session(self, sid: str, settings: SessionSettings | None = None) -> str:
+        """Open a session (journaled); returns the base URL its harness talks to."""
+        self._on_loop(self.adapter.open_session, sid, settings)
         return self.url
 
     def finish(
@@ -234,13 +213,13 @@ class AdapterActor:
         # on the way (the actor died after journaling the finish, or they are past retention).
         journal = self.adapter.journal
         ended = None if journal is None else journal.ended(sid)
-        if ended == FINISHED:
+        if ended == JournalState.FINISHED:
             return (
                 LostReason.FINISH_LOST,
                 f"adapter {self.index} finished it, but its samples never reached the pool "
                 f"(the journal {self.journal_path} records the finish)",
             )
-        if ended == DROPPED:
+        if ended == JournalState.DROPPED:
             return LostReason.NOT_RECOVERED, f"dropped before adapter {self.index} restarted"
         if self.starts > 1:
             return (

@@ -31,6 +31,7 @@ import ray
 from prometheus_client.metrics_core import Metric
 from ray.exceptions import GetTimeoutError, RayError
 
+from tokentrail.adapter.config import SessionSettings
 from tokentrail.errors import PoolError, SessionError, SessionLost
 from tokentrail.kinds import LostReason
 from tokentrail.scale import metrics as pool_metrics
@@ -148,15 +149,10 @@ class AdapterPool:
     def open_session(
         self,
         sid: str | None = None,
-        *,
-        sampling_defaults: dict[str, Any] | None = None,
-        max_context_tokens: int = 0,
-        history: str | None = None,
-        exclude_patterns: list[str] | None = None,
-        retry: str | None = None,
-        group: str | None = None,
+        settings: SessionSettings | None = None,
     ) -> PooledSession:
-        """Place a new session on the least-loaded live actor and open it there (journaled).
+        """Place a new session on the least-loaded live actor and open it there (journaled),
+        with its own `settings` (`SessionSettings`).
 
         The harness then talks to `url` with the session id as its API key; every turn of the
         session reaches that actor, and no other actor accepts it. Sessions opened with one
@@ -168,17 +164,8 @@ class AdapterPool:
         while True:
             alive = [s.index for s in self._slots if s.dead is None]
             slot = self._slots[self._sessions.least_loaded(alive)]
-            args = (
-                sid,
-                sampling_defaults,
-                max_context_tokens,
-                history,
-                exclude_patterns,
-                retry,
-                group,
-            )
             try:
-                slot.url = self._supervisor.call(slot, "open_session", *args)
+                slot.url = self._supervisor.call(slot, "open_session", sid, settings)
             except SessionLost as lost:
                 if lost.reason == LostReason.UNAVAILABLE:
                     raise

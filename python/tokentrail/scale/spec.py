@@ -18,8 +18,8 @@ from tokentrail.core.replay import IndexerShape, RoutingShape
 from tokentrail.engines.base import Engine
 from tokentrail.engines.registry import DEFAULT_TIMEOUT_S, create_engine, engine_names
 from tokentrail.errors import EngineSpecError, JournalError
-from tokentrail.kinds import Backend, DriftPolicy, RewritePolicy
-from tokentrail.storage.journal import SYNC_MODES, Journal
+from tokentrail.kinds import Backend, DriftPolicy, RewritePolicy, SyncMode, parse_kind
+from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import DEFAULT_SPEC, LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
 
@@ -50,7 +50,7 @@ class ActorSpec:
     indexer: IndexerShape | None = None
     # Train a superseded generation as a dead-end sample instead of masking it.
     train_superseded: bool = False
-    journal_sync: str = "normal"
+    journal_sync: SyncMode | str = SyncMode.NORMAL
     host: str | None = None
     engine_timeout_s: float = DEFAULT_TIMEOUT_S
 
@@ -68,10 +68,7 @@ class ActorSpec:
                 )
         elif not callable(self.engine):
             raise EngineSpecError("engine must be an engine spec or a callable(tokenizer)")
-        if self.journal_sync not in SYNC_MODES:
-            raise JournalError(
-                f"unknown journal sync mode {self.journal_sync!r}; expected {SYNC_MODES}"
-            )
+        parse_kind(SyncMode, self.journal_sync, "journal sync mode", JournalError)
 
     def build(self, journal_path: Path) -> Adapter:
         """The adapter this spec describes, over the journal at `journal_path` (recovering the

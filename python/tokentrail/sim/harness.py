@@ -20,7 +20,7 @@ import aiohttp
 
 from tokentrail.adapter.answers import RETRY_HEADER
 from tokentrail.core.replay import RoutingShape
-from tokentrail.kinds import Retry
+from tokentrail.kinds import Retry, parse_kind
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
 from tokentrail.sim.wire import from_openai, from_responses, to_openai, to_responses, wire_tools
 from tokentrail.trajectory.linearize import Trajectory
@@ -527,6 +527,7 @@ async def simulate(
     """Serve an adapter over the simulated model on loopback, play one session (opened in
     `group`, when given), finish it. With `routing`, the adapter asks the engine for routed
     experts of that shape."""
+    from tokentrail.adapter.config import SessionSettings
     from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
     from tokentrail.kinds import History, Restore
     from tokentrail.sim.model import SimulatedEngine
@@ -540,8 +541,8 @@ async def simulate(
         chat_template=chat_template,
         manager=TrajectoryManager(rewrite_policy=rewrite_policy, routing=routing),
         config=AdapterConfig(
-            restore=Restore(restore),
-            history=History(history),
+            restore=parse_kind(Restore, restore, "restore mode"),
+            history=parse_kind(History, history, "history mode"),
             request_memo=request_memo,
             routed_experts=routing is not None,
         ),
@@ -550,7 +551,7 @@ async def simulate(
     runner, url = await start_server(adapter)
     try:
         if group is not None:
-            adapter.open_session(session_id, group=group)
+            adapter.open_session(session_id, SessionSettings(group=group))
         sim = HarnessSim(url, session_id, behaviour=behaviour, spec=spec, protocol=protocol)
         result = await sim.run(task)
         trajectory = await adapter.finish_trajectory(session_id, reward=1.0)

@@ -123,6 +123,8 @@ class MoEEngine:
     """
 
     name = "simulated-moe"
+    # Requests reach the inner engine without their constraint checked here: none is taken.
+    supports_constraints = False
 
     def __init__(self, inner: Engine, *, weight_version: str = "sim-0") -> None:
         self.inner = inner

@@ -16,16 +16,18 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
-from tokentrail.kinds import DriftPolicy, History, ReplayGap, Restore, RewritePolicy
+from tokentrail.errors import PolicyError
+from tokentrail.kinds import DriftPolicy, History, ReplayGap, Restore, RewritePolicy, parse_kind
 from tokentrail.messages import Conversation
-from tokentrail.storage.journal_format import JournaledTurn
-from tokentrail.storage.journal_read import JournalContents
-from tokentrail.storage.journal_session import SessionRecord
+from tokentrail.storage.journal.format import JournaledTurn
+from tokentrail.storage.journal.read import JournalContents
+from tokentrail.storage.journal.session import SessionRecord
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.ledger import Ledger, ReplayCoverage
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import RecordedPrompt, TurnPipeline
+from tokentrail.trajectory.tags import TurnTags
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,17 @@ class Settings:
         d = cls()
         routing, indexer = meta.get("routing"), meta.get("indexer")
         return cls(
-            restore=Restore(meta.get("restore", d.restore)),
-            history=History(meta.get("history", d.history)),
-            drift_policy=DriftPolicy(meta.get("drift_policy", d.drift_policy)),
-            rewrite_policy=RewritePolicy(meta.get("rewrite_policy", d.rewrite_policy)),
+            restore=parse_kind(Restore, meta.get("restore", d.restore), "restore mode"),
+            history=parse_kind(History, meta.get("history", d.history), "history mode"),
+            drift_policy=parse_kind(
+                DriftPolicy, meta.get("drift_policy", d.drift_policy), "drift policy", PolicyError
+            ),
+            rewrite_policy=parse_kind(
+                RewritePolicy,
+                meta.get("rewrite_policy", d.rewrite_policy),
+                "rewrite policy",
+                PolicyError,
+            ),
             fork_threshold=int(meta.get("fork_threshold", d.fork_threshold)),
             routing=RoutingShape.parse(routing) if routing else None,
             indexer=IndexerShape.parse(indexer) if indexer else None,
@@ -95,6 +104,45 @@ def fit_replay(turn: JournaledTurn, manager: TrajectoryManager) -> JournaledTurn
     )
 
 
+def replay_turn(pipeline: TurnPipeline, turn: JournaledTurn, *, as_recorded: bool = True) -> int:
+    """Run one journaled turn through `pipeline` again, with its recorded output and reply;
+    returns its turn index. The one way a journaled turn is replayed: journal recovery and
+    `tokentrail replay` both call it.
+
+    `as_recorded` keeps its journaled prompt ids; otherwise restore, render and prompt ids are
+    made anew by the pipeline's settings (and replay rows of a prompt that came out different
+    are another sequence's: `RERENDERED_PREFIX`).
+    """
+    recorded = None
+    if as_recorded:
+        recorded = RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback)
+    prepared = pipeline.prepare(
+        turn.sid, Conversation(turn.translated, turn.tools), recorded=recorded
+    )
+    metadata = dict(turn.metadata)
+    generated = fit_replay(turn, pipeline.manager)
+    if not as_recorded:
+        fallback = prepared.fallback
+        label = fallback.label if fallback else str(prepared.history)
+        metadata = dataclasses.replace(TurnTags.read(metadata), history=label).as_metadata()
+        if not np.array_equal(prepared.prompt_ids, turn.prompt_ids):
+            # The replay re-rendered the prompt the engine saw: its rows are another sequence's.
+            rerendered = ReplayRows.missing(ReplayGap.RERENDERED_PREFIX)
+            generated = dataclasses.replace(
+                generated,
+                routed_experts=None if generated.routed_experts is None else rerendered,
+                indexer_topk=None if generated.indexer_topk is None else rerendered,
+            )
+    return pipeline.record(
+        prepared,
+        generated,
+        turn.response_message,
+        ill_formed=turn.ill_formed,
+        metadata=metadata,
+        supersede=turn.supersedes,
+    )
+
+
 def linearize_record(
     record: SessionRecord,
     pipeline: TurnPipeline,
@@ -106,48 +154,32 @@ def linearize_record(
     `as_recorded` runs its turns with their journaled prompt ids; otherwise restore, render
     and prompt ids are made anew by the pipeline's settings.
     """
-    by_seq: dict[int, int] = {}
-    for turn in record.turns:
-        recorded = None
-        if as_recorded:
-            recorded = RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback)
-        prepared = pipeline.prepare(
-            turn.sid, Conversation(turn.translated, turn.tools), recorded=recorded
-        )
-        metadata = dict(turn.metadata)
-        generated = fit_replay(turn, pipeline.manager)
-        if not as_recorded:
-            fallback = prepared.fallback
-            metadata["history"] = fallback.label if fallback else str(prepared.history)
-            if not np.array_equal(prepared.prompt_ids, turn.prompt_ids):
-                # The replay re-rendered the prompt the engine saw: its rows are another
-                # sequence's.
-                rerendered = ReplayRows.missing(ReplayGap.RERENDERED_PREFIX)
-                generated = dataclasses.replace(
-                    generated,
-                    routed_experts=None if generated.routed_experts is None else rerendered,
-                    indexer_topk=None if generated.indexer_topk is None else rerendered,
-                )
-        by_seq[turn.seq] = pipeline.record(
-            prepared,
-            generated,
-            turn.response_message,
-            ill_formed=turn.ill_formed,
-            metadata=metadata,
-            supersede=turn.supersedes,
-        )
-    manager = pipeline.manager
-    for seq in record.replays:
-        if seq in by_seq:
-            manager.answered_again(record.sid, by_seq[seq])
+    record_session(record, pipeline, as_recorded=as_recorded)
     # The finish's metadata (its group, the trainer's own keys) is in every sample, as the
     # finish answered it.
-    trajectory = manager.finish(
+    trajectory = pipeline.manager.finish(
         record.sid, reward=record.reward, extra_metadata=dict(record.metadata) or None
     )
     trajectory.mark_lost(record.losses())
     pipeline.forget(record.sid)
     return trajectory
+
+
+def record_session(
+    record: SessionRecord,
+    pipeline: TurnPipeline,
+    *,
+    as_recorded: bool = True,
+) -> None:
+    """Record a journaled session's turns into `pipeline`'s manager, leaving it open there (a
+    viewer reads its tree before it is linearized)."""
+    by_seq = {
+        turn.seq: replay_turn(pipeline, turn, as_recorded=as_recorded) for turn in record.turns
+    }
+    manager = pipeline.manager
+    for seq in record.replays:
+        if seq in by_seq:
+            manager.answered_again(record.sid, by_seq[seq])
 
 
 def _run(

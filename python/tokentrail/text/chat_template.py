@@ -24,10 +24,7 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tokentrail.errors import TemplateError
-
-# The names a message's reasoning arrives under (OpenAI-compatible servers differ); templates read
-# `reasoning_content`, gpt-oss templates `thinking`. Same order and aliasing as transformers.
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+from tokentrail.kinds import REASONING_FIELDS
 
 # What a failed tool result (`is_error`, Anthropic's flag) renders as: this marker before its
 # content. Templates render a tool message's content and nothing else of it, so the marker is
@@ -186,7 +183,7 @@ def _normalize_message(message: Any) -> dict[str, Any]:
     message = {k: v for k, v in message.items() if v is not None}
     if message.get("role") == "tool" and message.get("is_error") is True:
         message["content"] = _marked_error(message.get("content"))
-    reasoning = next((message[k] for k in _REASONING_FIELDS if k in message), None)
+    reasoning = next((message[k] for k in REASONING_FIELDS if k in message), None)
     if reasoning is not None:
         message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
     return message

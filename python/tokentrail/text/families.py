@@ -14,15 +14,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tokentrail.errors import TokenizerError
 from tokentrail.messages import Message
 from tokentrail.text.formats.base import function_of, reasoning_of, text_of
 from tokentrail.text.parsing import format_output
-
-if TYPE_CHECKING:
-    from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -171,8 +168,21 @@ def detect_family(template: str) -> Family | None:
     return None
 
 
+class TokenizerFamily(Protocol):
+    """What `resolve_family` reads of a tokenizer (`text.tokenizer.LoadedTokenizer`)."""
+
+    @property
+    def chat_template(self) -> str: ...
+
+    @property
+    def eos_token(self) -> str: ...
+
+    @property
+    def family(self) -> str | None: ...
+
+
 def resolve_family(
-    tokenizer: LoadedTokenizer, template: str | None = None, name: str | None = None
+    tokenizer: TokenizerFamily, template: str | None = None, name: str | None = None
 ) -> Family:
     """The family whose parsers and end tokens go with `tokenizer` rendered with `template`.
 

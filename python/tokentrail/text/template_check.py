@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokentrail.errors import TemplateBudgetExceeded, TemplateError
-from tokentrail.kinds import TemplateOutcome
+from tokentrail.kinds import TemplateOutcome, parse_kind
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.text.chat_template import ChatTemplate
 from tokentrail.text.families import families
@@ -162,7 +162,9 @@ def _outcome(
         return TemplateOutcome.OUT_OF_WALL_TIME, ""
     report = child.stdout.decode("utf-8", "replace").strip().splitlines()
     if child.returncode == 0 and report:
-        return TemplateOutcome(json.loads(report[-1])["outcome"]), ""
+        return parse_kind(
+            TemplateOutcome, json.loads(report[-1])["outcome"], "template outcome"
+        ), ""
     if child.returncode in (-signal.SIGXCPU, -signal.SIGKILL):  # the CPU limit's signals
         return TemplateOutcome.OUT_OF_TIME, f"stopped after {time.monotonic() - started:.1f} s"
     last = child.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]

@@ -32,10 +32,14 @@ from tokenizers import (
 )
 
 from tokentrail.errors import TokenizerError
+from tokentrail.text import vocabularies
+from tokentrail.text.chat_template import ChatTemplate
+from tokentrail.text.families import Family, detect_family, family, family_list, resolve_family
 from tokentrail.text.vocabularies import (
     bytes_to_unicode,
     load_tiktoken_ranks,
     read_cached,
+    stand_in,
     write_atomically,
 )
 
@@ -167,9 +171,6 @@ class LoadedTokenizer:
     ) -> str:
         """Render `messages` with this tokenizer's chat template, as `apply_chat_template` would
         (given the message shape the template needs: `ChatTemplate`)."""
-        from tokentrail.text.chat_template import ChatTemplate
-        from tokentrail.text.families import resolve_family
-
         template = ChatTemplate(self.chat_template, resolve_family(self).call_id)
         return template.render(
             messages,
@@ -205,9 +206,6 @@ def load_tokenizer(
 
 
 def _load_builtin(name: str, cache_root: Path) -> LoadedTokenizer:
-    from tokentrail.text import vocabularies
-    from tokentrail.text.families import family, family_list
-
     vocabulary, family_name = name, None
     if name not in (*vocabularies.vocabulary_names(), "qwen3"):
         try:
@@ -248,8 +246,6 @@ def _load_builtin(name: str, cache_root: Path) -> LoadedTokenizer:
 
 
 def _with_family(loaded: LoadedTokenizer, family_name: str, name: str) -> LoadedTokenizer:
-    from tokentrail.text.families import family
-
     fam = family(family_name)
     return dataclasses.replace(
         loaded, chat_template=fam.template(), name=f"builtin:{name}", family=fam.name
@@ -257,9 +253,6 @@ def _with_family(loaded: LoadedTokenizer, family_name: str, name: str) -> Loaded
 
 
 def _load_stand_in(name: str, cache_root: Path) -> LoadedTokenizer:
-    from tokentrail.text.families import family
-    from tokentrail.text.vocabularies import stand_in
-
     fam = family(name)
     if not fam.tokens:
         raise TokenizerError(f"{fam.name} has no stand-in: use builtin:{fam.name}")
@@ -485,9 +478,7 @@ def _load_model_dir(path: Path) -> LoadedTokenizer:
     )
 
 
-def _detected_family(path: Path, template: str) -> Any:
-    from tokentrail.text.families import detect_family
-
+def _detected_family(path: Path, template: str) -> Family | None:
     fam = detect_family(template)
     if fam is None:
         logger.info("%s: the chat template matches no known model family", path)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tokentrail.errors import MessageError
+from tokentrail.kinds import REASONING_FIELDS
 
 __all__ = [
     "ToolDefaults",
@@ -44,8 +45,7 @@ _MESSAGE_IDENTIFIERS = frozenset({"role"})
 # A message's own text fields: harnesses strip whitespace off both ends of them (hermes-agent
 # every content string, Qwen Code the reasoning), so their views are stripped at both ends too.
 # Argument strings are not: leading whitespace there is code (indentation).
-_MESSAGE_TEXTS = frozenset({"content", "reasoning_content", "reasoning", "thinking"})
-_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+_MESSAGE_TEXTS = frozenset({"content", *REASONING_FIELDS})
 _FUNCTION_IDENTIFIERS = frozenset({"name"})
 
 # Compiled tables of recent tool lists (by identity): one per active session's tools.
@@ -296,7 +296,7 @@ def echo_view(
         elif key in _MESSAGE_TEXTS and isinstance(sub, str):
             text = _rstrip_lines(sub.strip())
             # An empty reasoning is no reasoning (OpenAI clients send "" or " " for none).
-            if text or key not in _REASONING_KEYS:
+            if text or key not in REASONING_FIELDS:
                 out.append((key, text))
         elif key == "tool_calls" and isinstance(sub, list | tuple):
             calls = tuple(
@@ -334,7 +334,9 @@ def echo_normalize(
 
 
 def _has_reasoning(message: Mapping[str, object]) -> bool:
-    return any(isinstance(message.get(k), str) and str(message[k]).strip() for k in _REASONING_KEYS)
+    return any(
+        isinstance(message.get(k), str) and str(message[k]).strip() for k in REASONING_FIELDS
+    )
 
 
 def _as_echoed(
@@ -349,7 +351,7 @@ def _as_echoed(
         and _has_reasoning(generated)
         and not _has_reasoning(incoming)
     ):
-        return {k: v for k, v in generated.items() if k not in _REASONING_KEYS}
+        return {k: v for k, v in generated.items() if k not in REASONING_FIELDS}
     return generated
 
 

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from tokentrail.core.backend import LinearizedLike
-from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason
+from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason, parse_kind
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.layout_stats import TreeStats
 from tokentrail.trajectory.loss import LostSpan, lost_events, lost_turns
+from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node, iter_nodes
 
 logger = logging.getLogger(__name__)
@@ -81,8 +82,8 @@ def parse_history_label(label: object) -> tuple[History | None, Fallback | None]
     if not isinstance(label, str):
         return None, None
     if label.startswith(FALLBACK_PREFIX):
-        return History.RENDER, Fallback(label.removeprefix(FALLBACK_PREFIX))
-    return History(label), None
+        return History.RENDER, parse_kind(Fallback, label.removeprefix(FALLBACK_PREFIX), "fallback")
+    return parse_kind(History, label, "history mode"), None
 
 
 @dataclass
@@ -319,7 +320,8 @@ def build_ledger(
         turn = node.turn
         if turn is not None:
             k = turn.id
-            excluded = node.metadata.get("excluded")
+            tags = TurnTags.read(node.metadata)
+            excluded = tags.excluded
             superseded = is_superseded(node)
             trained_k = 0 if excluded else lin.trained.get(k, 0)
             masked: dict[MaskReason, int] = (
@@ -338,7 +340,7 @@ def build_ledger(
             )
             row.history, row.fallback = turn.history, turn.fallback
             row.excluded = str(excluded) if excluded else None
-            row.dropped_media = dict(node.metadata.get("dropped_media") or {})
+            row.dropped_media = dict(tags.dropped_media)
             row.superseded, row.retries = superseded, turn.retries
             rows.append(row)
         for demoted in node.demoted:
@@ -349,7 +351,7 @@ def build_ledger(
                 0,
                 {MaskReason.MERGED_REWRITE: demoted.turn.output_len},
             )
-            row.dropped_media = dict(demoted.metadata.get("dropped_media") or {})
+            row.dropped_media = dict(TurnTags.read(demoted.metadata).dropped_media)
             rows.append(row)
     rows.sort(key=lambda r: r.turn_index)
     return Ledger(

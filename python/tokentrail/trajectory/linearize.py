@@ -12,7 +12,7 @@ from typing import Any
 
 from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
 from tokentrail.errors import TreeError
-from tokentrail.kinds import DriftKind, DriftPolicy, Replay
+from tokentrail.kinds import DriftKind, DriftPolicy, Replay, parse_kind
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
 from tokentrail.trajectory.loss import LostSpan
@@ -20,6 +20,7 @@ from tokentrail.trajectory.loss import summary as loss_summary
 from tokentrail.trajectory.prefix_tree import tree_stats
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
+from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node, iter_nodes, leaves
 from tokentrail.trajectory.turn import StoredTurn
 
@@ -36,11 +37,23 @@ class DriftRecord:
     drifted: int
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a turn's output sits in a sample: output token 0 at `tokens[start]`, up to
+    `tokens[end]` (less than the whole output when the sample was cut short)."""
+
+    turn_index: int
+    start: int
+    end: int
+
+
 @dataclass
 class Trajectory:
     samples: list[Sample]
     ledger: Ledger
     drifts: list[DriftRecord] = field(default_factory=list)
+    # Per sample, where each of its turns' outputs sits in it (a viewer colours tokens by it).
+    placements: list[list[Placement]] = field(default_factory=list)
 
     @property
     def drift_counts(self) -> dict[str, int]:
@@ -107,10 +120,23 @@ def linearize_session(
     except TreeError as exc:  # replay rows of mixed shapes: the samples still train as rows
         logger.debug("session %s: no tree layout stats: %s", sid, exc)
     drifts = [
-        DriftRecord(generated[d.turn].turn_index or 0, DriftKind(d.kind), d.at, d.drifted)
+        DriftRecord(
+            generated[d.turn].turn_index or 0,
+            parse_kind(DriftKind, d.kind, "drift kind"),
+            d.at,
+            d.drifted,
+        )
         for d in lin.drifts
     ]
-    return Trajectory(samples, ledger, drifts)
+    placements = [
+        [
+            Placement(generated[span.turn].turn_index or 0, span.start, span.end)
+            for span in built.spans
+            if span.turn in generated
+        ]
+        for built in lin.samples
+    ]
+    return Trajectory(samples, ledger, drifts, placements)
 
 
 def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
@@ -125,7 +151,9 @@ def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
         if is_superseded(leaf) and not train_superseded:
             continue
         chain = [
-            n.turn.id for n in leaf.path() if n.turn is not None and not n.metadata.get("excluded")
+            n.turn.id
+            for n in leaf.path()
+            if n.turn is not None and not TurnTags.read(n.metadata).excluded
         ]
         if chain:
             chains.append(chain)
@@ -144,10 +172,11 @@ def _sample(
     nodes = [generated[t] for t in built.turns]
     turns: list[StoredTurn] = [n.turn for n in nodes if n.turn is not None]
     last = nodes[-1]
-    withheld = sorted({t for n in nodes for t in n.metadata.get("withheld_tools") or ()})
+    tags = [TurnTags.read(n.metadata) for n in nodes]
+    withheld = sorted({t for tag in tags for t in tag.withheld_tools})
     media: Counter[str] = Counter()
-    for n in nodes:
-        media.update(n.metadata.get("dropped_media") or {})
+    for tag in tags:
+        media.update(tag.dropped_media)
     metadata: dict[str, Any] = {
         "session_id": sid,
         "chain": built.chain,
@@ -164,10 +193,11 @@ def _sample(
         # Images/documents its turns' prompts held as placeholders, summed over the turns.
         "dropped_media": dict(sorted(media.items())),
     }
-    if last.metadata.get("images"):
+    last_images = TurnTags.read(last.metadata).images
+    if last_images:
         # The images of the last turn's prompt, which the sample's tokens begin with: each
         # one's bytes, processor grid and where its placeholder tokens start.
-        metadata["images"] = list(last.metadata["images"])
+        metadata["images"] = [dict(i) for i in last_images]
     versions = trained_versions(built, nodes)
     if versions:
         metadata["weight_versions"] = versions

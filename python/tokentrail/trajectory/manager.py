@@ -8,16 +8,16 @@ import copy
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from tokentrail.core.backend import TurnStoreLike, load_backend
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
-from tokentrail.kinds import Backend, DriftPolicy, Replay, RewritePolicy
+from tokentrail.kinds import Backend, DriftPolicy, Replay, RewritePolicy, parse_kind
 from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
@@ -25,10 +25,18 @@ from tokentrail.trajectory.linearize import Trajectory, linearize_session
 from tokentrail.trajectory.restore import Seen, restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key, walk
 from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, validate_turn
 
 logger = logging.getLogger(__name__)
+# A generated turn's conversation (prompt messages, then its response) and its metadata.
+FoundTurn = tuple[list[Message], dict[str, Any]]
+P = TypeVar("P", DriftPolicy, RewritePolicy)
+
+T = TypeVar("T")
+# What reads a session as it stands: its tree, its turn store and its linearization.
+SessionReader = Callable[[Node, TurnStoreLike, Trajectory], T]
 
 
 @dataclass(frozen=True)
@@ -51,8 +59,21 @@ class _Session:
     restored_by_tool: Counter[str] = field(default_factory=Counter)
     # The node holding each generated turn, by turn index.
     by_index: dict[int, Node] = field(default_factory=dict)
+    # The nodes of the generated turns tagged with each reply id (one, as ids are minted per
+    # reply), in the order they were recorded: `find_reply` without a walk of the tree.
+    by_reply: dict[str, list[Node]] = field(default_factory=dict)
     # The latest conversation restored: what a next one that shares its messages reuses.
     seen: Seen | None = None
+
+    def add_turn(self, leaf: Node) -> None:
+        self.by_index[self.turns] = leaf
+        reply_id = TurnTags.read(leaf.metadata).reply_id
+        if isinstance(reply_id, str):
+            self.by_reply.setdefault(reply_id, []).append(leaf)
+
+    def reply(self, reply_id: str) -> Node | None:
+        """The generated turn whose reply had this id (a turn a rewrite demoted is none)."""
+        return next((n for n in self.by_reply.get(reply_id, ()) if n.turn is not None), None)
 
     def note_restored(self, nodes: Sequence[Node]) -> None:
         """Generated turns restored for the first time."""
@@ -61,12 +82,8 @@ class _Session:
             self.restored_by_tool.update(tool_names(node.message))
 
 
-def _policy(enum: type[DriftPolicy] | type[RewritePolicy], value: object, what: str) -> Any:
-    try:
-        return enum(str(value)) if isinstance(value, str) else enum(value)  # type: ignore[arg-type]
-    except ValueError:
-        known = tuple(p.value for p in enum)
-        raise PolicyError(f"unknown {what} {value!r}; expected {known}") from None
+def _policy(kind: type[P], value: object, what: str) -> P:
+    return parse_kind(kind, value, what, PolicyError)
 
 
 def _count(value: object, what: str) -> int:
@@ -97,10 +114,8 @@ class TrajectoryManager:
         indexer: IndexerShape | None = None,
         train_superseded: bool = False,
     ) -> None:
-        self.drift_policy: DriftPolicy = _policy(DriftPolicy, drift_policy, "drift_policy")
-        self.rewrite_policy: RewritePolicy = _policy(
-            RewritePolicy, rewrite_policy, "rewrite_policy"
-        )
+        self.drift_policy = _policy(DriftPolicy, drift_policy, "drift policy")
+        self.rewrite_policy = _policy(RewritePolicy, rewrite_policy, "rewrite policy")
         self.fork_threshold_tokens = _count(fork_threshold_tokens, "fork_threshold_tokens")
         self.routing, self.indexer = routing, indexer
         self.replay_channels = _channels(routing, indexer)  # what every session keeps
@@ -200,7 +215,7 @@ class TrajectoryManager:
             if metadata:
                 leaf.metadata = dict(metadata)
             node.add_child(leaf)
-            session.by_index[session.turns] = leaf
+            session.add_turn(leaf)
             return session.turns
 
     # -- retries ------------------------------------------------------------------------------
@@ -298,18 +313,20 @@ class TrajectoryManager:
             ids = (store.prompt_ids(turn.id), store.output_ids(turn.id))
             return SpliceAnchor(*ids, turn.finish_reason, message, at)
 
-    def find_turn(
-        self, sid: str, key: str, value: object
-    ) -> tuple[list[Message], dict[str, Any]] | None:
-        """The conversation of the session's generated turn whose metadata has `key == value`:
-        its prompt messages then its response, with that metadata; None if there is none."""
+    def find_turn(self, sid: str, key: str, value: object) -> FoundTurn | None:
+        """The conversation (prompt messages, response) and metadata of the session's generated
+        turn whose metadata has `key == value`, by a walk of the tree; None if there is none."""
+        return self._found(sid, lambda session: _turn_with(session.root, key, value))
+
+    def find_reply(self, sid: str, reply_id: str) -> FoundTurn | None:
+        """`find_turn(sid, "reply_id", reply_id)` by lookup (a Responses `previous_response_id`)."""
+        return self._found(sid, lambda session: session.reply(reply_id))
+
+    def _found(self, sid: str, lookup: Callable[[_Session], Node | None]) -> FoundTurn | None:
         with self._lock:
             session = self._sessions.get(sid)
-            node = None if session is None else _turn_with(session.root, key, value)
-            if node is None:
-                return None
-            path = [n.message for n in node.path()]
-            return [m for m in path if m is not None], dict(node.metadata)
+            node = None if session is None else lookup(session)
+            return None if node is None else _conversation_of(node)
 
     def replay_start(
         self, sid: str, messages: Sequence[Message], prompt_ids: Any, keys: list[MessageKey] | None
@@ -350,21 +367,18 @@ class TrajectoryManager:
             session = self._sessions.pop(sid, None)
         if session is None:
             return Trajectory([], Ledger())
-        return linearize_session(
-            sid,
-            session.root,
-            session.store,
-            policy=self.drift_policy,
-            fork_threshold=self.fork_threshold_tokens,
-            max_sample_tokens=max_sample_tokens,
-            reward=float(reward),
-            extra_metadata=extra_metadata,
-            restored=session.restored,
-            restored_by_tool=session.restored_by_tool,
-            replays=self.replay_channels,
-            status=self.core.REPLAY_STATUS,
-            train_superseded=self.train_superseded,
-        )
+        return _linearize(self, sid, session, reward, extra_metadata, max_sample_tokens)
+
+    def inspect(self, sid: str, read: SessionReader[T], *, max_sample_tokens: int = 0) -> T:
+        """`read(tree, store, trajectory)` of a session linearized as it stands, under the lock
+        and without consuming it (a viewer watches sessions while their turns arrive)."""
+        max_sample_tokens = _count(max_sample_tokens, "max_sample_tokens")
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                raise SessionError(f"no session {sid!r}")
+            trajectory = _linearize(self, sid, session, 0.0, None, max_sample_tokens)
+            return read(session.root, session.store, trajectory)
 
     def get_trajectory(
         self,
@@ -377,6 +391,31 @@ class TrajectoryManager:
         return self.finish(
             sid, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=max_sample_tokens
         ).samples
+
+
+def _linearize(
+    manager: TrajectoryManager,
+    sid: str,
+    session: _Session,
+    reward: float,
+    extra_metadata: dict[str, Any] | None,
+    max_sample_tokens: int,
+) -> Trajectory:
+    return linearize_session(
+        sid,
+        session.root,
+        session.store,
+        policy=manager.drift_policy,
+        fork_threshold=manager.fork_threshold_tokens,
+        max_sample_tokens=max_sample_tokens,
+        reward=float(reward),
+        extra_metadata=extra_metadata,
+        restored=session.restored,
+        restored_by_tool=session.restored_by_tool,
+        replays=manager.replay_channels,
+        status=manager.core.REPLAY_STATUS,
+        train_superseded=manager.train_superseded,
+    )
 
 
 def _response_key(response_message: object) -> MessageKey | None:
@@ -417,6 +456,11 @@ def _last_generated(
         if node.turn is not None and node.message is not None:
             found = (node.turn, node.message, i)
     return found
+
+
+def _conversation_of(node: Node) -> FoundTurn:
+    path = [n.message for n in node.path()]
+    return [m for m in path if m is not None], dict(node.metadata)
 
 
 def _turn_with(root: Node, key: str, value: object) -> Node | None:

@@ -23,12 +23,13 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tokentrail.core.replay import ReplayRows
+from tokentrail.core.replay import ReplayRows, WeightSpan
 from tokentrail.errors import PolicyError, RequestError
-from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice
+from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice, parse_kind
 from tokentrail.messages import Conversation, Message, ToolSchema
 from tokentrail.text.constraints import OutputConstraint, forced_tool_call
 from tokentrail.text.families import Family, resolve_family
+from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.parsing import ParsedOutput, parse_output
 from tokentrail.text.template_check import check_within_budget
@@ -39,6 +40,7 @@ from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, s
 from tokentrail.trajectory.prompts import PromptBuilder
 from tokentrail.trajectory.side import SideRules, exclusion
 from tokentrail.trajectory.splice import Splicer
+from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.timing import TurnTiming
 from tokentrail.trajectory.tree import MessageKey
 from tokentrail.trajectory.turn import Logprobs, TokenIds, TurnRecord
@@ -61,9 +63,8 @@ AUTO = "auto"
 
 
 class Generated(Protocol):
-    """What an engine sampled for a turn (`engines.Generation` is one). `record` also reads
-    `routed_experts` and `indexer_topk` (`ReplayRows` or None) and `weight_versions`
-    (`WeightSpan`s) when the object has them."""
+    """What an engine sampled for a turn (`engines.Generation` and a journaled turn are one):
+    its tokens, and the replay rows and weight versions it was sampled with."""
 
     @property
     def output_ids(self) -> TokenIds: ...
@@ -71,6 +72,12 @@ class Generated(Protocol):
     def logprobs(self) -> Logprobs | None: ...
     @property
     def finish_reason(self) -> str | None: ...
+    @property
+    def routed_experts(self) -> ReplayRows | None: ...
+    @property
+    def indexer_topk(self) -> ReplayRows | None: ...
+    @property
+    def weight_versions(self) -> Sequence[WeightSpan]: ...
 
 
 @dataclass(frozen=True)
@@ -146,26 +153,20 @@ class PreparedTurn:
         ]
 
     @property
-    def tags(self) -> dict[str, Any]:
+    def tags(self) -> TurnTags:
         """What the turn's record keeps about it beyond its tokens: its exclusion, the tools
         withheld and the media dropped by translation, a non-default tool choice, a prefill."""
         c = self.conversation
-        tags: dict[str, Any] = {}
-        if self.excluded is not None:
-            tags["excluded"] = self.excluded
-        if c.withheld_tools:
-            tags["withheld_tools"] = list(c.withheld_tools)
-        if c.dropped_media:
-            tags["dropped_media"] = dict(c.dropped_media)
-        if c.images:
-            tags["images"] = self.image_tags()
-        if c.tool_choice is not ToolChoice.AUTO:
-            tags["tool_choice"] = c.tool_choice.value
-            if c.forced_tool is not None:
-                tags["forced_tool"] = c.forced_tool
-        if self.prefill is not None:
-            tags["prefill"] = True
-        return tags
+        forced = c.tool_choice is not ToolChoice.AUTO
+        return TurnTags(
+            excluded=self.excluded,
+            withheld_tools=tuple(c.withheld_tools),
+            dropped_media=dict(c.dropped_media),
+            tool_choice=c.tool_choice.value if forced else None,
+            forced_tool=c.forced_tool if forced else None,
+            prefill=self.prefill is not None,
+            images=tuple(self.image_tags()) if c.images else (),
+        )
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ class TurnPipeline:
     def __init__(
         self,
         manager: TrajectoryManager,
-        tokenizer: LoadedTokenizer | None,
+        tokenizer: LoadedTokenizer | HFTokenizer | None,
         chat_template: str | None = None,
         *,
         restore: Restore | str = Restore.ON,
@@ -232,10 +233,11 @@ class TurnPipeline:
         self.manager = manager
         # Side conversations every session excludes (a session may add its own).
         self.side_rules = side_rules or SideRules()
+        tokenizer = None if tokenizer is None else as_loaded(tokenizer)
         self._tokenizer = tokenizer
         self.chat_template = chat_template or (tokenizer.chat_template if tokenizer else "")
-        self.restore = Restore(restore)
-        self.history = History(history)
+        self.restore = parse_kind(Restore, restore, "restore mode")
+        self.history = parse_kind(History, history, "history mode")
         self.splice_verify_every = max(1, int(splice_verify_every))
         self.family: Family | None = (
             resolve_family(tokenizer, chat_template, family) if tokenizer else None
@@ -492,9 +494,9 @@ class TurnPipeline:
                 ill_formed=ill_formed,
                 history=prepared.history,
                 fallback=prepared.fallback,
-                routed_experts=_replayed(generated, "routed_experts"),
-                indexer_topk=_replayed(generated, "indexer_topk"),
-                weight_versions=tuple(getattr(generated, "weight_versions", ())),
+                routed_experts=generated.routed_experts,
+                indexer_topk=generated.indexer_topk,
+                weight_versions=tuple(generated.weight_versions),
             ),
             prompt_messages=prepared.record_messages,
             response_message=response,
@@ -523,8 +525,3 @@ def reasoning_tokens(tokenizer: LoadedTokenizer, output_ids: TokenIds, message: 
     if close is not None and close in ids:
         return ids.index(close) + 1
     return len(tokenizer.encode(reasoning))
-
-
-def _replayed(generated: Generated, channel: str) -> ReplayRows | None:
-    rows: ReplayRows | None = getattr(generated, channel, None)
-    return rows

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tokentrail.errors import TreeError
-from tokentrail.kinds import TreeMask
+from tokentrail.kinds import TreeMask, parse_kind
 from tokentrail.trajectory.layout_stats import TreeStats
 from tokentrail.trajectory.sample import REPLAY_FIELDS, Sample
 
@@ -30,11 +30,7 @@ MAX_DENSE_TOKENS = 32768
 
 def tree_mask(value: TreeMask | str) -> TreeMask:
     """`value` as a `TreeMask`, or a `TreeError` naming the allowed values."""
-    try:
-        return TreeMask(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in TreeMask)
-        raise TreeError(f"unknown tree mask {value!r}; expected one of {allowed}") from None
+    return parse_kind(TreeMask, value, "tree mask", TreeError)
 
 
 @dataclass

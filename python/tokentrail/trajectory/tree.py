@@ -156,6 +156,10 @@ class Node:
             self._echoes = {}
         self._echoes[key] = child
 
+    def echoes_of(self, child: Node) -> list[Message]:
+        """The harness's versions of `child`'s message that were restored to it."""
+        return [message_of(k) for k, c in (self._echoes or {}).items() if c is child]
+
     def demote(self, demoted: DemotedTurn) -> None:
         self.demoted = [*self.demoted, demoted]
 

@@ -16,7 +16,7 @@ import numpy.typing as npt
 from tokentrail.core.ids import as_token_array
 from tokentrail.core.replay import ReplayRows, WeightSpan
 from tokentrail.errors import LogprobLengthError, ReplayError, TokenIdError
-from tokentrail.kinds import Fallback, History
+from tokentrail.kinds import Fallback, History, parse_kind
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
 Logprobs = Sequence[float] | npt.NDArray[np.floating]
@@ -84,8 +84,8 @@ def validate_turn(turn: TurnRecord) -> CheckedTurn:
         logprobs,
         turn.finish_reason,
         bool(turn.ill_formed),
-        None if turn.history is None else History(turn.history),
-        None if turn.fallback is None else Fallback(turn.fallback),
+        None if turn.history is None else parse_kind(History, turn.history, "history mode"),
+        None if turn.fallback is None else parse_kind(Fallback, turn.fallback, "fallback"),
         turn.routed_experts,
         turn.indexer_topk,
         versions,

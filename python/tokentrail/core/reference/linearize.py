@@ -10,7 +10,7 @@ import numpy as np
 
 from tokentrail.core.ids import as_token_array
 from tokentrail.errors import LogprobLengthError, PolicyError
-from tokentrail.kinds import DriftKind, DriftPolicy
+from tokentrail.kinds import DriftKind, DriftPolicy, parse_kind
 
 CLEAN = DriftKind.CLEAN.value
 REALIGN = DriftKind.REALIGN.value
@@ -290,8 +290,7 @@ def linearize(
 
 
 def _check_settings(policy: str, fork_threshold: int) -> None:
-    if policy not in POLICIES:
-        raise PolicyError(f"unknown drift policy {policy!r}; expected one of {POLICIES}")
+    parse_kind(DriftPolicy, policy, "drift policy", PolicyError)
     if fork_threshold < 0:
         raise PolicyError(f"fork_threshold must be >= 0, got {fork_threshold}")
 

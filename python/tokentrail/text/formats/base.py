@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from tokentrail.errors import OutputFormatError
+from tokentrail.kinds import REASONING_FIELDS
 from tokentrail.messages import Message, ToolCall
 
 ToolSchemas = Sequence[Mapping[str, Any]] | None
@@ -137,9 +138,6 @@ def reasoning_format_names() -> list[str]:
 
 
 # Where a message's reasoning may live; the first found wins (as in chat_template.render).
-REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-
-
 def reasoning_of(message: Mapping[str, Any]) -> str | None:
     return next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
 

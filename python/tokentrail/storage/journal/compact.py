@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokentrail.errors import JournalError
+from tokentrail.kinds import JournalState
 from tokentrail.storage.export import write_samples
-from tokentrail.storage.journal_format import DROPPED, FINISHED, SCHEMA_VERSION
-from tokentrail.storage.journal_lock import JournalLock
-from tokentrail.storage.journal_read import read_journal
-from tokentrail.storage.journal_rebuild import rebuild
-from tokentrail.storage.journal_session import SessionDamage
+from tokentrail.storage.journal.format import SCHEMA_VERSION
+from tokentrail.storage.journal.lock import JournalLock
+from tokentrail.storage.journal.read import read_journal
+from tokentrail.storage.journal.rebuild import rebuild
+from tokentrail.storage.journal.session import SessionDamage
 from tokentrail.storage.replay import Settings, linearize_record
 from tokentrail.trajectory.loss import describe
 
@@ -39,7 +40,7 @@ def export_finished(path: str | Path, out: str | Path) -> Exported:
     pipeline_settings = Settings.recorded(contents.meta)
     samples, sessions, damaged = [], 0, []
     for record in contents.records():
-        if record.state != FINISHED:
+        if record.state != JournalState.FINISHED:
             continue
         spans = record.losses()
         if spans:
@@ -86,7 +87,11 @@ def compact(path: str | Path, *, export_to: str | Path | None = None) -> Compact
             )
         exported = export_finished(path, export_to) if export_to is not None else None
         states = contents.states()
-        done = frozenset(sid for sid, state in states.items() if state in (FINISHED, DROPPED))
+        done = frozenset(
+            sid
+            for sid, state in states.items()
+            if state in (JournalState.FINISHED, JournalState.DROPPED)
+        )
         before = _size(path)
         result = rebuild(path, {}, "compaction", drop=done, keep_old=False)
         for damage in result.damaged:

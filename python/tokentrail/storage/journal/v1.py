@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.kinds import Fallback, History, JournalEvent
-from tokentrail.storage.journal_format import END_STATES, FINISHED, LIVE, JournaledTurn
-from tokentrail.storage.journal_scan import Scan, readable, scan_rows
-from tokentrail.storage.journal_session import SessionRecord
+from tokentrail.errors import JournalError
+from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, parse_kind
+from tokentrail.storage.journal.format import END_STATES, JournaledTurn
+from tokentrail.storage.journal.scan import Scan, readable, scan_rows
+from tokentrail.storage.journal.session import SessionRecord
 from tokentrail.trajectory.ledger import parse_history_label
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def read_v1(path: Path) -> tuple[dict[str, str], list[SessionRecord]]:
     turns: dict[int, JournaledTurn] = {}
     retracted: set[int] = set()
     for seq, sid, kind, payload, crc in rows:
-        record = sessions.setdefault(sid, SessionRecord(sid, LIVE))
+        record = sessions.setdefault(sid, SessionRecord(sid, JournalState.LIVE))
         if record.damage is not None:
             continue
         if zlib.crc32(payload) != crc:
@@ -101,7 +102,7 @@ def _apply(
     sid = record.sid
     if kind == JournalEvent.OPEN:
         record.settings = data
-        record.state = LIVE
+        record.state = JournalState.LIVE
     elif kind == JournalEvent.TURN:
         tail = _ids(data["tail"])
         if data["base"]:
@@ -119,9 +120,9 @@ def _apply(
     elif kind == JournalEvent.RETRACT:
         retracted.add(int(data["seq"]))
     elif kind in END_STATES:
-        record.state = END_STATES[JournalEvent(kind)]
+        record.state = END_STATES[parse_kind(JournalEvent, kind, "journal event", JournalError)]
         held.pop(sid, None)
-        if record.state == FINISHED:
+        if record.state == JournalState.FINISHED:
             record.reward = float(data.get("reward", 0.0))
             record.metadata = dict(data.get("metadata") or {})
 
@@ -130,8 +131,12 @@ def _turn(
     sid: str, seq: int, d: dict[str, Any], prompt: np.ndarray, output: np.ndarray
 ) -> JournaledTurn:
     if "history" in d:
-        history = None if d["history"] is None else History(d["history"])
-        fallback = None if d.get("fallback") is None else Fallback(d["fallback"])
+        history = (
+            None if d["history"] is None else parse_kind(History, d["history"], "history mode")
+        )
+        fallback = (
+            None if d.get("fallback") is None else parse_kind(Fallback, d["fallback"], "fallback")
+        )
     else:
         # The first schema-1 journals kept only the ledger's label, in the turn's metadata.
         history, fallback = parse_history_label(d["metadata"].get("history"))

@@ -19,10 +19,10 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokentrail.kinds import JournalEvent
-from tokentrail.storage.journal_format import (
+from tokentrail.errors import JournalError
+from tokentrail.kinds import JournalEvent, JournalState, parse_kind
+from tokentrail.storage.journal.format import (
     END_STATES,
-    LIVE,
     ROW_COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
@@ -31,14 +31,14 @@ from tokentrail.storage.journal_format import (
     event_crc,
     session_crc,
 )
-from tokentrail.storage.journal_receipts import (
+from tokentrail.storage.journal.receipts import (
     parse_line,
     receipts_path,
     session_kinds,
     write_all,
 )
-from tokentrail.storage.journal_scan import Scan, readable, scan_rows
-from tokentrail.storage.journal_session import SessionDamage
+from tokentrail.storage.journal.scan import Scan, readable, scan_rows
+from tokentrail.storage.journal.session import SessionDamage
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class _Kept:
 
     first: int
     last: int = 0
-    state: str = LIVE
+    state: str = JournalState.LIVE
     cut: str | None = None  # why its later events are not kept
     cut_at: int = 0  # its first event not kept
     dropped_rows: int = 0
@@ -171,9 +171,9 @@ def _copy_events(
                 copied.refs.add(ref)
         k.last = row.sess_seq
         if row.kind in END_STATES:
-            k.state = END_STATES[JournalEvent(row.kind)]
+            k.state = END_STATES[parse_kind(JournalEvent, row.kind, "journal event", JournalError)]
         elif row.kind == JournalEvent.OPEN:
-            k.state = LIVE
+            k.state = JournalState.LIVE
     for first, last in scan.unreadable:
         unattributed.extend(range(first, last + 1))
     for sid, (state, last) in index.items():
@@ -236,7 +236,7 @@ def _settle(
         if k.cut is not None:
             mine = [kind for o_sid, _, kind in owners.values() if o_sid == sid]
             lost_rows = k.dropped_rows + len(mine)
-            expected = index.get(sid, (LIVE, 0))[1]
+            expected = index.get(sid, (JournalState.LIVE, 0))[1]
             lost = max(lost_rows, expected - k.last) if expected or lost_rows else -1
             # Turns among the lost events: the receipts name them all, or the rows did.
             turns = k.dropped_turns + mine.count(JournalEvent.TURN) if lost == lost_rows else -1
@@ -247,11 +247,11 @@ def _settle(
                 damaged.append(damage)
             k.last += 1
             _insert(out, sid, k, JournalEvent.LOST, damage.span().to_dict())
-            end = k.ended or ends.get(sid) or _end_of(index.get(sid, (LIVE, 0))[0])
-            if end is not None and k.state == LIVE:
+            end = k.ended or ends.get(sid) or _end_of(index.get(sid, (JournalState.LIVE, 0))[0])
+            if end is not None and k.state == JournalState.LIVE:
                 k.last += 1
-                _insert(out, sid, k, JournalEvent(end), {"lost": True})
-                k.state = END_STATES[JournalEvent(end)]
+                _insert(out, sid, k, parse_kind(JournalEvent, end, "journal event"), {"lost": True})
+                k.state = END_STATES[parse_kind(JournalEvent, end, "journal event")]
         out.execute(
             "INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
             (sid, k.state, k.last, k.first, session_crc(sid, k.state, k.last, k.first)),

@@ -1,9 +1,9 @@
 """A durable journal of every recorded turn, so a crashed rollout worker loses nothing it served.
 
-SQLite in WAL mode, one row per event, laid out as `journal_format` describes: each turn stores
+SQLite in WAL mode, one row per event, laid out as `format` describes: each turn stores
 what is new since the turn of its session it continues, so the journal grows with what the
 sessions add, not with turns x context. One process writes a journal at a time
-(`journal_lock`); a second one gets a `JournalError` naming the holder's pid.
+(`lock`); a second one gets a `JournalError` naming the holder's pid.
 
 A turn is journaled before its reply is written and kept whether or not the reply arrives: a
 retried request for it is answered from the record (`replayed`), never generated twice.
@@ -28,6 +28,7 @@ import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,10 @@ import numpy as np
 
 from tokentrail.core.replay import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
-from tokentrail.kinds import Fallback, History, JournalEvent
+from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, SyncMode, parse_kind
 from tokentrail.messages import Message, ToolSchema
-from tokentrail.storage.journal_format import (
+from tokentrail.storage.journal.format import (
     END_STATES,
-    LIVE,
     Base,
     Bases,
     TurnDecoder,
@@ -51,8 +51,8 @@ from tokentrail.storage.journal_format import (
     session_crc,
     tools_bytes,
 )
-from tokentrail.storage.journal_lock import JournalLock
-from tokentrail.storage.journal_open import (
+from tokentrail.storage.journal.lock import JournalLock
+from tokentrail.storage.journal.open import (
     Lost,
     Recovery,
     SessionState,
@@ -60,8 +60,8 @@ from tokentrail.storage.journal_open import (
     load_live,
     prepare,
 )
-from tokentrail.storage.journal_receipts import Receipts, session_kinds
-from tokentrail.storage.journal_session import (
+from tokentrail.storage.journal.receipts import Receipts, session_kinds
+from tokentrail.storage.journal.session import (
     Blobs,
     Event,
     SessionDamage,
@@ -72,8 +72,6 @@ from tokentrail.storage.journal_session import (
 from tokentrail.trajectory.loss import LostSpan
 
 logger = logging.getLogger(__name__)
-
-SYNC_MODES = ("normal", "full")
 
 
 @dataclass
@@ -90,11 +88,9 @@ class _Writer:
 class Journal:
     """Append-only event journal; see the module docstring."""
 
-    def __init__(self, path: str | Path, *, sync: str = "normal") -> None:
-        if sync not in SYNC_MODES:
-            raise JournalError(f"unknown journal sync mode {sync!r}; expected {SYNC_MODES}")
+    def __init__(self, path: str | Path, *, sync: SyncMode | str = SyncMode.NORMAL) -> None:
+        self.sync = parse_kind(SyncMode, sync, "journal sync mode", JournalError)
         self.path = Path(path)
-        self.sync = sync
         self.recovery = Recovery()
         self._mutex = threading.Lock()
         # Append state of the sessions in memory: the unfinished ones, and those seen since.
@@ -117,7 +113,7 @@ class Journal:
     # -- opening ------------------------------------------------------------------------------
 
     def _open(self) -> Lost:
-        lost = prepare(self.path, self.sync, self.receipts, self.recovery)
+        lost = prepare(self.path, self.receipts, self.recovery, partial(Journal, sync=self.sync))
         db = None
         try:
             db = connect(self.path, self.sync)
@@ -154,7 +150,9 @@ class Journal:
             ends = [kind for _, kind in events if kind in END_STATES]
             if ends:
                 # It had ended: so it stays, though its end was lost with the rest.
-                self._append(sid, JournalEvent(ends[-1]), dump({"lost": True}))
+                self._append(
+                    sid, parse_kind(JournalEvent, ends[-1], "journal event"), dump({"lost": True})
+                )
                 if sid in self.recovery.live:
                     self.recovery.live.remove(sid)
             elif sid not in self.recovery.live:
@@ -209,7 +207,7 @@ class Journal:
             row = self._db.execute(
                 "SELECT state, last, first FROM sessions WHERE sid = ?", (sid,)
             ).fetchone()
-            writer = self._writers[sid] = _Writer(*row) if row else _Writer(LIVE, 0, 0)
+            writer = self._writers[sid] = _Writer(*row) if row else _Writer(JournalState.LIVE, 0, 0)
         return writer
 
     def _append(
@@ -226,7 +224,7 @@ class Journal:
         with self._mutex:
             writer = self._writer(sid)
             n = writer.last + 1
-            state = END_STATES.get(kind, LIVE)
+            state = END_STATES.get(kind, JournalState.LIVE)
             db = self._db
             try:
                 db.execute("BEGIN")
@@ -263,10 +261,10 @@ class Journal:
         since), or None while it is live or unknown."""
         writer = self._writers.get(sid)
         if writer is not None:
-            return None if writer.state == LIVE else str(writer.state)
+            return None if writer.state == JournalState.LIVE else str(writer.state)
         with self._mutex:
             row = self._db.execute("SELECT state FROM sessions WHERE sid = ?", (sid,)).fetchone()
-        return None if row is None or row[0] == LIVE else str(row[0])
+        return None if row is None or row[0] == JournalState.LIVE else str(row[0])
 
     def set_meta(self, **values: str) -> None:
         for key, value in values.items():

@@ -16,12 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokentrail.errors import JournalError
-from tokentrail.kinds import JournalEvent
+from tokentrail.kinds import JournalEvent, JournalState, parse_kind
 from tokentrail.messages import ToolSchema
-from tokentrail.storage.journal_format import (
+from tokentrail.storage.journal.format import (
     END_STATES,
-    FINISHED,
-    LIVE,
     ROW_COLUMNS,
     JournaledTurn,
     Row,
@@ -124,7 +122,7 @@ class SessionRecord:
             self.lost.append(event.data)
         elif kind in END_STATES:
             self.state = END_STATES[kind]
-            if self.state == FINISHED:
+            if self.state == JournalState.FINISHED:
                 self.reward = float(event.data.get("reward", 0.0))
                 self.metadata = dict(event.data.get("metadata") or {})
 
@@ -176,7 +174,7 @@ def decode_events(
             if row.sid != sid or not row.verify():
                 raise _Bad(nxt, f"event #{nxt}: checksum mismatch")
             try:
-                kind = JournalEvent(row.kind)
+                kind = parse_kind(JournalEvent, row.kind, "journal event", JournalError)
                 data = row.data()
                 turn = None
                 if kind is JournalEvent.TURN:
@@ -210,7 +208,7 @@ def read_record(
     tools_of: Callable[[str], list[ToolSchema]],
 ) -> SessionRecord:
     """One whole session, as far as it is intact."""
-    record = SessionRecord(sid, state if state else LIVE)
+    record = SessionRecord(sid, state if state else JournalState.LIVE)
     damage: list[SessionDamage] = []
     for event in decode_events(sid, session_rows(db, sid), expected, tools_of, damage):
         record.add(event)

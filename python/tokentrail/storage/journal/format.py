@@ -29,7 +29,7 @@ import numpy as np
 from tokentrail import _core
 from tokentrail.core.replay import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
-from tokentrail.kinds import Fallback, History, JournalEvent, ReplayGap
+from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, ReplayGap, parse_kind
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.trajectory.tree import message_key
 
@@ -49,8 +49,7 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
 
-LIVE, FINISHED, DROPPED = "live", "finished", "dropped"
-END_STATES = {JournalEvent.FINISH: FINISHED, JournalEvent.DROP: DROPPED}
+END_STATES = {JournalEvent.FINISH: JournalState.FINISHED, JournalEvent.DROP: JournalState.DROPPED}
 
 
 def event_crc(sid: str, sess_seq: int, kind: str, payload: bytes, ids: bytes) -> int:
@@ -223,7 +222,7 @@ def replay_from_json(d: dict[str, Any] | None) -> ReplayRows | None:
     if d is None:
         return None
     if "gap" in d:
-        return ReplayRows.missing(ReplayGap(d["gap"]))
+        return ReplayRows.missing(parse_kind(ReplayGap, d["gap"], "replay gap", JournalError))
     values = np.frombuffer(base64.b64decode(d["data"]), dtype=np.dtype(d["dtype"]))
     return ReplayRows(values.reshape(tuple(d["shape"])), int(d["start"]))
 
@@ -336,8 +335,12 @@ class TurnDecoder:
             finish_reason=data["finish_reason"],
             ill_formed=data["ill_formed"],
             metadata=data["metadata"],
-            history=None if data["history"] is None else History(data["history"]),
-            fallback=None if data["fallback"] is None else Fallback(data["fallback"]),
+            history=None
+            if data["history"] is None
+            else parse_kind(History, data["history"], "history mode", JournalError),
+            fallback=None
+            if data["fallback"] is None
+            else parse_kind(Fallback, data["fallback"], "fallback", JournalError),
             answer=data.get("answer"),
             supersedes=bool(data.get("supersedes", False)),
             routed_experts=replay_from_json(data.get("routed_experts")),

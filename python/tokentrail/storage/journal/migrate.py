@@ -3,6 +3,8 @@
 Every session is written again through a schema-2 `Journal` (its settings, its served turns,
 its end), the schema-1 file is moved aside (never deleted), and the new file takes its place.
 Turns from schema 1 carry no recorded reply, so a retry of one of them is generated again.
+The schema-2 journal is made by the caller (`open_journal`), so this module does not import the
+writer that opens files through it.
 """
 
 from __future__ import annotations
@@ -11,23 +13,58 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
-from tokentrail.storage.journal_format import DROPPED, FINISHED
-from tokentrail.storage.journal_v1 import read_v1
+from tokentrail.kinds import Fallback, History, JournalState
+from tokentrail.messages import Message, ToolSchema
+from tokentrail.storage.journal.v1 import read_v1
 
 logger = logging.getLogger(__name__)
 
 
-def migrate_v1(path: Path, sync: str = "normal") -> Path:
-    """Rewrite the schema-1 journal at `path` as schema 2; returns where the old file went."""
-    from tokentrail.storage.journal import Journal
+class MigrationTarget(Protocol):
+    """What migrating writes to: the events of a schema-2 journal (`writer.Journal`)."""
 
+    def set_meta(self, **values: str) -> None: ...
+
+    def session_opened(self, sid: str, settings: dict[str, Any]) -> None: ...
+
+    def turn(
+        self,
+        sid: str,
+        *,
+        translated: list[Message],
+        response_message: Message | None,
+        tools: list[ToolSchema] | None,
+        prompt_ids: Any,
+        output_ids: Any,
+        logprobs: Any,
+        finish_reason: str | None,
+        ill_formed: bool,
+        metadata: dict[str, Any],
+        history: History | None = None,
+        fallback: Fallback | None = None,
+    ) -> int: ...
+
+    def lost(self, sid: str, first: int, events: int, reason: str) -> None: ...
+
+    def session_finished(self, sid: str, reward: float, metadata: dict[str, Any]) -> None: ...
+
+    def session_dropped(self, sid: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def migrate_v1(path: Path, open_journal: Callable[[Path], MigrationTarget]) -> Path:
+    """Rewrite the schema-1 journal at `path` as schema 2 through a journal `open_journal`
+    opens; returns where the old file went."""
     meta, records = read_v1(path)
     fresh = path.with_name(f"{path.name}.schema2")
     for suffix in ("", "-wal", "-shm", "-receipts", "-lock"):
         Path(f"{fresh}{suffix}").unlink(missing_ok=True)
-    journal = Journal(fresh, sync=sync)
+    journal = open_journal(fresh)
     try:
         journal.set_meta(**{k: v for k, v in meta.items() if k != "schema_version"})
         for record in records:
@@ -50,9 +87,9 @@ def migrate_v1(path: Path, sync: str = "normal") -> Path:
                 )
             if record.damage is not None:
                 journal.lost(record.sid, len(record.turns) + 1, -1, record.damage)
-            if record.state == FINISHED:
+            if record.state == JournalState.FINISHED:
                 journal.session_finished(record.sid, record.reward, record.metadata)
-            elif record.state == DROPPED:
+            elif record.state == JournalState.DROPPED:
                 journal.session_dropped(record.sid)
     finally:
         journal.close()

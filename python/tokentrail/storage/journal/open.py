@@ -13,15 +13,18 @@ import os
 import shutil
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokentrail.errors import JournalError
-from tokentrail.storage.journal_format import LIVE, SCHEMA, SCHEMA_VERSION, session_crc
-from tokentrail.storage.journal_rebuild import rebuild
-from tokentrail.storage.journal_receipts import Receipts, lost_events
-from tokentrail.storage.journal_session import SessionDamage
-from tokentrail.storage.journal_v1 import schema_version
+from tokentrail.kinds import JournalState
+from tokentrail.storage.journal.format import SCHEMA, SCHEMA_VERSION, session_crc
+from tokentrail.storage.journal.migrate import MigrationTarget, migrate_v1
+from tokentrail.storage.journal.rebuild import rebuild
+from tokentrail.storage.journal.receipts import Receipts, lost_events
+from tokentrail.storage.journal.session import SessionDamage
+from tokentrail.storage.journal.v1 import schema_version
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ class Recovery:
         return [d.describe() for d in self.damaged]
 
     def rebuild(self, path: Path, reason: str, keep: dict[str, int] | None = None) -> None:
-        """Replace the file by one holding every intact event (see `journal_rebuild`)."""
+        """Replace the file by one holding every intact event (see `rebuild`)."""
         result = rebuild(path, keep or {}, reason)
         self.damaged.extend(result.damaged)
         if result.moved_to is not None:
@@ -72,8 +75,14 @@ class SessionState:
     first: int  # the global seq of its first event
 
 
-def prepare(path: Path, sync: str, receipts: Receipts, recovery: Recovery) -> Lost:
-    """Make `path` a schema-2 file to append to; returns the events it lost, by session."""
+def prepare(
+    path: Path,
+    receipts: Receipts,
+    recovery: Recovery,
+    open_journal: Callable[[Path], MigrationTarget],
+) -> Lost:
+    """Make `path` a schema-2 file to append to; returns the events it lost, by session.
+    A schema-1 file is migrated into a journal `open_journal` opens."""
     if not path.exists():
         _set_aside_orphaned(path, receipts)
         return {}
@@ -83,9 +92,7 @@ def prepare(path: Path, sync: str, receipts: Receipts, recovery: Recovery) -> Lo
         recovery.rebuild(path, f"cannot open: {exc}")
         version, top = probe(path)
     if version == 1:
-        from tokentrail.storage.journal_migrate import migrate_v1
-
-        recovery.moved_to.append(migrate_v1(path, sync))
+        recovery.moved_to.append(migrate_v1(path, open_journal))
         recovery.migrated_from = 1
         version, top = probe(path)
     if version not in (0, SCHEMA_VERSION):
@@ -140,7 +147,7 @@ def load_live(db: sqlite3.Connection) -> dict[str, SessionState]:
     ):
         if session_crc(sid, state, last, first) != crc:
             raise JournalError(f"session {sid!r}: its index entry fails its checksum")
-        if state == LIVE:
+        if state == JournalState.LIVE:
             live[sid] = SessionState(state, last, first)
     return live
 

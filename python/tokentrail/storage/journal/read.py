@@ -16,25 +16,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokentrail.errors import JournalError
-from tokentrail.kinds import JournalEvent
-from tokentrail.storage.journal_format import (
+from tokentrail.kinds import JournalEvent, JournalState, parse_kind
+from tokentrail.storage.journal.format import (
     END_STATES,
-    LIVE,
     ROW_COLUMNS,
     SCHEMA_VERSION,
     JournaledTurn,
     Row,
     session_crc,
 )
-from tokentrail.storage.journal_receipts import (
+from tokentrail.storage.journal.receipts import (
     lost_events,
     parse_line,
     receipts_path,
     session_kinds,
 )
-from tokentrail.storage.journal_scan import Scan, readable, scan_rows
-from tokentrail.storage.journal_session import Blobs, SessionRecord, read_record, tail_lost
-from tokentrail.storage.journal_v1 import read_v1, schema_version
+from tokentrail.storage.journal.scan import Scan, readable, scan_rows
+from tokentrail.storage.journal.session import Blobs, SessionRecord, read_record, tail_lost
+from tokentrail.storage.journal.v1 import read_v1, schema_version
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +118,7 @@ def _sessions(db: sqlite3.Connection) -> list[tuple[str, str, int]]:
         return out
     except sqlite3.DatabaseError:
         found = db.execute("SELECT DISTINCT sid FROM events").fetchall()
-        return [(sid, LIVE, 0) for (sid,) in found]
+        return [(sid, JournalState.LIVE, 0) for (sid,) in found]
 
 
 # -- check -------------------------------------------------------------------------------------
@@ -128,7 +127,7 @@ def _sessions(db: sqlite3.Connection) -> list[tuple[str, str, int]]:
 @dataclass
 class SessionCheck:
     sid: str
-    state: str = LIVE
+    state: str = JournalState.LIVE
     events: int = 0
     turns: int = 0
     expected: int = 0
@@ -170,7 +169,7 @@ class CheckReport:
         return not self.damaged and not self.unattributed and not self.bad_blobs
 
     def table(self) -> str:
-        live = sum(1 for s in self.sessions.values() if s.state == LIVE)
+        live = sum(1 for s in self.sessions.values() if s.state == JournalState.LIVE)
         events = sum(s.events for s in self.sessions.values())
         lines = [
             f"journal {self.path}: schema {self.version}, {len(self.sessions)} sessions "
@@ -243,7 +242,7 @@ def _check_v2(db: sqlite3.Connection, path: Path, report: CheckReport) -> None:
             s.bad(s._next, f"event #{s._next} is missing or damaged")
         s._next = row.sess_seq + 1
         s.events += 1
-        kind = JournalEvent(row.kind)
+        kind = parse_kind(JournalEvent, row.kind, "journal event", JournalError)
         s.turns += kind is JournalEvent.TURN
         if kind is JournalEvent.LOST:
             lost = int(row.data().get("events", 0))
