@@ -463,3 +463,23 @@ def test_count_tokens_counts_the_vision_tokens(qwen3_vl) -> None:
     (plain, with_image), _ = run(qwen3_vl, [], turns)
     # `\n` joins the parts, then the start, the pads and the end of the image.
     assert with_image - plain == len(qwen3_vl.encode("\n")) + spec.tokens(spec.grid(300, 500)) + 2
+
+
+def test_an_earlier_turns_image_from_the_tree_comes_from_the_cache() -> None:
+    # As a Responses `previous_response_id` continuation gives it: the earlier message holds
+    # the image's tokens already and names its digest.
+    from tokentrail.text.vision import ImageCache
+
+    spec = vision_spec("qwen3-vl")
+    source = ImageSource.of_base64(base64.b64encode(png(50, 40)).decode(), "image/png")
+    first = Conversation(
+        [{"role": "user", "content": image_mark(source.digest)}],
+        None,
+        image_sources={source.digest: source},
+    )
+    cache = ImageCache()
+    earlier = resolve_images(first, spec, None, cache)
+    later = Conversation([*earlier.messages, {"role": "user", "content": "more"}], None)
+    assert resolve_images(later, spec, None, cache).images == earlier.images
+    with pytest.raises(ImageError, match="no longer held"):
+        resolve_images(later, spec, None, ImageCache())

@@ -215,7 +215,9 @@ def resolve_images(
     or, without a vision encoder, by `[image]` as before. Messages without marks are the
     very same objects. `cache` keeps decoded images between requests. Raises `ImageError`
     for an image the model cannot take."""
-    if not any(_MARK.search(m.get("content") or "") for m in conversation.messages):
+    if not any(
+        _MARK.search(m.get("content") or "") or m.get("images") for m in conversation.messages
+    ):
         return conversation
     budget = _Budget(limits or ImageLimits(), cache)
     messages: list[Message] = []
@@ -224,6 +226,18 @@ def resolve_images(
     for pos, message in enumerate(conversation.messages):
         content = message.get("content") or ""
         if not _MARK.search(content):
+            # A message taken from the tree (a Responses `previous_response_id`) already holds
+            # its images' tokens: its images come from the cache.
+            for digest in message.get("images") or ():
+                if spec is None:
+                    break
+                held = cache.get(spec, digest) if cache is not None else None
+                if held is None:
+                    raise ImageError(
+                        f"messages[{pos}]: an earlier turn's image is no longer held; send the "
+                        "whole conversation instead of previous_response_id"
+                    )
+                images.append(budget.take(held))
             messages.append(message)
             continue
         first_changed = pos if first_changed is None else first_changed
