@@ -471,3 +471,62 @@ def test_real_claude_code_streams_token_by_token_from_a_streaming_engine(
     )
     assert ledger["generated_tokens"] == streamed_tokens > 0
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
+
+
+def test_real_claude_code_reads_a_png_as_vision_tokens_over_sglang(
+    claude_exe: Path, tmp_path: Path
+) -> None:
+    """Claude Code's Read of a PNG sends the image in the tool result; for Qwen3-VL the prompt
+    holds its vision tokens, SGLang gets its bytes as `image_data`, and the sample carries it."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shot = repo / "shot.png"
+    Image.new("RGB", (320, 200), (200, 30, 30)).save(shot)
+    script = [
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": str(shot)}}],
+        [{"type": "text", "text": "A red rectangle."}],
+    ]
+    script_file = tmp_path / "script.json"
+    script_file.write_text(json.dumps(script))
+    fake = FakeSGLang(_stand_in_reply(script))
+    with engine_in_thread(fake) as sglang:
+        with serving(
+            script_file, "--engine", f"sglang://{sglang.url}", "--tokenizer", "builtin:qwen3-vl"
+        ) as served:
+            run = run_claude(
+                claude_exe,
+                "What is in shot.png?",
+                base_url=served.url,
+                session_id="cc-image",
+                cwd=repo,
+                timeout=180,
+            )
+            assert run.returncode == 0, run.stderr[-2000:]
+            finished = served.finish("cc-image")
+            checks = served.resume_checks()
+
+    first, second = fake.bodies("/generate")
+    assert "image_data" not in first
+    (url,) = second["image_data"]
+    (sample,) = finished["samples"]
+    (image,) = sample["metadata"]["images"]
+    assert url == f"data:{image['media_type']};base64,{image['data']}"
+    with Image.open(io.BytesIO(base64.b64decode(image["data"]))) as sent:
+        assert sent.size == (image["width"], image["height"])
+    tokenizer = load_tokenizer("builtin:qwen3-vl")
+    pad = tokenizer.token_id("<|image_pad|>")
+    assert second["input_ids"].count(pad) == image["tokens"] > 0
+    assert (
+        sample["tokens"][image["offset"] : image["offset"] + image["tokens"]]
+        == [pad] * image["tokens"]
+    )
+    assert not sample["metadata"]["dropped_media"]
+    ledger = finished["ledger"]
+    assert ledger["trained_tokens"] == ledger["generated_tokens"] > 0
+    # The image-holding request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger["turns"])

@@ -136,3 +136,39 @@ def test_real_codex_over_a_streaming_engine(
     assert all(len(events) > 3 for events in fake.streamed.values())
     assert ledger.trained_tokens == ledger.generated_tokens > 0
     assert len(trajectory.samples) == 1
+
+
+def test_real_codex_view_image_becomes_vision_tokens(codex_exe: Path, tmp_path: Path) -> None:
+    """Codex's `view_image` answers with the file as an `input_image` data URL; for Qwen3-VL
+    the prompt holds its vision tokens and the sample carries the image."""
+    from PIL import Image
+
+    from tokentrail.text.tokenizer import load_tokenizer
+
+    work = tmp_path / "work"
+    work.mkdir()
+    Image.new("RGB", (256, 160), (20, 160, 40)).save(work / "plot.png")
+    script = [
+        [{"type": "tool_use", "name": "view_image", "input": {"path": str(work / "plot.png")}}],
+        [{"type": "text", "text": "A green rectangle."}],
+    ]
+    vl = load_tokenizer("builtin:qwen3-vl")
+    adapter = Adapter(engine=ScriptedEngine(vl, script), tokenizer=vl)
+    with serving_in_thread(adapter) as (url, loop):
+        home = write_home(tmp_path / "codex-home", url)
+        run = run_codex(codex_exe, "Look at plot.png.", home=home, session_id="cv", cwd=work)
+        assert run.returncode == 0, run.stderr[-3000:]
+        trajectory = asyncio.run_coroutine_threadsafe(
+            adapter.finish_trajectory("cv", reward=1.0), loop
+        ).result(60)
+
+    assert "A green rectangle." in [m["text"] for m in run.items("agent_message")]
+    (sample,) = trajectory.samples
+    (image,) = sample.metadata["images"]
+    pad = vl.token_id("<|image_pad|>")
+    tokens = sample.tokens.tolist()
+    assert tokens.count(pad) == image["tokens"] > 0
+    assert tokens[image["offset"] : image["offset"] + image["tokens"]] == [pad] * image["tokens"]
+    inputs = sample.multimodal_inputs()
+    assert inputs is not None and len(inputs["images"]) == 1
+    assert trajectory.ledger.trained_tokens == trajectory.ledger.generated_tokens > 0

@@ -329,7 +329,11 @@ def test_writers_refuse_what_a_format_cannot_carry() -> None:
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_each_template_is_matched_to_its_family(name: str) -> None:
-    assert detect_family(family(name).template()) is family(name)
+    # A variant on another family's template (Qwen3-VL on Qwen3's) is picked by name: its
+    # template matches the family registered first with that template.
+    first = next(f for f in families() if f.template_file == family(name).template_file)
+    assert detect_family(family(name).template()) is first
+    assert first is family(name) or family(name).vision is not None
 
 
 def test_unknown_templates_match_no_family() -> None:

@@ -27,7 +27,9 @@ from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline
 from tokentrail.trajectory.splice import BOUNDARIES, Splicer, check_template
 
-FAMILIES = [f.name for f in families()]
+# Qwen3-VL and Qwen2.5-VL are Qwen3's template and parsers with a vision encoder: Qwen3's runs
+# cover them.
+FAMILIES = [f.name for f in families() if f.name not in ("qwen3-vl", "qwen2.5-vl")]
 TEMPLATES = Path(__file__).resolve().parents[1] / "python" / "tokentrail" / "text" / "templates"
 
 # Where each family's rendered assistant turns are: a splice keeps the sampled tokens there, so

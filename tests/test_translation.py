@@ -14,6 +14,7 @@ from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.text.chat_template import TOOL_ERROR_MARKER, render
 from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.text.vision import resolve_images
 
 TEMPLATES = Path(__file__).parent / "templates"
 READ = {"name": "Read", "input_schema": {"type": "object", "properties": {}}}
@@ -313,7 +314,8 @@ def test_media_become_placeholders_and_are_counted() -> None:
             {"role": "user", "content": [result("t1", [document])]},
         ],
     }
-    conversation = anthropic.translate_request(body)
+    # Translation marks images; for a family without a vision encoder they become `[image]`.
+    conversation = resolve_images(anthropic.translate_request(body), None)
     assert conversation.dropped_media == {"image": 2, "document": 1}
     assert conversation.messages[0]["content"] == "look\n[image]\n[image]"
     url = {"type": "image_url", "image_url": {"url": "data:,"}}

@@ -172,6 +172,12 @@ class RequestError(InvalidInput):
     """A harness's request is malformed; the adapter answers it with HTTP 400."""
 
 
+class ImageError(RequestError):
+    """An image in a request that a vision model cannot take: it does not decode, its type is
+    not one the processor reads, it is a remote URL (the adapter fetches nothing), or it is past
+    the per-image or per-request limits."""
+
+
 class AuthenticationError(InvalidInput):
     """A request carries no usable credential (the session id is the API key)."""
 

@@ -7,6 +7,8 @@ into `ToolSchema`s; everything below the adapter speaks only this.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
@@ -34,6 +36,8 @@ class Message(TypedDict, total=False):
     tool_calls: list[ToolCall]
     # On tool messages: the result reports a failure.
     is_error: bool
+    # The digests of the images whose placeholder tokens `content` holds, in order.
+    images: list[str]
 
 
 class _RequiredFunctionSchema(TypedDict):
@@ -49,6 +53,64 @@ class FunctionSchema(_RequiredFunctionSchema, total=False):
 class ToolSchema(TypedDict):
     type: Literal["function"]
     function: FunctionSchema
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """An image part as the request gave it, not yet decoded: base64 data with its declared
+    type, or a URL (refused for vision: the adapter fetches nothing). `digest` is the SHA-256
+    of the base64 text (or of the URL): two parts are the same image when their digests are."""
+
+    digest: str
+    media_type: str | None
+    data: str | None = None
+    url: str | None = None
+
+    @staticmethod
+    def of_base64(data: str, media_type: str | None) -> ImageSource:
+        return ImageSource(_sha256(data.encode()), media_type, data=data)
+
+    @staticmethod
+    def of_url(url: str) -> ImageSource:
+        """A URL part; a `data:` URL is base64 data with its type."""
+        if url.startswith("data:"):
+            head, sep, payload = url[5:].partition(",")
+            if sep and head.endswith(";base64"):
+                return ImageSource.of_base64(payload, head[: -len(";base64")].lower() or None)
+        return ImageSource(_sha256(url.encode()), None, url=url)
+
+    @staticmethod
+    def unreadable(part: str) -> ImageSource:
+        """A part that names no data or URL (a `file_id`): `part` is its JSON."""
+        return ImageSource(_sha256(part.encode()), None)
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """A decoded image as a trainer needs it: its bytes (content-addressed by `digest`), its
+    size, and the processor's grid (`image_grid_thw`) and token count for it."""
+
+    digest: str
+    media_type: str
+    data: bytes
+    width: int
+    height: int
+    grid_thw: tuple[int, int, int]
+    tokens: int
+
+    def data_url(self) -> str:
+        return f"data:{self.media_type};base64,{base64.b64encode(self.data).decode()}"
+
+    def described(self) -> dict[str, Any]:
+        """Everything but the bytes, as JSON."""
+        return {
+            "digest": self.digest,
+            "media_type": self.media_type,
+            "width": self.width,
+            "height": self.height,
+            "image_grid_thw": list(self.grid_thw),
+            "tokens": self.tokens,
+        }
 
 
 @dataclass
@@ -70,6 +132,11 @@ class Conversation:
     # conversation, unchanged since (the adapter's reusing parse vouches for it): what the
     # pipeline worked out for them last turn holds. 0: nothing is assumed.
     unchanged: int = 0
+    # The images the messages' placeholder tokens stand for, in the order they occur
+    # (`text.vision.resolve_images`); empty for a family without a vision encoder.
+    images: list[ImageInput] = field(default_factory=list)
+    # The image parts translation found, by digest, where `content` holds their marks.
+    image_sources: dict[str, ImageSource] = field(default_factory=dict)
 
 
 def function_tool(name: str, description: object, parameters: dict[str, Any]) -> ToolSchema:
@@ -90,3 +157,7 @@ def tool_names(message: Message | dict[str, Any] | None) -> list[str]:
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
             names.append(fn["name"])
     return names
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -41,6 +41,8 @@ from tokentrail.sim.moe import KVRouting
 ReplyFn = Callable[[list[int]], tuple[list[int], list[float], str]]
 
 IM_END = 151645
+# Qwen3's `<|vision_start|>` and `<|image_pad|>` (Qwen2.5-VL and Qwen3-VL share the vocabulary).
+VISION_START, IMAGE_PAD = 151652, 151655
 HANG_LIMIT_S = 30.0
 # SGLang `sampling_params` constraint keys: strings, at most one (sampling_params.py).
 SGLANG_CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
@@ -226,6 +228,39 @@ def b64_int32(rows: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(rows, dtype="<i4").tobytes()).decode("ascii")
 
 
+def _image_data_refusal(image_data: Any, input_ids: list[int]) -> str | None:
+    """Why SGLang would refuse `image_data` beside `input_ids`, or None: each entry a URL,
+    path or base64 string (here only data URLs and base64, which need no fetch) that loads as
+    an image, one per `<|vision_start|><|image_pad|>...` run of the prompt."""
+    if image_data is None:
+        runs = _image_runs(input_ids)
+        return None if runs == 0 else f"the prompt has {runs} image runs but no image_data"
+    items = [image_data] if isinstance(image_data, str) else image_data
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        return "image_data must be a string or a list of strings"
+    from PIL import Image
+
+    for x in items:
+        payload = x.split(",", 1)[1] if x.startswith("data:") else x
+        try:
+            with Image.open(io.BytesIO(base64.b64decode(payload, validate=True))) as img:
+                img.load()
+        except Exception as exc:  # SGLang's load_image raises whatever PIL raises.
+            return f"Failed to load image: {exc}"
+    runs = _image_runs(input_ids)
+    if runs != len(items):
+        return f"{len(items)} images in image_data for {runs} image token runs in input_ids"
+    return None
+
+
+def _image_runs(input_ids: list[int]) -> int:
+    return sum(
+        1
+        for a, b in zip(input_ids, input_ids[1:], strict=False)
+        if a == VISION_START and b == IMAGE_PAD
+    )
+
+
 @dataclass
 class FakeSGLang(_FakeServer):
     """POST /generate, POST /abort_request, GET /health, as `sglang.launch_server` answers."""
@@ -282,6 +317,9 @@ class FakeSGLang(_FakeServer):
         if set_constraints and not isinstance(params[set_constraints[0]], str):
             message = f"unknown variant: {set_constraints[0]} must be a string"
             return web.json_response({"error": {"message": message}}, status=400)
+        refused = _image_data_refusal(body.get("image_data"), input_ids)
+        if refused is not None:
+            return web.json_response({"error": {"message": refused}}, status=400)
         if self.mode == "hang":
             event = self._abort_events.setdefault(rid, asyncio.Event())
             try:

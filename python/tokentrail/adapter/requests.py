@@ -29,6 +29,7 @@ from tokentrail.engines.base import SamplingParams
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ResumeCheck
 from tokentrail.messages import Conversation
+from tokentrail.text.vision import ImageCache, ImageLimits, resolve_images
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline
 from tokentrail.trajectory.tags import TurnTags
@@ -68,6 +69,7 @@ class RequestReader:
         pipeline: TurnPipeline,
         default_max_tokens: int,
         resume_checks: Metrics | None = None,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         """`resume_checks`: translate every request both resumed and in full, and count what
         that found there (`serve --verify-resume`); None: no check."""
@@ -77,6 +79,8 @@ class RequestReader:
         self.pipeline = pipeline
         self.manager = pipeline.manager
         self.default_max_tokens = default_max_tokens
+        self.image_limits = image_limits or ImageLimits()
+        self.image_cache = ImageCache()
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = parse_body(raw, self.limits.max_json_depth)
@@ -97,11 +101,17 @@ class RequestReader:
         check_translated(conversation, max_depth=self.limits.max_json_depth)
         return conversation
 
+    def with_images(self, conversation: Conversation) -> Conversation:
+        """Image marks as the pipeline's family takes them: vision tokens, or `[image]`."""
+        return resolve_images(
+            conversation, self.pipeline.vision, self.image_limits, self.image_cache
+        )
+
     def count(self, proto: WireProtocol, raw: bytes) -> int:
         """count_tokens: the full render's length; nothing is recorded or opened."""
         body = self.parse(raw)
         proto.check_fields(body, counting=True)
-        return self.pipeline.count_tokens(self.translate(proto, body))
+        return self.pipeline.count_tokens(self.with_images(self.translate(proto, body)))
 
     def request(
         self, proto: WireProtocol, raw: bytes, sid: str | None, headers: Mapping[str, str]
@@ -122,7 +132,7 @@ class RequestReader:
         if remember and parsed.index is not None:
             known = KnownRequest(proto.name, raw, parsed.index, body, translated)
             self.sessions.memo.put(sid, known)
-        conversation = translated.conversation
+        conversation = self.with_images(translated.conversation)
         sampling = (
             SamplingParams(max_new_tokens=self.default_max_tokens)
             .merged(defaults)

@@ -355,6 +355,7 @@ class Turns:
             tools=prepared.tools,
             constraint=prepared.constraint,
             replay=self.replay.from_position(prepared.replay_start),
+            images=list(prepared.conversation.images),
         )
         try:
             async with self._engine_slot():
@@ -528,6 +529,11 @@ def check_can_generate(prepared: PreparedTurn, context_limit: int, engine: Engin
         raise EngineLimit(
             f"tool_choice forces {prepared.constraint.wants}, but the {engine.name} engine "
             "cannot constrain its output (no structured output)"
+        )
+    if prepared.conversation.images and not getattr(engine, "supports_images", False):
+        raise EngineLimit(
+            f"the prompt holds {len(prepared.conversation.images)} images, but the "
+            f"{engine.name} engine takes no images with token ids"
         )
 
 

@@ -20,7 +20,7 @@ import numpy.typing as npt
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape, WeightSpan
 from tokentrail.errors import EngineOutputError, SamplingParamsError
 from tokentrail.kinds import EngineFault, FinishReason, ReplayGap
-from tokentrail.messages import Message, ToolSchema
+from tokentrail.messages import ImageInput, Message, ToolSchema
 from tokentrail.text.constraints import OutputConstraint
 
 logger = logging.getLogger(__name__)
@@ -153,6 +153,9 @@ class GenerateRequest:
     # `supports_constraints` is true are sent one.
     constraint: OutputConstraint | None = None
     replay: ReplayRequest = field(default_factory=ReplayRequest)
+    # The images whose placeholder tokens `input_ids` holds, in order; only engines whose
+    # `supports_images` is true are sent any.
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -161,7 +164,8 @@ class Engine(Protocol):
 
     An engine that can constrain its output to a regular expression (structured output) says
     so with a true `supports_constraints`; the adapter refuses a forced tool choice on any other
-    before generating.
+    before generating. One that takes images with a prompt's token ids says so with a true
+    `supports_images`; the adapter refuses a prompt with images on any other.
     """
 
     name: str

@@ -126,6 +126,8 @@ class ScriptedEngine:
 
     name = "scripted"
     supports_constraints = True
+    # Reads the messages, not the pixels: a prompt with images is served as any other.
+    supports_images = True
 
     def __init__(
         self,

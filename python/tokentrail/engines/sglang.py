@@ -56,6 +56,8 @@ class SGLangEngine(HTTPEngine):
     name = "sglang"
     # `sampling_params.regex` (xgrammar); one constraint per request, as a string.
     supports_constraints = True
+    # `/generate` takes `image_data` beside `input_ids`.
+    supports_images = True
 
     def __init__(
         self,
@@ -98,6 +100,10 @@ class SGLangEngine(HTTPEngine):
             "rid": req.request_id,
             "stream": False,
         }
+        if req.images:
+            # One per image placeholder run of `input_ids`, in order, as data URLs (SGLang's
+            # `GenerateReqInput.image_data` takes URLs, paths, base64 and data URLs).
+            body["image_data"] = [image.data_url() for image in req.images]
         replay = req.replay
         if replay.routed_start is not None:
             body["return_routed_experts"] = True

@@ -66,6 +66,9 @@ class Family:
     strip_content: bool = False
     strip_reasoning: bool = False
     always_reasoning: bool = False
+    # The vision encoder (`text.vision.vision_spec`) whose image tokens the family's prompts
+    # hold; None: images render as `[image]`.
+    vision: str | None = None
 
     @property
     def eos_token(self) -> str:
@@ -489,6 +492,7 @@ register_family(
         vocabulary="qwen3.6",
         markers=("<function=", "<parameter=", "<think>"),
         aliases=("qwen3.5",),
+        vision="qwen3-vl",
         prompt_opens_reasoning=True,
         strip_content=True,
         strip_reasoning=True,
@@ -510,5 +514,25 @@ QWEN3 = register_family(
         vocabulary="qwen3",
         markers=("<tool_call>", "<|im_start|>"),
         aliases=("qwen2.5", "hermes"),
+    )
+)
+# Qwen's vision-language models: Qwen3's format and vocabulary with image tokens. Registered
+# after Qwen3 with its markers, so a template is matched to Qwen3; they are picked by name.
+register_family(
+    dataclasses.replace(
+        QWEN3,
+        name="qwen3-vl",
+        description="Qwen3-VL: Qwen3's format, images as 16-pixel-patch vision tokens",
+        aliases=(),
+        vision="qwen3-vl",
+    )
+)
+register_family(
+    dataclasses.replace(
+        QWEN3,
+        name="qwen2.5-vl",
+        description="Qwen2-VL/Qwen2.5-VL: Qwen2.5's format, images as 14-pixel-patch tokens",
+        aliases=("qwen2-vl",),
+        vision="qwen2-vl",
     )
 )

@@ -194,6 +194,11 @@ def _sample(
         # Images/documents its turns' prompts held as placeholders, summed over the turns.
         "dropped_media": dict(sorted(media.items())),
     }
+    last_images = TurnTags.read(last.metadata).images
+    if last_images:
+        # The images of the last turn's prompt, which the sample's tokens begin with: each
+        # one's bytes, processor grid and where its placeholder tokens start.
+        metadata["images"] = [dict(i) for i in last_images]
     versions = trained_versions(built, nodes)
     if versions:
         metadata["weight_versions"] = versions

@@ -14,6 +14,7 @@ engine runs: the engine is called only for a turn that will be recorded.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.parsing import ParsedOutput, parse_output
 from tokentrail.text.template_check import check_within_budget
 from tokentrail.text.tokenizer import LoadedTokenizer
+from tokentrail.text.vision import VisionSpec, image_positions, vision_spec
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, split_prefill
 from tokentrail.trajectory.prompts import PromptBuilder
@@ -125,10 +127,30 @@ class PreparedTurn:
     # Where the engine should start reporting replay rows: the positions before it are rows
     # the session's earlier turns hold (0 when the manager keeps no replay tape).
     replay_start: int = 0
+    # The id of the vision encoder's pad token (-1: the family takes no images).
+    image_pad_id: int = -1
 
     @property
     def tools(self) -> list[ToolSchema] | None:
         return self.conversation.tools
+
+    def image_tags(self) -> list[dict[str, Any]]:
+        """Each image of the prompt, in order: its description (digest, size, processor grid),
+        where its placeholder tokens start in `prompt_ids` (`offset`), and its bytes (base64
+        `data`). Raises `RequestError` when the prompt's image tokens are not its images'."""
+        images = self.conversation.images
+        runs = image_positions(self.prompt_ids.tolist(), self.image_pad_id)
+        if len(runs) != len(images) or any(
+            n != i.tokens for (_, n), i in zip(runs, images, strict=True)
+        ):
+            raise RequestError(
+                f"the prompt holds {len(runs)} image token runs for {len(images)} images: "
+                "image tokens in the request's text are not taken"
+            )
+        return [
+            {**i.described(), "offset": at, "data": base64.b64encode(i.data).decode()}
+            for (at, _), i in zip(runs, images, strict=True)
+        ]
 
     @property
     def tags(self) -> TurnTags:
@@ -143,6 +165,7 @@ class PreparedTurn:
             tool_choice=c.tool_choice.value if forced else None,
             forced_tool=c.forced_tool if forced else None,
             prefill=self.prefill is not None,
+            images=tuple(self.image_tags()) if c.images else (),
         )
 
 
@@ -219,6 +242,8 @@ class TurnPipeline:
         self.family: Family | None = (
             resolve_family(tokenizer, chat_template, family) if tokenizer else None
         )
+        # The vision encoder whose image tokens prompts hold (None: images are `[image]`).
+        self.vision: VisionSpec | None = vision_spec(self.family.vision if self.family else None)
         self.tool_parser = self._parser(tool_parser, "tool_parser", "hermes")
         self.reasoning_parser = self._parser(reasoning_parser, "reasoning_parser", "qwen3")
         if self.family is not None:
@@ -339,7 +364,10 @@ class TurnPipeline:
             replay_start = self.manager.replay_start(sid, record_messages, ids, keys)
         timing.lap(Stage.TOKENIZE)
         rules = [self.side_rules] + ([side_rules] if side_rules else [])
-        return PreparedTurn(
+        pad_id = -1
+        if self.vision is not None:
+            pad_id = self.tokenizer.token_id(self.vision.pad)
+        prepared = PreparedTurn(
             sid,
             conversation,
             render_messages,
@@ -355,7 +383,13 @@ class TurnPipeline:
             constraint=constraint,
             excluded=exclusion(record_messages, rules, exclude),
             replay_start=replay_start,
+            image_pad_id=pad_id,
         )
+        if pad_id >= 0 and recorded is None:
+            # Refuses a prompt whose image tokens are not its images' (text that spells them).
+            # A recorded prompt (recovery) was checked when it was served.
+            prepared.image_tags()
+        return prepared
 
     def restored(self, sid: str, conversation: Conversation) -> TurnMessages:
         """The restore stage alone: what the template renders and what the tree records."""

@@ -9,6 +9,7 @@ weights sampled the trained tokens.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,20 @@ class Sample:
     @property
     def prompt_length(self) -> int:
         return len(self.tokens) - self.response_length
+
+    def multimodal_inputs(self) -> dict[str, Any] | None:
+        """The sample's images as slime's `Sample.multimodal_inputs` and verl's
+        `multi_modal_data` hold them, with the processor's grid: `images` (encoded bytes, in
+        token order), `image_grid_thw` (`[n, 3]`), `image_offsets` (where each image's
+        placeholder tokens start in `tokens`). None for a sample without images."""
+        images = self.metadata.get("images")
+        if not images:
+            return None
+        return {
+            "images": [base64.b64decode(i["data"]) for i in images],
+            "image_grid_thw": np.asarray([i["image_grid_thw"] for i in images], dtype=np.int64),
+            "image_offsets": [int(i["offset"]) for i in images],
+        }
 
     @property
     def trained_tokens(self) -> int:

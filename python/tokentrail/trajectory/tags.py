@@ -38,6 +38,9 @@ class TurnTags:
     prefill: bool = False
     # Cut short by a client gone mid-stream: recorded, masked `client_disconnected`.
     client_disconnected: bool = False
+    # The prompt's images, in token order (`PreparedTurn.image_tags`): each one's digest,
+    # type, size, processor grid, token count, first pad token's offset and base64 bytes.
+    images: tuple[Mapping[str, Any], ...] = ()
     # Keys beyond these (a trainer's own), kept as given.
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -73,6 +76,8 @@ class TurnTags:
             out["prefill"] = True
         if self.client_disconnected:
             out["client_disconnected"] = True
+        if self.images:
+            out["images"] = [dict(i) for i in self.images]
         out.update(self.extra)
         return out
 
@@ -95,5 +100,6 @@ class TurnTags:
             forced_tool=get("forced_tool"),
             prefill=bool(get("prefill")),
             client_disconnected=bool(get("client_disconnected")),
+            images=tuple(get("images") or ()),
             extra={k: v for k, v in metadata.items() if k not in known},
         )

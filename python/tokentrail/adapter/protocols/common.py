@@ -16,9 +16,9 @@ from typing import Any, ClassVar, TypeVar
 from tokentrail.adapter.protocols.fields import Spec
 from tokentrail.errors import AuthenticationError, RequestError
 from tokentrail.kinds import ToolChoice
-from tokentrail.messages import Conversation, Message, ToolSchema, function_tool
+from tokentrail.messages import Conversation, ImageSource, Message, ToolSchema, function_tool
+from tokentrail.text.vision import IMAGE_PLACEHOLDER, image_mark
 
-IMAGE_PLACEHOLDER = "[image]"
 # How many characters one streamed delta carries.
 STREAM_CHUNK = 64
 
@@ -242,12 +242,16 @@ class ContentReader:
 
     Text parts give their text; media parts (images, documents, audio: `media_types` maps a
     part type to its kind) become `IMAGE_PLACEHOLDER`, and each one is counted in `media`, so
-    a trainer sees how much of a prompt the model never saw. Any other part is refused.
+    a trainer sees how much of a prompt the model never saw. An image part becomes an image
+    mark instead and its source is kept in `images` by digest: `text.vision.resolve_images`
+    turns the mark into vision tokens for a family that takes images, and into
+    `IMAGE_PLACEHOLDER` for the rest. Any other part is refused.
     """
 
     text_types: Collection[str]
     media_types: Mapping[str, str]
     media: Counter[str] = field(default_factory=Counter)
+    images: dict[str, ImageSource] = field(default_factory=dict)
 
     def text(self, content: object, where: str, *, allow_null: bool = False) -> str:
         """Text of a string or of a list of content parts, the parts joined by newlines."""
@@ -271,8 +275,33 @@ class ContentReader:
             return str(block["text"])
         if isinstance(kind, str) and kind in self.media_types:
             self.media[self.media_types[kind]] += 1
-            return IMAGE_PLACEHOLDER
+            if self.media_types[kind] != "image":
+                return IMAGE_PLACEHOLDER
+            source = image_source(block)
+            self.images[source.digest] = source
+            return image_mark(source.digest)
         raise RequestError(f"{where}: unsupported block type {kind!r} here")
+
+
+def image_source(block: Mapping[str, Any]) -> ImageSource:
+    """Where an image part's pixels are, in any protocol's shape: Anthropic's `source`
+    (`base64` or `url`), OpenAI's `image_url` (an object or, in Responses, a string; a `data:`
+    URL is base64). A part without either (a `file_id`) has a source with neither."""
+    source = block.get("source")
+    if isinstance(source, dict):
+        if source.get("type") == "base64" and isinstance(source.get("data"), str):
+            media_type = source.get("media_type")
+            return ImageSource.of_base64(
+                source["data"], media_type.lower() if isinstance(media_type, str) else None
+            )
+        if source.get("type") == "url" and isinstance(source.get("url"), str):
+            return ImageSource.of_url(source["url"])
+    url = block.get("image_url")
+    if isinstance(url, dict):
+        url = url.get("url")
+    if isinstance(url, str):
+        return ImageSource.of_url(url)
+    return ImageSource.unreadable(json.dumps(block, sort_keys=True, default=str))
 
 
 def tool_schema(pos: int, name: object, description: object, schema: object) -> ToolSchema:

@@ -91,6 +91,7 @@ class Fold:
             forced_tool=tools.forced_tool,
             withheld_tools=tools.withheld_tools,
             dropped_media=dict(self.reader.media),
+            image_sources=dict(self.reader.images),
         )
         return Translated(conversation, tuple(self.marks))
 
@@ -116,6 +117,8 @@ class Fold:
             self.messages.append(mark.last)
         self.results.restore(mark.open_calls, mark.answered)
         self.reader.media = Counter(mark.media)
+        # A superset of the sources the kept messages mark: only marked ones are read.
+        self.reader.images = dict(previous.conversation.image_sources)
         self.marks = list(previous.marks[:at])
 
 

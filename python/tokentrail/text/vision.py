@@ -1,0 +1,350 @@
+"""Images in prompts: what a request's image parts become for a model that takes images.
+
+Translation leaves a mark (`image_mark`) where each image part stood and keeps the part's
+source (`ImageSource`). `resolve_images` then, for a family with a vision encoder
+(`VisionSpec`), decodes each image under `ImageLimits`, asks the family's own image processor
+(from `transformers`, built offline with the family's published parameters; no weights) how
+many tokens it takes, and writes the family's placeholder run
+(`<|vision_start|>` + n x `<|image_pad|>` + `<|vision_end|>`) in its place; for a family
+without one, each mark becomes the `[image]` text it always was.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import io
+import re
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from tokentrail.errors import ImageError
+from tokentrail.messages import Conversation, ImageInput, ImageSource, Message
+
+__all__ = [
+    "IMAGE_PLACEHOLDER",
+    "ImageInput",
+    "ImageCache",
+    "ImageLimits",
+    "ImageSource",
+    "VisionSpec",
+    "image_mark",
+    "image_positions",
+    "resolve_images",
+    "vision_spec",
+]
+
+# What an image becomes for a family without a vision encoder (today's behaviour).
+IMAGE_PLACEHOLDER = "[image]"
+
+# Private-use code points around an image's digest: a mark no harness text carries.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_MARK = re.compile(_OPEN + r"image:([0-9a-f]{64})" + _CLOSE)
+
+# The types the image processor reads (through Pillow).
+SUPPORTED_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+_PIL_FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
+
+
+def image_mark(digest: str) -> str:
+    """The text translation leaves where an image part stood."""
+    return f"{_OPEN}image:{digest}{_CLOSE}"
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """Per image and per request: decoded bytes and pixels (width x height)."""
+
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 64 * 1024 * 1024
+    max_request_bytes: int = 64 * 1024 * 1024
+    max_request_pixels: int = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A vision encoder's image processor parameters and placeholder tokens."""
+
+    name: str
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    min_pixels: int
+    max_pixels: int
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    start: str = "<|vision_start|>"
+    pad: str = "<|image_pad|>"
+    end: str = "<|vision_end|>"
+
+    def processor(self) -> Any:
+        """The family's image processor from `transformers` (Pillow backend), built offline."""
+        return _processor(self)
+
+    def grid(self, height: int, width: int) -> tuple[int, int, int]:
+        """`image_grid_thw` of an image this size: the processor's own resize rule."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        try:
+            h, w = smart_resize(
+                height,
+                width,
+                factor=self.patch_size * self.merge_size,
+                min_pixels=self.min_pixels,
+                max_pixels=self.max_pixels,
+            )
+        except ValueError as exc:  # An aspect ratio past 200, which the processor refuses.
+            raise ImageError(
+                f"the {width}x{height} image does not fit {self.name}: {exc}"
+            ) from None
+        return 1, h // self.patch_size, w // self.patch_size
+
+    def tokens(self, grid: tuple[int, int, int]) -> int:
+        t, h, w = grid
+        return t * h * w // (self.merge_size**2)
+
+    def placeholder(self, tokens: int) -> str:
+        return self.start + self.pad * tokens + self.end
+
+
+@cache
+def _processor(spec: VisionSpec) -> Any:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    return Qwen2VLImageProcessorPil(
+        patch_size=spec.patch_size,
+        merge_size=spec.merge_size,
+        temporal_patch_size=spec.temporal_patch_size,
+        size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels},
+        image_mean=list(spec.image_mean),
+        image_std=list(spec.image_std),
+    )
+
+
+_OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_VISION: dict[str, VisionSpec] = {
+    # Qwen2-VL / Qwen2.5-VL: `Qwen2VLImageProcessor`'s defaults.
+    "qwen2-vl": VisionSpec(
+        "qwen2-vl", 14, 2, 2, 56 * 56, 28 * 28 * 1280, _OPENAI_CLIP_MEAN, _OPENAI_CLIP_STD
+    ),
+    # Qwen3-VL and Qwen3.5/3.6: the same processor with the preprocessor_config.json their
+    # checkpoints publish (16-pixel patches, 64K..16M pixels, mean and std 0.5).
+    "qwen3-vl": VisionSpec("qwen3-vl", 16, 2, 2, 65536, 16777216, (0.5,) * 3, (0.5,) * 3),
+}
+
+
+def vision_spec(name: str | None) -> VisionSpec | None:
+    """The vision encoder a family names (None: the family takes no images)."""
+    if name is None:
+        return None
+    try:
+        return _VISION[name]
+    except KeyError:
+        raise ImageError(f"unknown vision encoder {name!r}; known: {', '.join(_VISION)}") from None
+
+
+class ImageCache:
+    """Images already decoded and sized, by encoder and digest, up to `max_bytes` of image
+    bytes (least recently used out first): a harness resends every earlier image each turn,
+    and each is decoded once."""
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._images: OrderedDict[tuple[str, str], ImageInput] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, spec: VisionSpec, digest: str) -> ImageInput | None:
+        with self._lock:
+            image = self._images.get((spec.name, digest))
+            if image is not None:
+                self._images.move_to_end((spec.name, digest))
+            return image
+
+    def put(self, spec: VisionSpec, image: ImageInput) -> None:
+        with self._lock:
+            key = (spec.name, image.digest)
+            if key in self._images or len(image.data) > self.max_bytes:
+                return
+            self._images[key] = image
+            self.bytes += len(image.data)
+            while self.bytes > self.max_bytes:
+                _, dropped = self._images.popitem(last=False)
+                self.bytes -= len(dropped.data)
+
+    def __len__(self) -> int:
+        return len(self._images)
+
+
+@dataclass
+class _Budget:
+    limits: ImageLimits
+    cache: ImageCache | None
+    bytes: int = 0
+    pixels: int = 0
+
+    def take(self, image: ImageInput) -> ImageInput:
+        """Count `image` against the request's limits (every occurrence counts)."""
+        self.bytes += len(image.data)
+        self.pixels += image.width * image.height
+        if self.bytes > self.limits.max_request_bytes:
+            raise ImageError(f"the request's images are over {self.limits.max_request_bytes} bytes")
+        if self.pixels > self.limits.max_request_pixels:
+            raise ImageError(
+                f"the request's images are over {self.limits.max_request_pixels} pixels"
+            )
+        return image
+
+
+def resolve_images(
+    conversation: Conversation,
+    spec: VisionSpec | None,
+    limits: ImageLimits | None = None,
+    cache: ImageCache | None = None,
+) -> Conversation:
+    """The conversation with every image mark replaced: by the family's placeholder run (the
+    image decoded, checked and sized; its digest listed in the message's `images`, in order)
+    or, without a vision encoder, by `[image]` as before. Messages without marks are the
+    very same objects. `cache` keeps decoded images between requests. Raises `ImageError`
+    for an image the model cannot take."""
+    if not any(
+        _MARK.search(m.get("content") or "") or m.get("images") for m in conversation.messages
+    ):
+        return conversation
+    budget = _Budget(limits or ImageLimits(), cache)
+    messages: list[Message] = []
+    images: list[ImageInput] = []
+    first_changed: int | None = None
+    for pos, message in enumerate(conversation.messages):
+        content = message.get("content") or ""
+        if not _MARK.search(content):
+            # A message taken from the tree (a Responses `previous_response_id`) already holds
+            # its images' tokens: its images come from the cache.
+            for digest in message.get("images") or ():
+                if spec is None:
+                    break
+                held = cache.get(spec, digest) if cache is not None else None
+                if held is None:
+                    raise ImageError(
+                        f"messages[{pos}]: an earlier turn's image is no longer held; send the "
+                        "whole conversation instead of previous_response_id"
+                    )
+                images.append(budget.take(held))
+            messages.append(message)
+            continue
+        first_changed = pos if first_changed is None else first_changed
+        if spec is None:
+            messages.append({**message, "content": _MARK.sub(IMAGE_PLACEHOLDER, content)})
+            continue
+        here: list[ImageInput] = []
+
+        def place(match: re.Match[str], here: list[ImageInput] = here, pos: int = pos) -> str:
+            source = conversation.image_sources.get(match.group(1))
+            if source is None:
+                raise ImageError(f"messages[{pos}]: an image mark without its image")
+            image = _decoded(source, spec, budget, f"messages[{pos}]")
+            here.append(image)
+            return spec.placeholder(image.tokens)
+
+        text = _MARK.sub(place, content)
+        messages.append({**message, "content": text, "images": [i.digest for i in here]})
+        images.extend(here)
+    dropped = Counter(conversation.dropped_media)
+    if images:
+        dropped["image"] -= len(images)
+    unchanged = min(conversation.unchanged, first_changed or 0)
+    return dataclasses.replace(
+        conversation,
+        messages=messages,
+        dropped_media={k: n for k, n in dropped.items() if n > 0},
+        unchanged=unchanged,
+        images=images,
+    )
+
+
+def _decoded(source: ImageSource, spec: VisionSpec, budget: _Budget, where: str) -> ImageInput:
+    if source.url is not None:
+        raise ImageError(
+            f"{where}: image URLs are not fetched; send the image as base64 data "
+            f"(got {source.url[:80]!r})"
+        )
+    limits = budget.limits
+    known = budget.cache.get(spec, source.digest) if budget.cache is not None else None
+    if known is not None:
+        if len(known.data) > limits.max_image_bytes:
+            raise ImageError(f"{where}: the image is over {limits.max_image_bytes} bytes")
+        if known.width * known.height > limits.max_image_pixels:
+            raise ImageError(
+                f"{where}: the image is {known.width}x{known.height}, over "
+                f"{limits.max_image_pixels} pixels"
+            )
+        return budget.take(known)
+    declared = (source.media_type or "").lower()
+    if declared not in SUPPORTED_TYPES:
+        raise ImageError(
+            f"{where}: unsupported image type {source.media_type!r}; "
+            f"supported: {', '.join(SUPPORTED_TYPES)}"
+        )
+    assert source.data is not None
+    if len(source.data) > (limits.max_image_bytes * 4) // 3 + 4:
+        raise ImageError(f"{where}: the image is over {limits.max_image_bytes} bytes")
+    try:
+        data = base64.b64decode(source.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError(f"{where}: the image data is not valid base64") from None
+    if len(data) > limits.max_image_bytes:
+        raise ImageError(f"{where}: the image is over {limits.max_image_bytes} bytes")
+    width, height, found = _probe(data, limits.max_image_pixels, where)
+    if found != declared and not (found == "image/jpeg" and declared == "image/jpg"):
+        raise ImageError(f"{where}: the image is declared {declared} but its data is {found}")
+    grid = spec.grid(height, width)
+    image = ImageInput(source.digest, found, data, width, height, grid, spec.tokens(grid))
+    if budget.cache is not None:
+        budget.cache.put(spec, image)
+    return budget.take(image)
+
+
+def _probe(data: bytes, max_pixels: int, where: str) -> tuple[int, int, str]:
+    """Width, height and type of encoded image bytes, decoded in full (a truncated file
+    fails) once the header's size is within `max_pixels`."""
+    from PIL import Image, UnidentifiedImageError
+
+    too_big = False
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = img.format or ""
+            width, height = img.size
+            too_big = width * height > max_pixels
+            if not too_big:
+                img.load()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        raise ImageError(f"{where}: the image data does not decode as an image") from None
+    if too_big:
+        raise ImageError(f"{where}: the image is {width}x{height}, over {max_pixels} pixels")
+    if fmt not in _PIL_FORMATS:
+        raise ImageError(f"{where}: unsupported image format {fmt or 'unknown'}")
+    return width, height, _PIL_FORMATS[fmt]
+
+
+def image_positions(ids: Sequence[int], pad_id: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of `pad_id` in `ids`: where each image's tokens are."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for pos, tok in enumerate(ids):
+        if int(tok) == pad_id:
+            if start is None:
+                start = pos
+        elif start is not None:
+            runs.append((start, pos - start))
+            start = None
+    if start is not None:
+        runs.append((start, len(ids) - start))
+    return runs
