@@ -279,3 +279,11 @@ class SessionLost(TokentrailError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.sid, self.reason, self.detail, self.lost)
+
+
+# -- trainer integrations -------------------------------------------------------------------------
+
+
+class HarnessFailed(TokentrailError):
+    """A harness run by a trainer integration failed (a command that exited non-zero or ran
+    past its time, a prompt with no task in it); its session is dropped, never trained."""

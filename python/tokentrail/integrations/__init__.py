@@ -1,0 +1,1 @@
+"""tokentrail inside trainers: each trainer's rollout seam, fed by tokentrail sessions."""
