@@ -33,8 +33,8 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from tokentrail.engines.base import GenerateRequest, SamplingParams  # noqa: E402
 from tokentrail.engines.transformers_lm import TransformersEngine  # noqa: E402
 from tokentrail.integrations import verl as tt_verl  # noqa: E402
-from tokentrail.model.forward import CausalLM  # noqa: E402
 from tokentrail.model.audit import recompute_samples  # noqa: E402
+from tokentrail.model.forward import CausalLM  # noqa: E402
 from tokentrail.model.tiny import tiny_model  # noqa: E402
 from tokentrail.sim.model import SimulatedEngine  # noqa: E402
 from tokentrail.text.tokenizer import load_tokenizer  # noqa: E402
@@ -118,7 +118,9 @@ def postprocess(config: Any, output: AgentLoopOutput, tokenizer: Any) -> Any:
     worker.reward_loop_worker_handles = None
     worker.distillation_enabled = False
     return asyncio.run(
-        worker._agent_loop_postprocess(output, False, raw_prompt=[{"role": "user", "content": TASK}])
+        worker._agent_loop_postprocess(
+            output, False, raw_prompt=[{"role": "user", "content": TASK}]
+        )
     )
 
 
@@ -144,13 +146,16 @@ def test_verl_agent_loop_returns_a_harness_session_token_exactly(qwen3_dir) -> N
 
     # A multi-turn session went through verl's server manager, with verl's sampling settings.
     assert len(manager.calls) >= 3
-    assert all(c["temperature"] == 0.7 and c["top_k"] == 20 and c["logprobs"] for c in manager.calls)
+    assert all(
+        c["temperature"] == 0.7 and c["top_k"] == 20 and c["logprobs"] for c in manager.calls
+    )
     extra = output.extra_fields["tokentrail"]
     ledger = extra["ledger"]
     assert ledger["generated_tokens"] > 0
-    assert ledger["trained_tokens"] + sum(ledger["masked_tokens"].values()) == ledger[
-        "generated_tokens"
-    ]
+    assert (
+        ledger["trained_tokens"] + sum(ledger["masked_tokens"].values())
+        == ledger["generated_tokens"]
+    )
     assert len(output.response_ids) == len(output.response_mask) == len(output.response_logprobs)
     assert output.num_turns == 2 * len(ledger["turns"]) >= 6
     # The sample is what the model computed: recompute every trained token's logprob.

@@ -23,9 +23,11 @@ from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.engines.base import Engine
 from tokentrail.errors import HarnessFailed
+from tokentrail.sim.harness import HarnessSim, SessionSpec
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
+from tokentrail.trajectory.sample import Sample
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +44,16 @@ class Harness(Protocol):
 @dataclass
 class SimulatedHarness:
     """tokentrail's simulated coding harness (`tokentrail.sim.harness.HarnessSim`): Claude
-    Code's tools over the Anthropic API by default, or `protocol="openai"` / `"responses"`."""
+    Code's tools over the Anthropic API by default, or `protocol="openai"` / `"responses"`;
+    `spec` sets how many steps it takes and how large its context grows."""
 
     protocol: str = "anthropic"
     max_tokens: int = 4096
+    spec: SessionSpec | None = None
 
     async def __call__(self, url: str, session_id: str, prompt: str) -> Any:
-        from tokentrail.sim.harness import HarnessSim, Workspace
-
         harness = HarnessSim(
-            url,
-            session_id,
-            protocol=self.protocol,
-            workspace=Workspace(),
-            max_tokens=self.max_tokens,
+            url, session_id, protocol=self.protocol, spec=self.spec, max_tokens=self.max_tokens
         )
         return await harness.run(prompt)
 
@@ -118,8 +116,8 @@ class SessionRun:
 class SessionHost:
     """The adapter over `engine`, served on 127.0.0.1 in the running event loop.
 
-        async with SessionHost(engine, tokenizer) as host:
-            run = await host.run(SimulatedHarness(), "Fix the bug in calc.py.")
+    async with SessionHost(engine, tokenizer) as host:
+        run = await host.run(SimulatedHarness(), "Fix the bug in calc.py.")
     """
 
     def __init__(
@@ -176,6 +174,16 @@ class SessionHost:
         return SessionRun(sid, trajectory, result)
 
 
+def main_sample(trajectory: Trajectory) -> Sample:
+    """The one sample a trainer that takes one sequence per rollout gets when a session has
+    several (forks, sub-agents): the last chain of the main conversation (not a sub-agent's),
+    the one that ends where the session ended."""
+    if not trajectory.samples:
+        raise HarnessFailed("the session recorded no turn: nothing to train")
+    main = [s for s in trajectory.samples if not s.metadata["conversation"]["subagent"]]
+    return (main or trajectory.samples)[-1]
+
+
 def prompt_text(prompt: Any) -> str:
     """A trainer's prompt as the harness's task: a string as it is, a chat (a list of
     `{"role", "content"}` messages) as its last user message's text."""
@@ -187,7 +195,5 @@ def prompt_text(prompt: Any) -> str:
         content = message.get("content")
         if isinstance(content, str):
             return content
-        return "".join(
-            part.get("text", "") for part in content or () if part.get("type") == "text"
-        )
+        return "".join(part.get("text", "") for part in content or () if part.get("type") == "text")
     raise HarnessFailed("the prompt has no user message to hand the harness")

@@ -26,12 +26,12 @@ from tokentrail.integrations.session import (
     Harness,
     SessionHost,
     SimulatedHarness,
+    main_sample,
     prompt_text,
 )
 from tokentrail.kinds import FinishReason, Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.linearize import Trajectory
-from tokentrail.trajectory.sample import Sample
 
 try:
     from verl.experimental.agent_loop.agent_loop import (
@@ -119,7 +119,9 @@ class ServerManagerEngine:
             return FinishReason.STOP
         return FinishReason.LENGTH if len(ids) >= max_tokens else FinishReason.STOP
 
-    def _routed(self, req: GenerateRequest, rows: Any, prompt: int, output: int) -> ReplayRows | None:
+    def _routed(
+        self, req: GenerateRequest, rows: Any, prompt: int, output: int
+    ) -> ReplayRows | None:
         """verl's routed experts hold one row per position of prompt + output, from 0."""
         replay = req.replay
         if replay.routed_start is None:
@@ -158,19 +160,12 @@ def harness_from_config(spec: Any) -> Harness:
         fn = getattr(importlib.import_module(module), name, None)
         if fn is None or not callable(fn):
             raise HarnessFailed(f"harness {spec!r}: {module} has no callable {name}")
-        return fn  # type: ignore[no-any-return]
+        return fn
     if isinstance(spec, str):
         return CommandHarness(spec.split())
     if callable(spec):
-        return spec  # type: ignore[no-any-return]
+        return spec
     return CommandHarness([str(a) for a in spec])
-
-
-def main_sample(trajectory: Trajectory) -> Sample:
-    """The sample verl trains when a session has several (forks, sub-agents): the last chain
-    of the main conversation (not a sub-agent's), the one that ends where the session ended."""
-    main = [s for s in trajectory.samples if not s.metadata["conversation"]["subagent"]]
-    return (main or trajectory.samples)[-1]
 
 
 def agent_loop_output(
@@ -182,8 +177,6 @@ def agent_loop_output(
     """verl's `AgentLoopOutput` for a finished session: prompt ids, response ids, the loss mask
     as `response_mask`, rollout logprobs, routed experts (one row per token) when recorded.
     `extra_fields["tokentrail"]` carries the ledger and what was not returned."""
-    if not trajectory.samples:
-        raise HarnessFailed("the session recorded no turn: nothing to train")
     sample = main_sample(trajectory)
     prompt_len = sample.prompt_length
     tokens = sample.tokens.tolist()
@@ -255,7 +248,7 @@ _HOSTS = _Hosts()
 
 
 @register(AGENT_NAME)
-class TokentrailAgentLoop(AgentLoopBase):  # type: ignore[misc]
+class TokentrailAgentLoop(AgentLoopBase):
     """verl's agent loop over a tokentrail session. Its config entry (the agent-loop YAML)
     takes `harness` (see `harness_from_config`) and `tokenizer` (default: verl's model path);
     the task is the last user message of the sample's `raw_prompt`."""
