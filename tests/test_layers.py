@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tokentrail.storage", "tokentrail.engines", "tokentrail.model"),
     ("tokentrail.adapter",),
     ("tokentrail.sim",),
-    ("tokentrail.scale",),
+    ("tokentrail.scale", "tokentrail.integrations"),
     ("tokentrail.cli", "tokentrail.__main__", "tokentrail"),
 ]
 

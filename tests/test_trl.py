@@ -4,6 +4,8 @@ on tokentrail's simulated model, since random weights would not call tools)."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 
 import pytest
@@ -16,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from tokentrail.engines.transformers_lm import TransformersEngine  # noqa: E402
-from tokentrail.integrations.session import SimulatedHarness  # noqa: E402
+from tokentrail.integrations.session import SimulatedHarness, main_sample  # noqa: E402
 from tokentrail.integrations.trl import TokentrailRollout  # noqa: E402
 from tokentrail.model.tiny import tiny_model  # noqa: E402
 from tokentrail.sim.harness import SessionSpec  # noqa: E402
@@ -33,10 +35,16 @@ def test_one_grpo_step_trains_on_tokentrail_sessions(tmp_path) -> None:
     tokenizer = load_tokenizer(str(path))
     engine = TransformersEngine(path, tokenizer, inner=SimulatedEngine(tokenizer))
     seen: list[dict] = []
+    seeds = itertools.count()
 
-    def reward_trained_share(completions, tokentrail, **_) -> list[float]:
+    async def harness(url: str, session_id: str, prompt: str):
+        # A seed per session, so the sessions of one prompt differ as sampled ones do.
+        spec = dataclasses.replace(SMALL, seed=next(seeds))
+        return await SimulatedHarness(spec=spec)(url, session_id, prompt)
+
+    def shorter_is_better(completions, completion_ids, tokentrail, **_) -> list[float]:
         seen.extend(tokentrail)
-        return [t["trained_tokens"] / max(1, t["ledger"]["generated_tokens"]) for t in tokentrail]
+        return [100.0 / len(ids) for ids in completion_ids]
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -54,10 +62,10 @@ def test_one_grpo_step_trains_on_tokentrail_sessions(tmp_path) -> None:
         dataloader_num_workers=0,
     )
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in TASKS]})
-    with TokentrailRollout(engine, tokenizer, SimulatedHarness(spec=SMALL)) as rollout:
+    with TokentrailRollout(engine, tokenizer, harness) as rollout:
         trainer = GRPOTrainer(
             model=model,
-            reward_funcs=reward_trained_share,
+            reward_funcs=shorter_is_better,
             args=args,
             train_dataset=dataset,
             processing_class=AutoTokenizer.from_pretrained(str(path)),
@@ -72,9 +80,11 @@ def test_one_grpo_step_trains_on_tokentrail_sessions(tmp_path) -> None:
         ledger = run.trajectory.ledger
         assert len(ledger.turns) >= 2
         assert info["trained_tokens"] == ledger.trained_tokens == ledger.generated_tokens > 0
-        sample = run.trajectory.samples[-1]
+        sample = main_sample(run.trajectory)
         assert 0 < sample.trained_tokens < sample.response_length  # tool results masked
     history = trainer.state.log_history[0]
-    assert history["num_tokens"] > 0
+    # TRL counted exactly the sessions' tokens.
+    assert float(history["num_tokens"]) == sum(len(main_sample(r.trajectory).tokens) for r in runs)
+    assert float(history["reward_std"]) > 0
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert changed, "the GRPO step left every weight as it was"

@@ -41,7 +41,7 @@ from tokentrail.text.tokenizer import load_tokenizer  # noqa: E402
 from tokentrail.trajectory.sample import Sample  # noqa: E402
 
 TASK = "Fix the spacing in calc.py, add util.py with mul(), and write NOTES.md."
-RESPONSE_LENGTH = 16384
+RESPONSE_LENGTH = 4096
 
 
 class ModelServerManager:
@@ -128,7 +128,7 @@ def test_verl_agent_loop_returns_a_harness_session_token_exactly(qwen3_dir) -> N
     # Registered as an agent-loop YAML entry registers it (`agent_loop_config_path`).
     _agent_loop_registry["tokentrail_sim"] = OmegaConf.create(
         {"name": "tokentrail_sim", "_target_": "tokentrail.integrations.verl.TokentrailAgentLoop",
-         "harness": "simulated"}
+         "harness": "simulated", "session": {"steps": 3, "context_tokens": 600, "think": 0.0}}
     )  # fmt: skip
     assert _agent_loop_registry[tt_verl.AGENT_NAME]["_target_"].endswith("TokentrailAgentLoop")
     tokenizer = load_tokenizer(str(qwen3_dir))
@@ -145,7 +145,7 @@ def test_verl_agent_loop_returns_a_harness_session_token_exactly(qwen3_dir) -> N
     output = asyncio.run(rollout())
 
     # A multi-turn session went through verl's server manager, with verl's sampling settings.
-    assert len(manager.calls) >= 3
+    assert len(manager.calls) >= 2
     assert all(
         c["temperature"] == 0.7 and c["top_k"] == 20 and c["logprobs"] for c in manager.calls
     )
@@ -157,7 +157,7 @@ def test_verl_agent_loop_returns_a_harness_session_token_exactly(qwen3_dir) -> N
         == ledger["generated_tokens"]
     )
     assert len(output.response_ids) == len(output.response_mask) == len(output.response_logprobs)
-    assert output.num_turns == 2 * len(ledger["turns"]) >= 6
+    assert output.num_turns == 2 * len(ledger["turns"]) >= 4
     # The sample is what the model computed: recompute every trained token's logprob.
     sample = Sample(
         tokens=np.asarray(output.prompt_ids + output.response_ids, dtype=np.uint32),

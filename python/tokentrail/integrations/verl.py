@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from tokentrail.integrations.session import (
     prompt_text,
 )
 from tokentrail.kinds import FinishReason, Replay, ReplayGap
+from tokentrail.sim.harness import SessionSpec
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.linearize import Trajectory
 
@@ -147,24 +149,24 @@ class ServerManagerEngine:
         """The server manager belongs to verl."""
 
 
-def harness_from_config(spec: Any) -> Harness:
-    """The harness an agent-loop config names: `simulated` (or `simulated:openai`), a command
-    line (a list, `{url}` `{session_id}` `{prompt}` filled in), or `module:function` naming
-    an async function `(url, session_id, prompt)`."""
-    if spec is None or spec == "simulated":
-        return SimulatedHarness()
-    if isinstance(spec, str) and spec.startswith("simulated:"):
-        return SimulatedHarness(protocol=spec.partition(":")[2])
+def harness_from_config(spec: Any, session: Mapping[str, Any] | None = None) -> Harness:
+    """The harness an agent-loop config names: `simulated` (or `simulated:openai`,
+    `simulated:responses`; `session` holds `SessionSpec` fields: steps, context_tokens, ...),
+    a command line (a list, `{url}` `{session_id}` `{prompt}` filled in), or
+    `module:attribute` naming an async callable `(url, session_id, prompt)`."""
+    if spec is None or spec == "simulated" or str(spec).startswith("simulated:"):
+        protocol = str(spec).partition(":")[2] or "anthropic"
+        return SimulatedHarness(protocol=protocol, spec=SessionSpec(**dict(session or {})))
     if isinstance(spec, str) and ":" in spec:
         module, _, name = spec.partition(":")
         fn = getattr(importlib.import_module(module), name, None)
         if fn is None or not callable(fn):
             raise HarnessFailed(f"harness {spec!r}: {module} has no callable {name}")
-        return fn
+        return cast(Harness, fn)
     if isinstance(spec, str):
         return CommandHarness(spec.split())
     if callable(spec):
-        return spec
+        return cast(Harness, spec)
     return CommandHarness([str(a) for a in spec])
 
 
@@ -250,18 +252,20 @@ _HOSTS = _Hosts()
 @register(AGENT_NAME)
 class TokentrailAgentLoop(AgentLoopBase):
     """verl's agent loop over a tokentrail session. Its config entry (the agent-loop YAML)
-    takes `harness` (see `harness_from_config`) and `tokenizer` (default: verl's model path);
+    takes `harness` and `session` (see `harness_from_config`) and `tokenizer_path` (default:
+    verl's model path);
     the task is the last user message of the sample's `raw_prompt`."""
 
     def __init__(
         self,
         *args: Any,
         harness: Any = None,
+        session: Mapping[str, Any] | None = None,
         tokenizer_path: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.harness = harness_from_config(harness)
+        self.harness = harness_from_config(harness, session)
         path = tokenizer_path or str(self.config.actor_rollout_ref.model.path)
         self.tt_tokenizer = _tokenizer(path)
         self.response_length = int(self.rollout_config.response_length)
