@@ -73,8 +73,15 @@ class CommandHarness:
     timeout_s: float = 1800.0
 
     async def __call__(self, url: str, session_id: str, prompt: str) -> Any:
-        values = {"url": url, "session_id": session_id, "prompt": prompt}
-        argv = [arg.format(**values) for arg in self.argv]
+        values = {"{url}": url, "{session_id}": session_id, "{prompt}": prompt}
+
+        def fill(text: str) -> str:
+            # Plain replacement, not str.format: an argument may hold other braces (JSON).
+            for key, value in values.items():
+                text = text.replace(key, value)
+            return text
+
+        argv = [fill(arg) for arg in self.argv]
         env = {
             **os.environ,
             "ANTHROPIC_BASE_URL": url,
@@ -82,7 +89,7 @@ class CommandHarness:
             "OPENAI_BASE_URL": f"{url}/v1",
             "OPENAI_API_KEY": session_id,
             "TOKENTRAIL_SESSION": session_id,
-            **{k: v.format(**values) for k, v in self.env.items()},
+            **{k: fill(v) for k, v in self.env.items()},
         }
         proc = await asyncio.create_subprocess_exec(
             *argv,
