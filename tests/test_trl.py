@@ -83,8 +83,10 @@ def test_one_grpo_step_trains_on_tokentrail_sessions(tmp_path) -> None:
         sample = main_sample(run.trajectory)
         assert 0 < sample.trained_tokens < sample.response_length  # tool results masked
     history = trainer.state.log_history[0]
-    # TRL counted exactly the sessions' tokens.
-    assert float(history["num_tokens"]) == sum(len(main_sample(r.trajectory).tokens) for r in runs)
+    # TRL counted exactly the sessions' prompts and the tokens their masks train.
+    fed = [main_sample(r.trajectory) for r in runs]
+    assert float(history["num_tokens"]) == sum(s.prompt_length + s.trained_tokens for s in fed)
+    assert float(history["grad_norm"]) > 0
     assert float(history["reward_std"]) > 0
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert changed, "the GRPO step left every weight as it was"

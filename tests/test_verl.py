@@ -30,7 +30,7 @@ from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from tokentrail.engines.base import GenerateRequest, SamplingParams  # noqa: E402
+from tokentrail.engines.base import GenerateRequest, ReplayRequest, SamplingParams  # noqa: E402
 from tokentrail.engines.transformers_lm import TransformersEngine  # noqa: E402
 from tokentrail.integrations import verl as tt_verl  # noqa: E402
 from tokentrail.model.audit import recompute_samples  # noqa: E402
@@ -48,9 +48,11 @@ class ModelServerManager:
     """verl's `LLMServerClient.generate` contract (token ids in; `TokenOutput` with ids and
     logprobs out) answered by a model in process, as verl's server replicas answer it."""
 
-    def __init__(self, engine: TransformersEngine) -> None:
+    def __init__(self, engine: TransformersEngine, *, routing_replay: bool = False) -> None:
         self.engine = engine
         self.calls: list[dict[str, Any]] = []
+        # A server started with routing replay reports every position's routed experts.
+        self.replay = ReplayRequest(0, engine.routing) if routing_replay else ReplayRequest()
 
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
@@ -62,10 +64,18 @@ class ModelServerManager:
                 SamplingParams(max_new_tokens=int(sampling_params["max_tokens"])),
                 session_id="verl",
                 request_id=request_id,
+                replay=self.replay,
             )
         )
+        routed = None
+        if gen.routed_experts is not None:
+            assert gen.routed_experts.start == 0 and gen.routed_experts.rows is not None
+            routed = gen.routed_experts.rows
         return TokenOutput(
-            token_ids=gen.output_ids, log_probs=gen.logprobs, stop_reason="completed"
+            token_ids=gen.output_ids,
+            log_probs=gen.logprobs,
+            routed_experts=routed,
+            stop_reason="completed",
         )
 
 
@@ -74,7 +84,7 @@ def qwen3_dir():
     return tiny_model("qwen3")
 
 
-def verl_config(model_dir) -> Any:
+def verl_config(model_dir, *, routing_replay: bool = False) -> Any:
     return OmegaConf.create(
         {
             "actor_rollout_ref": {
@@ -85,6 +95,7 @@ def verl_config(model_dir) -> Any:
                     "temperature": 1.0,
                     "top_p": 1.0,
                     "top_k": -1,
+                    "enable_rollout_routing_replay": routing_replay,
                 },
             },
             "data": {"apply_chat_template_kwargs": {}},
@@ -182,6 +193,41 @@ def test_verl_agent_loop_returns_a_harness_session_token_exactly(qwen3_dir) -> N
     assert int(internal.response_mask.sum()) == sum(output.response_mask)
     assert internal.response_logprobs[0, :n].tolist() == pytest.approx(output.response_logprobs)
     assert output.as_dict()["rollout_log_probs"].shape == (n,)
+
+
+def test_verl_agent_loop_returns_the_routed_experts_of_a_real_moe() -> None:
+    moe_dir = tiny_model("qwen3-moe")
+    tokenizer = load_tokenizer(str(moe_dir))
+    engine = TransformersEngine(moe_dir, tokenizer, inner=SimulatedEngine(tokenizer))
+    manager = ModelServerManager(engine, routing_replay=True)
+    config = verl_config(moe_dir, routing_replay=True)
+    tt_verl._HOSTS._hosts.clear()
+
+    async def rollout() -> AgentLoopOutput:
+        loop = instantiate(config, manager, moe_dir)
+        return await loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": TASK}])
+
+    output = asyncio.run(rollout())
+    n = len(output.prompt_ids) + len(output.response_ids)
+    routing = engine.routing
+    assert routing is not None
+    assert output.routed_experts.shape == (n, routing.layers, routing.top_k)
+    sample = Sample(
+        tokens=np.asarray(output.prompt_ids + output.response_ids, dtype=np.uint32),
+        loss_mask=np.asarray(output.response_mask, dtype=np.uint8),
+        rollout_log_probs=np.asarray(output.response_logprobs, dtype=np.float32),
+        response_length=len(output.response_ids),
+        routed_experts=np.asarray(output.routed_experts),
+    )
+    report = recompute_samples(CausalLM(moe_dir), [sample])
+    assert report.within_tolerance == report.trained > 0, report.table()
+    # Every position fed forward routes as the session recorded (the last is never fed).
+    assert report.routed_positions == n - 1
+    assert report.routing_share == 1.0, report.table()
+    # verl's post-processing places the rows at the sequence's positions (left padding).
+    internal = postprocess(config, output, AutoTokenizer.from_pretrained(str(moe_dir)))
+    left = internal.prompt_ids.shape[1] - len(output.prompt_ids)
+    assert internal.routed_experts[0, left : left + n].tolist() == output.routed_experts.tolist()
 
 
 def test_engine_refuses_a_server_answer_without_logprobs(qwen3_dir) -> None:

@@ -19,7 +19,13 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from tokentrail.adapter.config import AdapterConfig
-from tokentrail.core.replay import ReplayRows, checked_rows
+from tokentrail.core.replay import (
+    ReplayRows,
+    RoutingShape,
+    checked_rows,
+    model_shapes,
+    read_model_config,
+)
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.errors import EngineError, HarnessFailed
 from tokentrail.integrations.session import (
@@ -34,6 +40,7 @@ from tokentrail.kinds import FinishReason, Replay, ReplayGap
 from tokentrail.sim.harness import SessionSpec
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.linearize import Trajectory
+from tokentrail.trajectory.manager import TrajectoryManager
 
 try:
     from verl.experimental.agent_loop.agent_loop import (
@@ -234,13 +241,18 @@ class _Hosts:
         self._lock = asyncio.Lock()
 
     async def get(
-        self, server_manager: ServerManagerLike, tokenizer: LoadedTokenizer, config: AdapterConfig
+        self,
+        server_manager: ServerManagerLike,
+        tokenizer: LoadedTokenizer,
+        config: AdapterConfig,
+        routing: RoutingShape | None,
     ) -> tuple[SessionHost, ServerManagerEngine]:
         key = (id(asyncio.get_running_loop()), id(server_manager))
         async with self._lock:
             if key not in self._hosts:
                 engine = ServerManagerEngine(server_manager, tokenizer)
-                host = SessionHost(engine, tokenizer, config=config)
+                manager = TrajectoryManager(routing=routing)
+                host = SessionHost(engine, tokenizer, config=config, manager=manager)
                 await host.start()
                 self._hosts[key] = (host, engine)
             return self._hosts[key]
@@ -266,14 +278,22 @@ class TokentrailAgentLoop(AgentLoopBase):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.harness = harness_from_config(harness, session)
-        path = tokenizer_path or str(self.config.actor_rollout_ref.model.path)
-        self.tt_tokenizer = _tokenizer(path)
+        model_path = str(self.config.actor_rollout_ref.model.path)
+        self.tt_tokenizer = _tokenizer(tokenizer_path or model_path)
+        # verl's routing replay on: the session records each position's routed experts.
+        self.routing: RoutingShape | None = None
+        if self.rollout_config.get("enable_rollout_routing_replay", False):
+            self.routing = model_shapes(read_model_config(model_path))[0]
         self.response_length = int(self.rollout_config.response_length)
         self.max_new_tokens = int(self.rollout_config.response_length)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        config = AdapterConfig(default_max_tokens=self.max_new_tokens)
-        host, engine = await _HOSTS.get(self.server_manager, self.tt_tokenizer, config)
+        config = AdapterConfig(
+            default_max_tokens=self.max_new_tokens, routed_experts=self.routing is not None
+        )
+        host, engine = await _HOSTS.get(
+            self.server_manager, self.tt_tokenizer, config, self.routing
+        )
         task = prompt_text(kwargs["raw_prompt"])
         sid = f"verl-{kwargs.get('index', 'x')}-{id(self):x}"
         engine.sampling[sid] = {
