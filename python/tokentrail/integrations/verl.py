@@ -237,8 +237,9 @@ class _Hosts:
     sample, and all of a worker's samples share its adapter."""
 
     def __init__(self) -> None:
-        self._hosts: dict[tuple[int, int], tuple[SessionHost, ServerManagerEngine]] = {}
-        self._lock = asyncio.Lock()
+        self._hosts: dict[
+            tuple[int, int], tuple[SessionHost, ServerManagerEngine, asyncio.Future[str]]
+        ] = {}
 
     async def get(
         self,
@@ -248,14 +249,16 @@ class _Hosts:
         routing: RoutingShape | None,
     ) -> tuple[SessionHost, ServerManagerEngine]:
         key = (id(asyncio.get_running_loop()), id(server_manager))
-        async with self._lock:
-            if key not in self._hosts:
-                engine = ServerManagerEngine(server_manager, tokenizer)
-                manager = TrajectoryManager(routing=routing)
-                host = SessionHost(engine, tokenizer, config=config, manager=manager)
-                await host.start()
-                self._hosts[key] = (host, engine)
-            return self._hosts[key]
+        entry = self._hosts.get(key)
+        if entry is None:
+            # Built without awaiting, so concurrent first samples share one host.
+            engine = ServerManagerEngine(server_manager, tokenizer)
+            manager = TrajectoryManager(routing=routing)
+            host = SessionHost(engine, tokenizer, config=config, manager=manager)
+            entry = self._hosts[key] = (host, engine, asyncio.ensure_future(host.start()))
+        host, engine, started = entry
+        await asyncio.shield(started)
+        return host, engine
 
 
 _HOSTS = _Hosts()
@@ -265,8 +268,8 @@ _HOSTS = _Hosts()
 class TokentrailAgentLoop(AgentLoopBase):
     """verl's agent loop over a tokentrail session. Its config entry (the agent-loop YAML)
     takes `harness` and `session` (see `harness_from_config`) and `tokenizer_path` (default:
-    verl's model path);
-    the task is the last user message of the sample's `raw_prompt`."""
+    verl's model path); the task is the last user message of the sample's `raw_prompt`. The
+    worker's adapter serves until the worker's process ends."""
 
     def __init__(
         self,
