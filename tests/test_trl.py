@@ -50,7 +50,7 @@ def test_one_grpo_step_trains_on_tokentrail_sessions(tmp_path) -> None:
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
+        per_device_train_batch_size=2,
         num_generations=2,
         max_steps=1,
         learning_rate=1e-2,
