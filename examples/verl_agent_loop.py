@@ -67,8 +67,19 @@ async def main() -> None:
             "data": {"apply_chat_template_kwargs": {}},
         }
     )
+    # What an agent-loop YAML entry registers. The simulated model teaching the tiny one plans
+    # from the request's messages, which verl's token-only seam does not carry: the session's
+    # size is set here (steps, context) instead.
+    _agent_loop_registry["tokentrail_small"] = OmegaConf.create(
+        {
+            "name": "tokentrail_small",
+            "_target_": _agent_loop_registry[AGENT_NAME]["_target_"],
+            "harness": "simulated",
+            "session": {"steps": 3, "context_tokens": 600, "think": 0.0},
+        }
+    )
     loop = hydra.utils.instantiate(
-        config=_agent_loop_registry[AGENT_NAME],
+        config=_agent_loop_registry["tokentrail_small"],
         trainer_config=DictConfigWrap(config=config),
         server_manager=InProcessServerManager(engine),
         tokenizer=AutoTokenizer.from_pretrained(str(path)),
