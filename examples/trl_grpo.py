@@ -25,9 +25,10 @@ from tokentrail.sim.model import SimulatedEngine
 from tokentrail.text.tokenizer import load_tokenizer
 
 
-def reward(completions, tokentrail, **_):
-    # Your verifier goes here; this one rewards sessions by the share of tokens they train.
-    return [t["trained_tokens"] / max(1, t["ledger"]["generated_tokens"]) for t in tokentrail]
+def reward(completions, completion_ids, tokentrail, **_):
+    # Your verifier goes here; this one prefers shorter sessions. `tokentrail` holds each
+    # session's ledger: its trained and masked tokens, per turn and tool.
+    return [100.0 / len(ids) for ids in completion_ids]
 
 
 def main() -> None:
