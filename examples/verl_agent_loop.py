@@ -75,7 +75,7 @@ async def main() -> None:
             "name": "tokentrail_small",
             "_target_": _agent_loop_registry[AGENT_NAME]["_target_"],
             "harness": "simulated",
-            "session": {"steps": 3, "context_tokens": 600, "think": 0.0},
+            "session": {"steps": 3, "context_tokens": 600, "think": 0.0, "max_requests": 8},
         }
     )
     loop = hydra.utils.instantiate(

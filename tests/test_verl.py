@@ -103,6 +103,21 @@ def verl_config(model_dir, *, routing_replay: bool = False) -> Any:
     )
 
 
+def register_small() -> None:
+    """The entry an agent-loop YAML (`agent_loop_config_path`) would register: the simulated
+    harness, a small session, its requests capped (the simulated model teaching the tiny one
+    plans from messages, which verl's token-only seam does not carry)."""
+    session = {"steps": 3, "context_tokens": 600, "think": 0.0, "max_requests": 8}
+    _agent_loop_registry["tokentrail_sim"] = OmegaConf.create(
+        {
+            "name": "tokentrail_sim",
+            "_target_": "tokentrail.integrations.verl.TokentrailAgentLoop",
+            "harness": "simulated",
+            "session": session,
+        }
+    )
+
+
 def instantiate(config: Any, server_manager: Any, model_dir) -> Any:
     """What `AgentLoopWorker._run_agent_loop` does for one sample."""
     return hydra.utils.instantiate(
@@ -136,11 +151,7 @@ def postprocess(config: Any, output: AgentLoopOutput, tokenizer: Any) -> Any:
 
 
 def test_verl_agent_loop_returns_a_harness_session_token_exactly(qwen3_dir) -> None:
-    # Registered as an agent-loop YAML entry registers it (`agent_loop_config_path`).
-    _agent_loop_registry["tokentrail_sim"] = OmegaConf.create(
-        {"name": "tokentrail_sim", "_target_": "tokentrail.integrations.verl.TokentrailAgentLoop",
-         "harness": "simulated", "session": {"steps": 3, "context_tokens": 600, "think": 0.0}}
-    )  # fmt: skip
+    register_small()
     assert _agent_loop_registry[tt_verl.AGENT_NAME]["_target_"].endswith("TokentrailAgentLoop")
     tokenizer = load_tokenizer(str(qwen3_dir))
     engine = TransformersEngine(qwen3_dir, tokenizer, inner=SimulatedEngine(tokenizer))
@@ -202,6 +213,7 @@ def test_verl_agent_loop_returns_the_routed_experts_of_a_real_moe() -> None:
     manager = ModelServerManager(engine, routing_replay=True)
     config = verl_config(moe_dir, routing_replay=True)
     tt_verl._HOSTS._hosts.clear()
+    register_small()
 
     async def rollout() -> AgentLoopOutput:
         loop = instantiate(config, manager, moe_dir)

@@ -50,10 +50,16 @@ class SimulatedHarness:
     protocol: str = "anthropic"
     max_tokens: int = 4096
     spec: SessionSpec | None = None
+    max_requests: int = 256
 
     async def __call__(self, url: str, session_id: str, prompt: str) -> Any:
         harness = HarnessSim(
-            url, session_id, protocol=self.protocol, spec=self.spec, max_tokens=self.max_tokens
+            url,
+            session_id,
+            protocol=self.protocol,
+            spec=self.spec,
+            max_tokens=self.max_tokens,
+            max_requests=self.max_requests,
         )
         return await harness.run(prompt)
 

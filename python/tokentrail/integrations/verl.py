@@ -158,12 +158,15 @@ class ServerManagerEngine:
 
 def harness_from_config(spec: Any, session: Mapping[str, Any] | None = None) -> Harness:
     """The harness an agent-loop config names: `simulated` (or `simulated:openai`,
-    `simulated:responses`; `session` holds `SessionSpec` fields: steps, context_tokens, ...),
+    `simulated:responses`; `session` holds `SessionSpec` fields, steps, context_tokens, ...,
+    and `max_requests`, the harness's cap),
     a command line (a list, `{url}` `{session_id}` `{prompt}` filled in), or
     `module:attribute` naming an async callable `(url, session_id, prompt)`."""
     if spec is None or spec == "simulated" or str(spec).startswith("simulated:"):
         protocol = str(spec).partition(":")[2] or "anthropic"
-        return SimulatedHarness(protocol=protocol, spec=SessionSpec(**dict(session or {})))
+        fields = dict(session or {})
+        cap = int(fields.pop("max_requests", 256))
+        return SimulatedHarness(protocol=protocol, spec=SessionSpec(**fields), max_requests=cap)
     if isinstance(spec, str) and ":" in spec:
         module, _, name = spec.partition(":")
         fn = getattr(importlib.import_module(module), name, None)
