@@ -334,3 +334,11 @@ class SessionLost(InvalidInput):
 class SettingError(InvalidInput):
     """A `tokentrail serve` setting (a flag, a `--config` file key or a `TOKENTRAIL_*` variable)
     is unknown or has a value it cannot take; the message names the setting and the value."""
+
+
+# -- trainer integrations -------------------------------------------------------------------------
+
+
+class HarnessFailed(TokentrailError):
+    """A harness run by a trainer integration failed (a command that exited non-zero or ran
+    past its time, a prompt with no task in it); its session is dropped, never trained."""

@@ -530,7 +530,7 @@ def check_can_generate(prepared: PreparedTurn, context_limit: int, engine: Engin
             f"tool_choice forces {prepared.constraint.wants}, but the {engine.name} engine "
             "cannot constrain its output (no structured output)"
         )
-    if prepared.conversation.images and not getattr(engine, "supports_images", False):
+    if prepared.conversation.images and not engine.supports_images:
         raise EngineLimit(
             f"the prompt holds {len(prepared.conversation.images)} images, but the "
             f"{engine.name} engine takes no images with token ids"

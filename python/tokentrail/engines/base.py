@@ -170,6 +170,7 @@ class Engine(Protocol):
 
     name: str
     supports_constraints: bool
+    supports_images: bool
 
     async def generate(self, req: GenerateRequest) -> Generation:
         """Sample one turn. Raises `EngineError`; if cancelled, the engine stops the request."""

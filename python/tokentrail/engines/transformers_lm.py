@@ -103,7 +103,9 @@ class TransformersEngine:
                 f"{self.lm.vocab_size}: they do not belong together"
             )
         self.inner = inner
-        self.supports_constraints = bool(getattr(inner, "supports_constraints", False))
+        self.supports_constraints = inner.supports_constraints if inner is not None else False
+        # The model here is a text model: pixels have nowhere to go.
+        self.supports_images = False
         self.weight_version = Path(path).name
         self._sessions: OrderedDict[str, list[_Branch]] = OrderedDict()
         self._aborted: set[str] = set()

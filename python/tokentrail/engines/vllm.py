@@ -51,6 +51,8 @@ class VLLMEngine(HTTPEngine):
     name = "vllm"
     # `structured_outputs.regex` (the `guided_*` keys are ignored by vLLM >= 0.12).
     supports_constraints = True
+    # `/v1/completions` takes no images beside token ids.
+    supports_images = False
 
     def __init__(
         self,

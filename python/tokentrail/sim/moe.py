@@ -125,6 +125,7 @@ class MoEEngine:
     name = "simulated-moe"
     # Requests reach the inner engine without their constraint checked here: none is taken.
     supports_constraints = False
+    supports_images = False
 
     def __init__(self, inner: Engine, *, weight_version: str = "sim-0") -> None:
         self.inner = inner

@@ -89,6 +89,7 @@ class _CappedEngine:
         self.engine = engine
         self.name = engine.name
         self.supports_constraints = engine.supports_constraints
+        self.supports_images = engine.supports_images
         self.caps: dict[str, int] = {}
 
     async def generate(self, req: GenerateRequest) -> Generation:
