@@ -9,6 +9,8 @@ fits is clamped, as an engine would stop at the context length anyway.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -147,6 +149,23 @@ class Limits:
 def _in_range(name: str, value: float, low: float, high: float) -> None:
     if not math.isfinite(value) or not low <= value <= high:
         raise RequestError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+
+
+class EngineSlots:
+    """Places among the engine calls `--engine-concurrency` lets run at once (0: no cap), one
+    semaphore per event loop (a semaphore belongs to the loop it was first awaited on)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    def slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        if not self.cap:
+            return contextlib.nullcontext()
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.cap))
+        return self._slots[1]
 
 
 class TurnSlots:

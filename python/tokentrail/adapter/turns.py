@@ -9,7 +9,6 @@ the loop only awaits them, the engine and the socket.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -24,7 +23,7 @@ from aiohttp import web
 from tokentrail.adapter import notes as request_notes
 from tokentrail.adapter.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
 from tokentrail.adapter.config import AdapterConfig
-from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.limits import EngineSlots, Limits
 from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.offload import Offload
@@ -115,7 +114,7 @@ class Turns:
         self.replay = replay or ReplayRequest()
         self.vocab_size = tokenizer.vocab_size
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
-        self._engine_slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self.engine_slots = EngineSlots(self.limits.engine_concurrency)
         # Turns cut short by their client, being recorded (strong references).
         self._background: set[asyncio.Task[None]] = set()
 
@@ -358,7 +357,7 @@ class Turns:
             images=list(prepared.conversation.images),
         )
         try:
-            async with self._engine_slot():
+            async with self.engine_slots.slot():
                 if sink is not None and isinstance(self.engine, StreamingEngine):
                     generation = await self.engine.generate_streaming(request, sink)
                 else:
@@ -377,16 +376,6 @@ class Turns:
             await self.engine.abort(rid)
             raise UpstreamError(f"engine error: {exc}") from None
         return generation
-
-    def _engine_slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        """A place among the engine calls `--engine-concurrency` lets run at once."""
-        n = self.limits.engine_concurrency
-        if not n:
-            return contextlib.nullcontext()
-        loop = asyncio.get_running_loop()
-        if self._engine_slots is None or self._engine_slots[0] is not loop:
-            self._engine_slots = (loop, asyncio.Semaphore(n))
-        return self._engine_slots[1]
 
 
 def live_reply(

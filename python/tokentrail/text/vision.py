@@ -15,10 +15,11 @@ import base64
 import binascii
 import dataclasses
 import io
+import json
 import re
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -348,3 +349,24 @@ def image_positions(ids: Sequence[int], pad_id: int) -> list[tuple[int, int]]:
     if start is not None:
         runs.append((start, len(ids) - start))
     return runs
+
+
+def image_source(block: Mapping[str, Any]) -> ImageSource:
+    """Where an image part's pixels are, in any protocol's shape: Anthropic's `source`
+    (`base64` or `url`), OpenAI's `image_url` (an object or, in Responses, a string; a `data:`
+    URL is base64). A part without either (a `file_id`) has a source with neither."""
+    source = block.get("source")
+    if isinstance(source, dict):
+        if source.get("type") == "base64" and isinstance(source.get("data"), str):
+            media_type = source.get("media_type")
+            return ImageSource.of_base64(
+                source["data"], media_type.lower() if isinstance(media_type, str) else None
+            )
+        if source.get("type") == "url" and isinstance(source.get("url"), str):
+            return ImageSource.of_url(source["url"])
+    url = block.get("image_url")
+    if isinstance(url, dict):
+        url = url.get("url")
+    if isinstance(url, str):
+        return ImageSource.of_url(url)
+    return ImageSource.unreadable(json.dumps(block, sort_keys=True, default=str))

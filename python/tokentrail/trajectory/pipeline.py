@@ -201,6 +201,25 @@ def forced_constraint(
     return forced_tool_call(tool_parser, names, reasoning=reasoning_parser is not None)
 
 
+def check_family_template(
+    pipeline: TurnPipeline, tokenizer: LoadedTokenizer, family: Family, name: str | None
+) -> None:
+    """Say which parsers the family gives the pipeline, and run the template's first renders
+    where they cannot hang or fill the machine (`text.template_check`)."""
+    logger.info(
+        "model family %s: tool parser %s, reasoning parser %s",
+        family.name,
+        pipeline.tool_parser,
+        pipeline.reasoning_parser,
+    )
+    check_within_budget(
+        pipeline.chat_template,
+        name or f"the chat template of {tokenizer.name}",
+        call_id=family.call_id,
+        variables=tokenizer.special_tokens_map,
+    )
+
+
 class TurnPipeline:
     """One turn's steps over a manager, a tokenizer and a chat template.
 
@@ -246,21 +265,8 @@ class TurnPipeline:
         self.vision: VisionSpec | None = vision_spec(self.family.vision if self.family else None)
         self.tool_parser = self._parser(tool_parser, "tool_parser", "hermes")
         self.reasoning_parser = self._parser(reasoning_parser, "reasoning_parser", "qwen3")
-        if self.family is not None:
-            logger.info(
-                "model family %s: tool parser %s, reasoning parser %s",
-                self.family.name,
-                self.tool_parser,
-                self.reasoning_parser,
-            )
         if tokenizer is not None and self.family is not None:
-            # The first render of a template runs where it cannot hang or fill the machine.
-            check_within_budget(
-                self.chat_template,
-                template_name or f"the chat template of {tokenizer.name}",
-                call_id=self.family.call_id,
-                variables=tokenizer.special_tokens_map,
-            )
+            check_family_template(self, tokenizer, self.family, template_name)
         self._splicer = Splicer(tokenizer, self.chat_template, self.family) if tokenizer else None
         self._prompts = (
             PromptBuilder(self._splicer, IncrementalEncoder(tokenizer), splice_verify_every)

@@ -17,7 +17,7 @@ from tokentrail.adapter.protocols.fields import Spec
 from tokentrail.errors import AuthenticationError, RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, ImageSource, Message, ToolSchema, function_tool
-from tokentrail.text.vision import IMAGE_PLACEHOLDER, image_mark
+from tokentrail.text.vision import IMAGE_PLACEHOLDER, image_mark, image_source
 
 # How many characters one streamed delta carries.
 STREAM_CHUNK = 64
@@ -281,27 +281,6 @@ class ContentReader:
             self.images[source.digest] = source
             return image_mark(source.digest)
         raise RequestError(f"{where}: unsupported block type {kind!r} here")
-
-
-def image_source(block: Mapping[str, Any]) -> ImageSource:
-    """Where an image part's pixels are, in any protocol's shape: Anthropic's `source`
-    (`base64` or `url`), OpenAI's `image_url` (an object or, in Responses, a string; a `data:`
-    URL is base64). A part without either (a `file_id`) has a source with neither."""
-    source = block.get("source")
-    if isinstance(source, dict):
-        if source.get("type") == "base64" and isinstance(source.get("data"), str):
-            media_type = source.get("media_type")
-            return ImageSource.of_base64(
-                source["data"], media_type.lower() if isinstance(media_type, str) else None
-            )
-        if source.get("type") == "url" and isinstance(source.get("url"), str):
-            return ImageSource.of_url(source["url"])
-    url = block.get("image_url")
-    if isinstance(url, dict):
-        url = url.get("url")
-    if isinstance(url, str):
-        return ImageSource.of_url(url)
-    return ImageSource.unreadable(json.dumps(block, sort_keys=True, default=str))
 
 
 def tool_schema(pos: int, name: object, description: object, schema: object) -> ToolSchema:
