@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import HttpVersion11, StreamReader, web, web_protocol
@@ -112,6 +113,14 @@ class GuardedHandler(web_protocol.RequestHandler):
         self._answered = 0
         # The request whose answer `finish_response` is writing.
         self._finishing: BaseRequest | None = None
+        # What a streamed answer in progress does when the peer sends its last byte.
+        self._on_peer_done: list[Callable[[], None]] = []
+
+    def when_peer_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` if the peer sends its last byte while the answer in progress
+        streams (`adapter.live`: a keepalive then goes out at once, which the reset of a peer
+        that left entirely answers)."""
+        self._on_peer_done.append(callback)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._guard.admit(self):
@@ -148,7 +157,13 @@ class GuardedHandler(web_protocol.RequestHandler):
         if self.transport is not None and http11 and not self._answer_started():
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             self._watcher = asyncio.ensure_future(self._watch_reset())
-        # Once an answer is on its way, its own writes meet the reset of a peer that left.
+        elif self.transport is not None and self._on_peer_done:
+            # A streamed answer may stall (the engine queues or prefills): it writes now, and
+            # the watcher sees the reset that write meets from a peer gone entirely.
+            for callback in self._on_peer_done:
+                callback()
+            self._watcher = asyncio.ensure_future(self._watch_reset())
+        # Otherwise the answer's own writes meet the reset of a peer that left.
         return True
 
     def _answer_started(self) -> bool:
@@ -189,6 +204,7 @@ class GuardedHandler(web_protocol.RequestHandler):
             return await super().finish_response(request, resp, start_time)
         finally:
             self._finishing = None
+            self._on_peer_done.clear()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._watcher is not None:

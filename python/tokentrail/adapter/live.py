@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tokentrail.adapter.connections import GuardedHandler
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import KEEPALIVE_S, LiveStream
 from tokentrail.messages import Message
@@ -83,6 +84,9 @@ class LiveReply:
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(self.request)
         self.response = response
+        if isinstance(self.request.protocol, GuardedHandler):
+            # A client gone while the engine stalls is found by the next write: make one.
+            self.request.protocol.when_peer_done(self._wake.set)
         await response.write(self.stream.open())
         self._writer = asyncio.ensure_future(self._write_loop())
 
