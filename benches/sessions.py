@@ -109,6 +109,10 @@ class Sampled:
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    # No replay data in these sessions (the pipeline reads all three).
+    routed_experts: None = None
+    indexer_topk: None = None
+    weight_versions: tuple[()] = ()
 
 
 @dataclass
