@@ -17,9 +17,15 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape, WeightSpan
+from tokentrail.core.replay import (
+    IndexerShape,
+    ReplayRows,
+    RoutingShape,
+    WeightSpan,
+    checked_rows,
+)
 from tokentrail.errors import EngineOutputError, SamplingParamsError
-from tokentrail.kinds import EngineFault, FinishReason, ReplayGap
+from tokentrail.kinds import EngineFault, FinishReason, Replay, ReplayGap
 from tokentrail.messages import ImageInput, Message, ToolSchema
 from tokentrail.text.constraints import OutputConstraint
 
@@ -183,3 +189,26 @@ class Engine(Protocol):
     async def close(self) -> None:
         """Release connections."""
         ...
+
+
+def routed_from_zero(
+    req: GenerateRequest, rows: Any, prompt: int, output: int
+) -> ReplayRows | None:
+    """The routed experts `req` asks for, out of `rows`: one row per position a forward pass
+    fed, from position 0 (an in-process model's, verl's server manager's). None when none were
+    asked for; `NOT_SUPPORTED` when the engine gave none."""
+    replay = req.replay
+    if replay.routed_start is None:
+        return None
+    if rows is None or replay.routing is None:
+        return ReplayRows.missing(ReplayGap.NOT_SUPPORTED)
+    start = min(replay.routed_start, prompt)
+    return checked_rows(
+        Replay.ROUTED_EXPERTS,
+        np.asarray(rows)[start : prompt + output - 1],
+        start=start,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        shape=replay.routing,
+        request_id=req.request_id,
+    )

@@ -28,18 +28,18 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.core.replay import ReplayRows, RoutingShape, checked_rows, weight_spans
+from tokentrail.core.replay import RoutingShape, weight_spans
 from tokentrail.engines.base import (
     Engine,
     GenerateRequest,
     Generation,
     ReplayRequest,
     SamplingParams,
+    routed_from_zero,
     token_list,
 )
 from tokentrail.engines.registry import create_engine, register_engine
 from tokentrail.errors import EngineError, EngineSpecError, ModelError
-from tokentrail.kinds import Replay, ReplayGap
 from tokentrail.model.forward import CausalLM, crop
 from tokentrail.text.tokenizer import LoadedTokenizer
 
@@ -130,7 +130,7 @@ class TransformersEngine:
         finally:
             self._aborted.discard(req.request_id)
         prompt = len(req.input_ids)
-        routed = self._routed(req, fed_rows, prompt, len(output))
+        routed = routed_from_zero(req, fed_rows, prompt, len(output))
         return Generation(
             output,
             logprobs,
@@ -140,25 +140,6 @@ class TransformersEngine:
             routed_experts=routed,
             indexer_topk=req.replay.unsupported()[1],
             weight_versions=weight_spans(self.weight_version, None, len(output)),
-        )
-
-    def _routed(
-        self, req: GenerateRequest, rows: np.ndarray | None, prompt: int, output: int
-    ) -> ReplayRows | None:
-        replay = req.replay
-        if replay.routed_start is None:
-            return None
-        if rows is None or replay.routing is None:
-            return ReplayRows.missing(ReplayGap.NOT_SUPPORTED)
-        start = min(replay.routed_start, prompt)
-        return checked_rows(
-            Replay.ROUTED_EXPERTS,
-            rows[start:],
-            start=start,
-            prompt_tokens=prompt,
-            output_tokens=output,
-            shape=replay.routing,
-            request_id=req.request_id,
         )
 
     def _run(

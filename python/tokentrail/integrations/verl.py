@@ -16,17 +16,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
-import numpy as np
-
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.core.replay import (
-    ReplayRows,
     RoutingShape,
-    checked_rows,
     model_shapes,
     read_model_config,
 )
-from tokentrail.engines.base import GenerateRequest, Generation
+from tokentrail.engines.base import GenerateRequest, Generation, routed_from_zero
 from tokentrail.errors import EngineError, HarnessFailed
 from tokentrail.integrations.session import (
     CommandHarness,
@@ -36,7 +32,7 @@ from tokentrail.integrations.session import (
     main_sample,
     prompt_text,
 )
-from tokentrail.kinds import FinishReason, Replay, ReplayGap
+from tokentrail.kinds import FinishReason
 from tokentrail.sim.harness import SessionSpec
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.linearize import Trajectory
@@ -120,7 +116,7 @@ class ServerManagerEngine:
             self._finish(ids, out.stop_reason, req.sampling.max_new_tokens),
             len(prompt),
             0.0,
-            routed_experts=self._routed(req, out.routed_experts, len(prompt), len(ids)),
+            routed_experts=routed_from_zero(req, out.routed_experts, len(prompt), len(ids)),
             indexer_topk=req.replay.unsupported()[1],
         )
 
@@ -130,27 +126,6 @@ class ServerManagerEngine:
         if ids and ids[-1] in self.tokenizer.end_token_ids:
             return FinishReason.STOP
         return FinishReason.LENGTH if len(ids) >= max_tokens else FinishReason.STOP
-
-    def _routed(
-        self, req: GenerateRequest, rows: Any, prompt: int, output: int
-    ) -> ReplayRows | None:
-        """verl's routed experts hold one row per position of prompt + output, from 0."""
-        replay = req.replay
-        if replay.routed_start is None:
-            return None
-        if rows is None or replay.routing is None:
-            return ReplayRows.missing(ReplayGap.NOT_SUPPORTED)
-        start = min(replay.routed_start, prompt)
-        values = np.asarray(rows)[start : prompt + output - 1]
-        return checked_rows(
-            Replay.ROUTED_EXPERTS,
-            values,
-            start=start,
-            prompt_tokens=prompt,
-            output_tokens=output,
-            shape=replay.routing,
-            request_id=req.request_id,
-        )
 
     async def abort(self, request_id: str) -> None:
         """verl's server manager has no per-request abort an agent loop may call."""
