@@ -20,7 +20,6 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -37,7 +36,7 @@ from support.stand_in import scripted_reply
 from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest
-from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine, scripted_logprob
+from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine
 from tokentrail.sim.moe import KVRouting
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
@@ -329,21 +328,6 @@ def _long_context_script(repo: Path) -> list:
     ]
 
 
-def _stand_in_reply(script: list) -> Any:
-    """A stand-in engine's model: reply N to a prompt holding N assistant turns, as Qwen3 writes
-    it (the scripted engine's rule, read from the prompt's ids: an engine sees only those)."""
-    tokenizer = load_tokenizer()
-    engine = ScriptedEngine(tokenizer, script)
-    im_end = tokenizer.token_id("<|im_end|>")
-
-    def reply(prompt_ids: list[int]) -> tuple[list[int], list[float], str]:
-        turns = tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1
-        ids = [*tokenizer.encode(engine.reply_text(turns)), im_end]
-        return ids, [scripted_logprob(t, i) for i, t in enumerate(ids)], "stop"
-
-    return reply
-
-
 def test_real_claude_code_over_vllm_at_a_64k_token_context(
     claude_exe: Path, tmp_path: Path
 ) -> None:
@@ -358,7 +342,7 @@ def test_real_claude_code_over_vllm_at_a_64k_token_context(
     script = _long_context_script(repo)
     script_file = tmp_path / "script.json"
     script_file.write_text(json.dumps(script))
-    with engine_in_thread(FakeVLLM(_stand_in_reply(script))) as vllm:
+    with engine_in_thread(FakeVLLM(scripted_reply(script))) as vllm:
         with serving(script_file, "--engine", f"vllm://{vllm.url}") as served:
             run = run_claude(
                 claude_exe,
@@ -395,7 +379,7 @@ def test_real_claude_code_over_sglang_with_routed_experts_at_48x8(
     script = _script(repo)
     script_file = tmp_path / "script.json"
     script_file.write_text(json.dumps(script))
-    fake = FakeSGLang(_stand_in_reply(script), routing=KVRouting(RoutingShape(48, 8, 128)))
+    fake = FakeSGLang(scripted_reply(script), routing=KVRouting(RoutingShape(48, 8, 128)))
     with engine_in_thread(fake) as sglang:
         with serving(
             script_file,
@@ -493,7 +477,7 @@ def test_real_claude_code_reads_a_png_as_vision_tokens_over_sglang(
     ]
     script_file = tmp_path / "script.json"
     script_file.write_text(json.dumps(script))
-    fake = FakeSGLang(_stand_in_reply(script))
+    fake = FakeSGLang(scripted_reply(script))
     with engine_in_thread(fake) as sglang:
         with serving(
             script_file, "--engine", f"sglang://{sglang.url}", "--tokenizer", "builtin:qwen3-vl"
