@@ -19,6 +19,7 @@ from tokentrail.kinds import BranchReason, MaskReason
 from tokentrail.messages import Message, tool_names
 from tokentrail.trajectory.ledger import Ledger, TurnLedger
 from tokentrail.trajectory.linearize import Trajectory
+from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tree import Node, iter_nodes
 from tokentrail.trajectory.turn import StoredTurn
@@ -72,21 +73,23 @@ def session_summary(data: SessionData) -> dict[str, Any]:
     }
 
 
+def sample_row(index: int, sample: Sample) -> dict[str, Any]:
+    """One sample as the session page lists it."""
+    return {
+        "index": index,
+        "turns": sample.metadata.get("turns", []),
+        "tokens": len(sample.tokens),
+        "response_length": sample.response_length,
+        "trained": sample.trained_tokens,
+        "truncated": bool(sample.metadata.get("truncated")),
+        "conversation": sample.metadata.get("conversation"),
+    }
+
+
 def session_detail(data: SessionData) -> dict[str, Any]:
     """The session page: ledger, tree, samples and drifts (no tokens)."""
     traj = data.trajectory
-    samples = [
-        {
-            "index": i,
-            "turns": s.metadata.get("turns", []),
-            "tokens": len(s.tokens),
-            "response_length": s.response_length,
-            "trained": s.trained_tokens,
-            "truncated": bool(s.metadata.get("truncated")),
-            "conversation": s.metadata.get("conversation"),
-        }
-        for i, s in enumerate(traj.samples)
-    ]
+    samples = [sample_row(i, s) for i, s in enumerate(traj.samples)]
     drifts = [
         {"turn_index": d.turn_index, "kind": str(d.kind), "at": d.at, "drifted": d.drifted}
         for d in traj.drifts

@@ -18,7 +18,7 @@ from tokentrail.errors import NotFound
 from tokentrail.storage.export import read_samples
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.sample import Sample
-from tokentrail.view.model import Decode
+from tokentrail.view.model import Decode, sample_row
 from tokentrail.view.sources import token_text
 
 __all__ = ["SAMPLE_FATES", "SamplesSource", "is_sample_file"]
@@ -63,18 +63,7 @@ class SamplesSource:
 
     def detail(self, sid: str) -> dict[str, Any]:
         samples = self._get(sid)
-        rows = [
-            {
-                "index": i,
-                "turns": s.metadata.get("turns", []),
-                "tokens": len(s.tokens),
-                "response_length": s.response_length,
-                "trained": s.trained_tokens,
-                "truncated": bool(s.metadata.get("truncated")),
-                "conversation": s.metadata.get("conversation"),
-            }
-            for i, s in enumerate(samples)
-        ]
+        rows = [sample_row(i, s) for i, s in enumerate(samples)]
         return {**_summary(sid, samples), "ledger": None, "sample_list": rows}
 
     def turn(self, sid: str, turn_index: int) -> dict[str, Any]:
