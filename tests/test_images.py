@@ -68,25 +68,33 @@ def run(tokenizer, script: list, turns) -> tuple[Any, Any]:
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("name", ["qwen2-vl", "qwen3-vl"])
+@pytest.mark.parametrize("name", ["qwen2-vl", "qwen3-vl", "kimi-k2.5"])
 def test_grid_is_the_image_processors_own(name: str) -> None:
     # The fast path (the resize rule on the header's size) against the processor run on the
-    # pixels, over generated sizes from tiny to past the pixel cap.
+    # pixels, over generated sizes from tiny to past the pixel cap (and, for Kimi's, past its
+    # patch budget and its 512 patches a side).
     spec = vision_spec(name)
     assert spec is not None
     processor = spec.processor()
     rng = random.Random(7)
-    sizes = [(1, 1), (10, 1999), (1999, 10)] + [
+    sizes = [(1, 1), (10, 1999), (1999, 10), (7200, 20), (3000, 3000)] + [
         (rng.randint(1, 1500), rng.randint(1, 1500)) for _ in range(12)
     ]
     for w, h in sizes:
+        if name != "kimi-k2.5" and max(w, h) / min(w, h) > 200:
+            continue  # refused by Qwen's processor: below
         out = processor(images=[Image.new("RGB", (w, h))], return_tensors="np")
         grid = tuple(int(x) for x in out["image_grid_thw"][0])
         assert spec.grid(h, w) == grid, (w, h)
         assert out["pixel_values"].shape[0] // spec.merge_size**2 == spec.tokens(grid)
-    # Past the aspect ratio the processor takes: refused, as the processor refuses it.
+
+
+@pytest.mark.parametrize("name", ["qwen2-vl", "qwen3-vl"])
+def test_qwens_processor_refuses_an_aspect_ratio_past_200(name: str) -> None:
+    spec = vision_spec(name)
+    assert spec is not None
     with pytest.raises(ValueError, match="aspect ratio"):
-        processor(images=[Image.new("RGB", (3, 2000))], return_tensors="np")
+        spec.processor()(images=[Image.new("RGB", (3, 2000))], return_tensors="np")
     with pytest.raises(ImageError, match="aspect ratio"):
         spec.grid(2000, 3)
 
@@ -105,8 +113,19 @@ def test_a_family_without_vision_keeps_the_placeholder() -> None:
     assert resolved.images == []
 
 
-def test_a_claude_code_read_of_a_png_trains_on_vision_tokens(qwen3_vl, tmp_path) -> None:
-    spec = vision_spec("qwen3-vl")
+@pytest.mark.parametrize(
+    ("vocabulary", "encoder", "before"),
+    [
+        ("builtin:qwen3-vl", "qwen3-vl", "<|vision_start|>"),
+        # Kimi K2.5 has no vocabulary on PyPI: its stand-in (Qwen3's ranks, Kimi's tokens).
+        ("stand-in:kimi-k2.5", "kimi-k2.5", "<|media_content|>"),
+    ],
+)
+def test_a_claude_code_read_of_a_png_trains_on_vision_tokens(
+    vocabulary: str, encoder: str, before: str, tmp_path
+) -> None:
+    tokenizer = load_tokenizer(vocabulary)
+    spec = vision_spec(encoder)
     assert spec is not None
     shot = png(500, 300, seed=1)
     call = [{"type": "tool_use", "name": "Read", "input": {"file_path": "shot.png"}}]
@@ -131,7 +150,7 @@ def test_a_claude_code_read_of_a_png_trains_on_vision_tokens(qwen3_vl, tmp_path)
             model="m", max_tokens=64, tools=[READ], messages=second, extra_headers=SID
         )
 
-    reply, trajectory = run(qwen3_vl, [call, done], turns)
+    reply, trajectory = run(tokenizer, [call, done], turns)
     assert reply.content[0].text == "a screenshot"
     sample = trajectory.samples[-1]
     grid = spec.processor()(images=[Image.open(io.BytesIO(shot))], return_tensors="np")
@@ -140,12 +159,12 @@ def test_a_claude_code_read_of_a_png_trains_on_vision_tokens(qwen3_vl, tmp_path)
     assert image["image_grid_thw"] == [int(x) for x in grid["image_grid_thw"][0]]
     assert image["tokens"] == want
     assert base64.b64decode(image["data"]) == shot
-    pad = qwen3_vl.token_id("<|image_pad|>")
+    pad = tokenizer.token_id(spec.pad)
     tokens = sample.tokens.tolist()
     at = image["offset"]
-    assert tokens[at - 1] == qwen3_vl.token_id("<|vision_start|>")
+    assert tokens[at - 1] == tokenizer.token_id(before)
     assert tokens[at : at + want] == [pad] * want
-    assert tokens[at + want] == qwen3_vl.token_id("<|vision_end|>")
+    assert tokens[at + want] == tokenizer.token_id(spec.end)
     assert tokens.count(pad) == want
     assert "dropped_media" not in sample.metadata or not sample.metadata["dropped_media"]
     inputs = sample.multimodal_inputs()

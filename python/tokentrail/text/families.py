@@ -396,6 +396,13 @@ _KIMI_TOKENS: Tokens = (
     ("<think>", False),
     ("</think>", False),
 )
+# Kimi K2.5's image placeholder tokens (`text.vision`), special like the turn markers.
+_KIMI_MEDIA_TOKENS: Tokens = (
+    ("<|media_begin|>", True),
+    ("<|media_content|>", True),
+    ("<|media_end|>", True),
+    ("<|media_pad|>", True),
+)
 register_family(
     Family(
         name="kimi-k2.5",
@@ -406,9 +413,10 @@ register_family(
         stop_tokens=("<|im_end|>",),
         end_after_calls="<|im_end|>",
         end_after_text="<|im_end|>",
-        tokens=_KIMI_TOKENS,
+        tokens=_KIMI_TOKENS + _KIMI_MEDIA_TOKENS,
         markers=("<|tool_calls_section_begin|>", "tools_ts_str"),
         aliases=("kimi-k2.6",),
+        vision="kimi-k2.5",
         call_id="functions.{name}:{index}",
         prompt_opens_reasoning=True,
         always_reasoning=True,

@@ -4,8 +4,9 @@ Translation leaves a mark (`image_mark`) where each image part stood and keeps t
 source (`ImageSource`). `resolve_images` then, for a family with a vision encoder
 (`VisionSpec`), decodes each image under `ImageLimits`, asks the family's own image processor
 (from `transformers`, built offline with the family's published parameters; no weights) how
-many tokens it takes, and writes the family's placeholder run
-(`<|vision_start|>` + n x `<|image_pad|>` + `<|vision_end|>`) in its place; for a family
+many tokens it takes, and writes the family's placeholder run in its place (Qwen's
+`<|vision_start|>` + n x `<|image_pad|>` + `<|vision_end|>`, Kimi K2.5's
+`<|media_begin|>image<|media_content|>` + n x `<|media_pad|>` + `<|media_end|>`); for a family
 without one, each mark becomes the `[image]` text it always was.
 """
 
@@ -16,8 +17,10 @@ import binascii
 import dataclasses
 import io
 import json
+import math
 import re
 import threading
+from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +36,8 @@ __all__ = [
     "ImageCache",
     "ImageLimits",
     "ImageSource",
+    "KimiVision",
+    "QwenVision",
     "VisionSpec",
     "image_mark",
     "image_positions",
@@ -67,28 +72,53 @@ class ImageLimits:
     max_request_pixels: int = 256 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class VisionSpec:
-    """A vision encoder's image processor parameters and placeholder tokens."""
+@dataclass(frozen=True, kw_only=True)
+class VisionSpec(ABC):
+    """A vision encoder: how its image processor sizes an image (`grid`), how many tokens
+    that grid takes, and the placeholder tokens around them."""
 
     name: str
     patch_size: int
     merge_size: int
+    image_mean: tuple[float, float, float]
+    image_std: tuple[float, float, float]
+    start: str
+    pad: str
+    end: str
+
+    @abstractmethod
+    def processor(self) -> Any:
+        """The family's image processor from `transformers`, built offline (no weights)."""
+
+    @abstractmethod
+    def grid(self, height: int, width: int) -> tuple[int, int, int]:
+        """`image_grid_thw` of an image this size: the processor's own resize rule."""
+
+    def tokens(self, grid: tuple[int, int, int]) -> int:
+        t, h, w = grid
+        return t * h * w // (self.merge_size**2)
+
+    def placeholder(self, tokens: int) -> str:
+        return self.start + self.pad * tokens + self.end
+
+
+@dataclass(frozen=True, kw_only=True)
+class QwenVision(VisionSpec):
+    """Qwen2-VL's processor (Qwen2.5-VL, Qwen3-VL, Qwen3.5/3.6): `smart_resize` takes both
+    sides to multiples of patch x merge with the pixels within [min_pixels, max_pixels]."""
+
     temporal_patch_size: int
     min_pixels: int
     max_pixels: int
-    image_mean: tuple[float, float, float]
-    image_std: tuple[float, float, float]
     start: str = "<|vision_start|>"
     pad: str = "<|image_pad|>"
     end: str = "<|vision_end|>"
 
     def processor(self) -> Any:
-        """The family's image processor from `transformers` (Pillow backend), built offline."""
-        return _processor(self)
+        """`Qwen2VLImageProcessorPil` (Pillow backend) with the family's parameters."""
+        return _qwen_processor(self)
 
     def grid(self, height: int, width: int) -> tuple[int, int, int]:
-        """`image_grid_thw` of an image this size: the processor's own resize rule."""
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
         try:
@@ -105,16 +135,44 @@ class VisionSpec:
             ) from None
         return 1, h // self.patch_size, w // self.patch_size
 
-    def tokens(self, grid: tuple[int, int, int]) -> int:
-        t, h, w = grid
-        return t * h * w // (self.merge_size**2)
 
-    def placeholder(self, tokens: int) -> str:
-        return self.start + self.pad * tokens + self.end
+@dataclass(frozen=True, kw_only=True)
+class KimiVision(VisionSpec):
+    """Kimi K2.5's MoonViT processor (`Kimi_K25ImageProcessor`): `navit_resize` scales an
+    image down (never up) to at most `max_patches` patches and `max_side` patches a side,
+    then pads both sides to multiples of patch x merge. Its torchvision backend is needed for
+    the pixels only, not for the grid."""
+
+    max_patches: int
+    max_side: int
+    start: str = "<|media_begin|>image<|media_content|>"
+    pad: str = "<|media_pad|>"
+    end: str = "<|media_end|>"
+
+    def processor(self) -> Any:
+        return _kimi_processor(self)
+
+    def grid(self, height: int, width: int) -> tuple[int, int, int]:
+        # `navit_resize`, which its module only exports beside a torchvision import.
+        patches_h = max(1.0, height // self.patch_size)
+        patches_w = max(1.0, width // self.patch_size)
+        scale = min(
+            1.0,
+            math.sqrt(self.max_patches / (patches_h * patches_w)),
+            self.max_side * self.patch_size / height,
+            self.max_side * self.patch_size / width,
+        )
+        side = self.max_side * self.patch_size
+        new_h = min(max(1, int(height * scale)), side)
+        new_w = min(max(1, int(width * scale)), side)
+        factor = self.merge_size * self.patch_size
+        pad_h = new_h + (factor - new_h % factor) % factor
+        pad_w = new_w + (factor - new_w % factor) % factor
+        return 1, pad_h // self.patch_size, pad_w // self.patch_size
 
 
 @cache
-def _processor(spec: VisionSpec) -> Any:
+def _qwen_processor(spec: QwenVision) -> Any:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -129,16 +187,65 @@ def _processor(spec: VisionSpec) -> Any:
     )
 
 
+@cache
+def _kimi_processor(spec: KimiVision) -> Any:
+    try:
+        from transformers.models.kimi_k25.image_processing_kimi_k25 import (
+            Kimi_K25ImageProcessor,
+        )
+    except ImportError as exc:
+        raise ImageError(
+            f"{spec.name}'s image processor needs torchvision ({exc}); the token counts do not"
+        ) from None
+    return Kimi_K25ImageProcessor(
+        patch_size=spec.patch_size,
+        merge_size=spec.merge_size,
+        max_patches=spec.max_patches,
+        size={"max_height": spec.max_side, "max_width": spec.max_side},
+        image_mean=list(spec.image_mean),
+        image_std=list(spec.image_std),
+    )
+
+
 _OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_HALF = (0.5, 0.5, 0.5)
 _VISION: dict[str, VisionSpec] = {
     # Qwen2-VL / Qwen2.5-VL: `Qwen2VLImageProcessor`'s defaults.
-    "qwen2-vl": VisionSpec(
-        "qwen2-vl", 14, 2, 2, 56 * 56, 28 * 28 * 1280, _OPENAI_CLIP_MEAN, _OPENAI_CLIP_STD
+    "qwen2-vl": QwenVision(
+        name="qwen2-vl",
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=56 * 56,
+        max_pixels=28 * 28 * 1280,
+        image_mean=_OPENAI_CLIP_MEAN,
+        image_std=_OPENAI_CLIP_STD,
     ),
     # Qwen3-VL and Qwen3.5/3.6: the same processor with the preprocessor_config.json their
     # checkpoints publish (16-pixel patches, 64K..16M pixels, mean and std 0.5).
-    "qwen3-vl": VisionSpec("qwen3-vl", 16, 2, 2, 65536, 16777216, (0.5,) * 3, (0.5,) * 3),
+    "qwen3-vl": QwenVision(
+        name="qwen3-vl",
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=65536,
+        max_pixels=16777216,
+        image_mean=_HALF,
+        image_std=_HALF,
+    ),
+    # Kimi K2.5/K2.6: `Kimi_K25ImageProcessor`'s defaults (14-pixel patches merged 2x2, at most
+    # 16384 patches and 512 a side, mean and std 0.5); an image is the placeholder vLLM and
+    # SGLang name for the model, its one `<|media_pad|>` expanded as the processor expands it.
+    "kimi-k2.5": KimiVision(
+        name="kimi-k2.5",
+        patch_size=14,
+        merge_size=2,
+        max_patches=16384,
+        max_side=512,
+        image_mean=_HALF,
+        image_std=_HALF,
+    ),
 }
 
 
