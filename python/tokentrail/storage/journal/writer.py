@@ -51,6 +51,7 @@ from tokentrail.storage.journal.format import (
     session_crc,
     tools_bytes,
 )
+from tokentrail.storage.journal.images import ImageReader, StoredImage, split_images
 from tokentrail.storage.journal.lock import JournalLock
 from tokentrail.storage.journal.open import (
     Lost,
@@ -95,8 +96,9 @@ class Journal:
         self._mutex = threading.Lock()
         # Append state of the sessions in memory: the unfinished ones, and those seen since.
         self._writers: dict[str, _Writer] = {}
-        # Every tool list in `blobs`, as stored.
+        # Every tool list in `blobs`, as stored; the digest of every image in `images`.
         self._tool_lists: dict[str, bytes] = {}
+        self._images: set[str] = set()
         self._streamed = False
         self._lock = JournalLock(self.path)
         self._lock.acquire()
@@ -138,6 +140,7 @@ class Journal:
         self.recovery.live = list(live)
         for ref, data in self._db.execute("SELECT hash, data FROM blobs"):
             self._tool_lists[ref] = bytes(data)
+        self._images = {digest for (digest,) in self._db.execute("SELECT digest FROM images")}
 
     def _mark_lost(self, lost: Lost) -> None:
         """Mark, in their sessions, the events the receipts name and the file does not hold."""
@@ -179,7 +182,8 @@ class Journal:
             damage: list[SessionDamage] = []
             good = 0
             rows = session_rows(self._db, sid)
-            for event in decode_events(sid, rows, writer.last, blobs, damage, decoder):
+            images = ImageReader(self._db)
+            for event in decode_events(sid, rows, writer.last, blobs, images, damage, decoder):
                 good = event.seq
                 yield event
             writer.bases, writer.tools = decoder.bases.digested(), decoder.tools_ref
@@ -217,8 +221,10 @@ class Journal:
         payload: bytes,
         ids: bytes = b"",
         blob: tuple[str, bytes] | None = None,
+        images: list[StoredImage] | None = None,
     ) -> int:
-        """Commit one event of `sid`; returns its session sequence number."""
+        """Commit one event of `sid`, with the tool list and the images it is the first to
+        name; returns its session sequence number."""
         if not isinstance(sid, str) or not sid:
             raise JournalError("a journal event needs a session id")
         with self._mutex:
@@ -226,6 +232,7 @@ class Journal:
             n = writer.last + 1
             state = END_STATES.get(kind, JournalState.LIVE)
             db = self._db
+            new = [i for i in images or () if i.digest not in self._images]
             try:
                 db.execute("BEGIN")
                 if blob is not None:
@@ -233,6 +240,10 @@ class Journal:
                     db.execute(
                         "INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)",
                         (ref, data, zlib.crc32(data)),
+                    )
+                if new:
+                    db.executemany(
+                        "INSERT OR IGNORE INTO images VALUES (?, ?, ?, ?)", [i.row() for i in new]
                     )
                 crc = event_crc(sid, n, kind, payload, ids)
                 cur = db.execute(
@@ -253,6 +264,7 @@ class Journal:
                     db.execute("ROLLBACK")
                 raise JournalError(f"journal {self.path}: cannot append ({exc})") from None
             writer.last, writer.first, writer.state = n, first, state
+            self._images.update(i.digest for i in new)
             self.receipts.write(seq, n, kind, sid)
             return n
 
@@ -328,6 +340,8 @@ class Journal:
         digests = [digest(m) for m in translated]
         mbase, keep = writer.bases.message_base(digests)
         ref, blob = self._tools_ref(writer, tools)
+        # The images' bytes go into `images` (once per journal), their tags name them.
+        stored, images = split_images(metadata, self._images)
         encoded = encode_turn(
             mbase=mbase,
             keep=keep,
@@ -341,7 +355,7 @@ class Journal:
             response=response_message,
             finish_reason=finish_reason,
             ill_formed=ill_formed,
-            metadata=metadata,
+            metadata=stored,
             history=history,
             fallback=fallback,
             answer=answer,
@@ -351,7 +365,7 @@ class Journal:
             weight_versions=weight_versions,
         )
         try:
-            n = self._append(sid, JournalEvent.TURN, encoded.payload, encoded.ids, blob)
+            n = self._append(sid, JournalEvent.TURN, encoded.payload, encoded.ids, blob, images)
         except JournalError:
             if blob is not None:
                 self._tool_lists.pop(blob[0], None)  # it never reached `blobs`
