@@ -124,9 +124,7 @@ def upgrade_v2(path: Path) -> None:
     try:
         db.execute("BEGIN IMMEDIATE")
         db.execute(IMAGES_TABLE)
-        db.execute(
-            "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
-        )
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
         db.execute("COMMIT")
     except sqlite3.Error as exc:
         raise JournalError(f"journal {path}: cannot upgrade it from schema 2 ({exc})") from None
