@@ -176,14 +176,14 @@ def main() -> None:
         ("image rows (bytes)", "image_row_bytes", 1),
         ("tags in the tree, per turn", "tree_tags_bytes", n),
         ("tags read back, per turn", "read_tags_bytes", n),
-        ("tags as JSON (not shared), per turn", "json_tags_bytes", n),
+        ("tags' JSON text, per turn (unshared)", "json_tags_bytes", n),
     ]
     print(f"{'measure':<40}{'before':>14}{'after':>14}{'before/after':>14}")
     for label, key, per in rows:
         b, a = before[key], after[key]
         if per:
             b, a = b / per, a / per
-        ratio = f"{b / a:.1f}x" if a else "-"
+        ratio = f"{b / a:.1f}x" if a and b else "-"
         print(f"{label:<40}{b:>14,.0f}{a:>14,.0f}{ratio:>14}")
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "

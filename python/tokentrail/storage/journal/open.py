@@ -82,7 +82,7 @@ def prepare(
     recovery: Recovery,
     open_journal: Callable[[Path], MigrationTarget],
 ) -> Lost:
-    """Make `path` a schema-2 file to append to; returns the events it lost, by session.
+    """Make `path` a current-schema file to append to; returns the events it lost, by session.
     A schema-1 file is migrated into a journal `open_journal` opens."""
     if not path.exists():
         _set_aside_orphaned(path, receipts)
