@@ -72,6 +72,31 @@ def split_images(
     return {**metadata, "images": tags}, list(new.values())
 
 
+class StoredImages:
+    """A writer's view of `images`: the digests it holds. A turn inserts, in its own
+    transaction, the images it holds that are not among them; a digest joins them only once
+    that transaction committed, so a turn naming an image never commits without it."""
+
+    def __init__(self) -> None:
+        self.digests: set[str] = set()
+
+    def load(self, db: sqlite3.Connection) -> None:
+        self.digests = {digest for (digest,) in db.execute("SELECT digest FROM images")}
+
+    def split(self, metadata: dict[str, Any]) -> tuple[dict[str, Any], list[StoredImage]]:
+        """`split_images` against what is stored."""
+        return split_images(metadata, self.digests)
+
+    def insert(self, db: sqlite3.Connection, images: Iterable[StoredImage]) -> None:
+        """Within the caller's transaction (a concurrent turn may have stored one already)."""
+        db.executemany(
+            "INSERT OR IGNORE INTO images VALUES (?, ?, ?, ?)", [i.row() for i in images]
+        )
+
+    def committed(self, images: Iterable[StoredImage]) -> None:
+        self.digests.update(i.digest for i in images)
+
+
 def named_images(metadata: Mapping[str, Any]) -> Iterable[str]:
     """The digests of the images a stored turn's tags name without their bytes."""
     images = metadata.get("images")

@@ -26,7 +26,7 @@ import logging
 import sqlite3
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -51,7 +51,7 @@ from tokentrail.storage.journal.format import (
     session_crc,
     tools_bytes,
 )
-from tokentrail.storage.journal.images import ImageReader, StoredImage, split_images
+from tokentrail.storage.journal.images import ImageReader, StoredImage, StoredImages
 from tokentrail.storage.journal.lock import JournalLock
 from tokentrail.storage.journal.open import (
     Lost,
@@ -98,7 +98,7 @@ class Journal:
         self._writers: dict[str, _Writer] = {}
         # Every tool list in `blobs`, as stored; the digest of every image in `images`.
         self._tool_lists: dict[str, bytes] = {}
-        self._images: set[str] = set()
+        self._images = StoredImages()
         self._streamed = False
         self._lock = JournalLock(self.path)
         self._lock.acquire()
@@ -140,7 +140,7 @@ class Journal:
         self.recovery.live = list(live)
         for ref, data in self._db.execute("SELECT hash, data FROM blobs"):
             self._tool_lists[ref] = bytes(data)
-        self._images = {digest for (digest,) in self._db.execute("SELECT digest FROM images")}
+        self._images.load(self._db)
 
     def _mark_lost(self, lost: Lost) -> None:
         """Mark, in their sessions, the events the receipts name and the file does not hold."""
@@ -221,10 +221,9 @@ class Journal:
         payload: bytes,
         ids: bytes = b"",
         blob: tuple[str, bytes] | None = None,
-        images: list[StoredImage] | None = None,
+        images: Sequence[StoredImage] = (),
     ) -> int:
-        """Commit one event of `sid`, with the tool list and the images it is the first to
-        name; returns its session sequence number."""
+        """Commit one event of `sid` (and what it is first to name); returns its number."""
         if not isinstance(sid, str) or not sid:
             raise JournalError("a journal event needs a session id")
         with self._mutex:
@@ -232,7 +231,6 @@ class Journal:
             n = writer.last + 1
             state = END_STATES.get(kind, JournalState.LIVE)
             db = self._db
-            new = [i for i in images or () if i.digest not in self._images]
             try:
                 db.execute("BEGIN")
                 if blob is not None:
@@ -241,10 +239,7 @@ class Journal:
                         "INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)",
                         (ref, data, zlib.crc32(data)),
                     )
-                if new:
-                    db.executemany(
-                        "INSERT OR IGNORE INTO images VALUES (?, ?, ?, ?)", [i.row() for i in new]
-                    )
+                self._images.insert(db, images)
                 crc = event_crc(sid, n, kind, payload, ids)
                 cur = db.execute(
                     "INSERT INTO events (sid, sess_seq, kind, payload, ids, crc) "
@@ -264,7 +259,7 @@ class Journal:
                     db.execute("ROLLBACK")
                 raise JournalError(f"journal {self.path}: cannot append ({exc})") from None
             writer.last, writer.first, writer.state = n, first, state
-            self._images.update(i.digest for i in new)
+            self._images.committed(images)
             self.receipts.write(seq, n, kind, sid)
             return n
 
@@ -339,9 +334,8 @@ class Journal:
         tbase, prefix, shared = writer.bases.token_base(prompt)
         digests = [digest(m) for m in translated]
         mbase, keep = writer.bases.message_base(digests)
-        ref, blob = self._tools_ref(writer, tools)
-        # The images' bytes go into `images` (once per journal), their tags name them.
-        stored, images = split_images(metadata, self._images)
+        ref, blob = _tools_ref(self._tool_lists, writer, tools)
+        stored, images = self._images.split(metadata)  # Their bytes go into `images`, once.
         encoded = encode_turn(
             mbase=mbase,
             keep=keep,
@@ -374,22 +368,6 @@ class Journal:
         writer.tools = ref
         return n
 
-    def _tools_ref(
-        self, writer: _Writer, tools: list[ToolSchema] | None
-    ) -> tuple[str | None, tuple[str, bytes] | None]:
-        """The hash naming `tools` in `blobs`, and the blob to insert when it is new (compared
-        as bytes, key order included: a template renders the schemas in their order)."""
-        if tools is None:
-            return None, None
-        data = tools_bytes(tools)
-        if writer.tools is not None and self._tool_lists.get(writer.tools) == data:
-            return writer.tools, None
-        ref = blob_hash(data)
-        if ref in self._tool_lists:
-            return ref, None
-        self._tool_lists[ref] = data
-        return ref, (ref, data)
-
     def _forget(self, sid: str) -> None:
         self._writers.pop(sid, None)
 
@@ -399,3 +377,20 @@ class Journal:
             self.receipts.close()
         finally:
             self._lock.release()
+
+
+def _tools_ref(
+    tool_lists: dict[str, bytes], writer: _Writer, tools: list[ToolSchema] | None
+) -> tuple[str | None, tuple[str, bytes] | None]:
+    """The hash naming `tools` in `blobs`, and the blob to insert when it is new (compared
+    as bytes, key order included: a template renders the schemas in their order)."""
+    if tools is None:
+        return None, None
+    data = tools_bytes(tools)
+    if writer.tools is not None and tool_lists.get(writer.tools) == data:
+        return writer.tools, None
+    ref = blob_hash(data)
+    if ref in tool_lists:
+        return ref, None
+    tool_lists[ref] = data
+    return ref, (ref, data)
