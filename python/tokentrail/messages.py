@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, TypedDict
 
 from tokentrail.kinds import ToolChoice
@@ -98,8 +99,14 @@ class ImageInput:
     grid_thw: tuple[int, int, int]
     tokens: int
 
+    @cached_property
+    def base64_data(self) -> str:
+        """The bytes as base64, made once: every later prompt of a session holds the image
+        again (the same object, from `ImageCache`), and each turn's tags share this text."""
+        return base64.b64encode(self.data).decode("ascii")
+
     def data_url(self) -> str:
-        return f"data:{self.media_type};base64,{base64.b64encode(self.data).decode()}"
+        return f"data:{self.media_type};base64,{self.base64_data}"
 
     def described(self) -> dict[str, Any]:
         """Everything but the bytes, as JSON."""

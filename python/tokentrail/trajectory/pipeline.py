@@ -14,7 +14,6 @@ engine runs: the engine is called only for a turn that will be recorded.
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -148,7 +147,7 @@ class PreparedTurn:
                 "image tokens in the request's text are not taken"
             )
         return [
-            {**i.described(), "offset": at, "data": base64.b64encode(i.data).decode()}
+            {**i.described(), "offset": at, "data": i.base64_data}
             for (at, _), i in zip(runs, images, strict=True)
         ]
 

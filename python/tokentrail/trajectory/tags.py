@@ -39,7 +39,9 @@ class TurnTags:
     # Cut short by a client gone mid-stream: recorded, masked `client_disconnected`.
     client_disconnected: bool = False
     # The prompt's images, in token order (`PreparedTurn.image_tags`): each one's digest,
-    # type, size, processor grid, token count, first pad token's offset and base64 bytes.
+    # type, size, processor grid, token count, first pad token's offset and base64 bytes
+    # (one text per image, shared by the turns that hold it; the journal stores the bytes
+    # once, by digest: `storage.journal.images`).
     images: tuple[Mapping[str, Any], ...] = ()
     # Keys beyond these (a trainer's own), kept as given.
     extra: Mapping[str, Any] = field(default_factory=dict)

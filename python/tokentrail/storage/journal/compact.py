@@ -16,7 +16,7 @@ from pathlib import Path
 from tokentrail.errors import JournalError
 from tokentrail.kinds import JournalState
 from tokentrail.storage.export import write_samples
-from tokentrail.storage.journal.format import SCHEMA_VERSION
+from tokentrail.storage.journal.format import SAME_EVENTS
 from tokentrail.storage.journal.lock import JournalLock
 from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.journal.rebuild import rebuild
@@ -80,7 +80,7 @@ def compact(path: str | Path, *, export_to: str | Path | None = None) -> Compact
     lock.acquire()
     try:
         contents = read_journal(path)
-        if contents.version != SCHEMA_VERSION:
+        if contents.version not in SAME_EVENTS:
             raise JournalError(
                 f"journal {path} has schema {contents.version}: open it once with "
                 "`tokentrail serve --journal` (or `Journal(path)`) to migrate it, then compact"

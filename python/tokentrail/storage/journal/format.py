@@ -1,10 +1,11 @@
 """How a journal's events are laid out: tables, checksums, and turns stored as what is new.
 
-Schema 2. Every event is one row of `events` with its session's own sequence number
+Schema 3. Every event is one row of `events` with its session's own sequence number
 (`sess_seq`, 1, 2, 3, ... per session) and a CRC32 over its session, number, kind, payload and
 ids, so each event can be checked on its own and a missing one shows as a gap. `sessions` holds
 each session's state and last sequence number (what a reader expects to find), `blobs` holds
-each distinct tool list once.
+each distinct tool list once, `images` each distinct image's bytes once, by digest (`images`:
+a turn's tags name its prompt's images without their bytes).
 
 A turn stores only what is new since a turn of its session it continues (its *base*): the
 translated messages after the ones it shares with the base, and the prompt ids after the prefix
@@ -20,7 +21,7 @@ import base64
 import hashlib
 import json
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +34,18 @@ from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, Repl
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.trajectory.tree import message_key
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# The schemas whose events this reader decodes as its own: schema 2 differs only in having no
+# `images` table (its turns' tags carry their images' bytes, read as they are), and is made
+# schema 3 in place when a writer opens it (`migrate.upgrade_v2`).
+SAME_EVENTS = (2, SCHEMA_VERSION)
 # How many conversation branches of a session a turn may take as its base.
 MAX_BASES = 4
 
+IMAGES_TABLE = (
+    "CREATE TABLE IF NOT EXISTS images (digest TEXT PRIMARY KEY, media_type TEXT NOT NULL, "
+    "data BLOB NOT NULL, crc INTEGER NOT NULL)"
+)
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
     "sid TEXT NOT NULL, sess_seq INTEGER NOT NULL, kind TEXT NOT NULL, payload BLOB NOT NULL, "
@@ -46,6 +55,7 @@ SCHEMA = (
     "last INTEGER NOT NULL, first INTEGER NOT NULL, crc INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS blobs (hash TEXT PRIMARY KEY, data BLOB NOT NULL, "
     "crc INTEGER NOT NULL)",
+    IMAGES_TABLE,
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
 )
 
@@ -308,8 +318,10 @@ class TurnDecoder:
         data: dict[str, Any],
         ids: bytes,
         tools_of: Any,
+        with_images: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> JournaledTurn:
-        """The turn `data`/`ids` describe; `tools_of(hash)` reads a tool list from `blobs`."""
+        """The turn `data`/`ids` describe; `tools_of(hash)` reads a tool list from `blobs`,
+        `with_images(tags)` joins its images' bytes back into its tags (`images`)."""
         decoded = decode_ids(data, ids)
         base_messages = self.bases.get(data["mbase"]).messages if data["mbase"] else []
         translated = [*base_messages[: data["keep"]], *data["new"]]
@@ -334,7 +346,7 @@ class TurnDecoder:
             logprobs=decoded.logprobs,
             finish_reason=data["finish_reason"],
             ill_formed=data["ill_formed"],
-            metadata=data["metadata"],
+            metadata=with_images(data["metadata"]),
             history=None
             if data["history"] is None
             else parse_kind(History, data["history"], "history mode", JournalError),

@@ -1,10 +1,13 @@
-"""Migrating a schema-1 journal to schema 2 when a server opens it to append.
+"""Migrating an older journal to the current schema when a server opens it to append.
 
-Every session is written again through a schema-2 `Journal` (its settings, its served turns,
-its end), the schema-1 file is moved aside (never deleted), and the new file takes its place.
-Turns from schema 1 carry no recorded reply, so a retry of one of them is generated again.
-The schema-2 journal is made by the caller (`open_journal`), so this module does not import the
-writer that opens files through it.
+Schema 1: every session is written again through a current `Journal` (its settings, its served
+turns, its end), the schema-1 file is moved aside (never deleted), and the new file takes its
+place. Turns from schema 1 carry no recorded reply, so a retry of one of them is generated
+again. The new journal is made by the caller (`open_journal`), so this module does not import
+the writer that opens files through it.
+
+Schema 2: its events are read as they are (turns whose tags carry their images' bytes), so
+the file is kept and only given the `images` table later turns store their images in.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalState
 from tokentrail.messages import Message, ToolSchema
+from tokentrail.storage.journal.format import IMAGES_TABLE, SCHEMA_VERSION
 from tokentrail.storage.journal.v1 import read_v1
 
 logger = logging.getLogger(__name__)
@@ -109,3 +115,19 @@ def migrate_v1(path: Path, open_journal: Callable[[Path], MigrationTarget]) -> P
         aside,
     )
     return aside
+
+
+def upgrade_v2(path: Path) -> None:
+    """Make the schema-2 journal at `path` current in place: the `images` table and the
+    version, in one transaction (a crash leaves it schema 2, upgraded at the next open)."""
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(IMAGES_TABLE)
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        db.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise JournalError(f"journal {path}: cannot upgrade it from schema 2 ({exc})") from None
+    finally:
+        db.close()
+    logger.info("journal %s: upgraded from schema 2 in place", path)

@@ -1,8 +1,9 @@
 """Opening a journal file to append: what is done to it before the first new event.
 
-A schema-1 file is migrated; a file SQLite refuses, or whose session index is damaged, is
-rebuilt from its intact events; events the receipts name past the file's end (a lost WAL tail)
-are found, and the WAL and receipts as they were are copied aside before new commits go on.
+A schema-1 file is migrated, a schema-2 one given the `images` table; a file SQLite refuses,
+or whose session index is damaged, is rebuilt from its intact events; events the receipts name
+past the file's end (a lost WAL tail) are found, and the WAL and receipts as they were are
+copied aside before new commits go on.
 What was found is kept in a `Recovery`, which the journal reports and its owner can read.
 """
 
@@ -19,8 +20,8 @@ from pathlib import Path
 
 from tokentrail.errors import JournalError
 from tokentrail.kinds import JournalState
-from tokentrail.storage.journal.format import SCHEMA, SCHEMA_VERSION, session_crc
-from tokentrail.storage.journal.migrate import MigrationTarget, migrate_v1
+from tokentrail.storage.journal.format import SAME_EVENTS, SCHEMA, SCHEMA_VERSION, session_crc
+from tokentrail.storage.journal.migrate import MigrationTarget, migrate_v1, upgrade_v2
 from tokentrail.storage.journal.rebuild import rebuild
 from tokentrail.storage.journal.receipts import Receipts, lost_events
 from tokentrail.storage.journal.session import SessionDamage
@@ -81,7 +82,7 @@ def prepare(
     recovery: Recovery,
     open_journal: Callable[[Path], MigrationTarget],
 ) -> Lost:
-    """Make `path` a schema-2 file to append to; returns the events it lost, by session.
+    """Make `path` a current-schema file to append to; returns the events it lost, by session.
     A schema-1 file is migrated into a journal `open_journal` opens."""
     if not path.exists():
         _set_aside_orphaned(path, receipts)
@@ -95,10 +96,10 @@ def prepare(
         recovery.moved_to.append(migrate_v1(path, open_journal))
         recovery.migrated_from = 1
         version, top = probe(path)
-    if version not in (0, SCHEMA_VERSION):
+    if version not in (0, *SAME_EVENTS):
         raise JournalError(
-            f"journal {path} has schema {version}; this tokentrail reads schema "
-            f"{SCHEMA_VERSION} and 1"
+            f"journal {path} has schema {version}; this tokentrail reads schemas 1 to "
+            f"{SCHEMA_VERSION}"
         )
     lost = lost_events(receipts.path, top)
     if lost:
@@ -106,6 +107,10 @@ def prepare(
         recovery.moved_to.append(keep_aside(path, "-wal", "lost"))
         recovery.moved_to.append(keep_aside(path, "-receipts", "lost"))
         receipts.cut_after(top)
+    if version == 2:
+        # After the lost tail is kept aside: the upgrade is a commit of its own.
+        upgrade_v2(path)
+        recovery.migrated_from = 2
     return lost
 
 

@@ -3,7 +3,7 @@
 `read_journal` serves replay, audit and export: sessions come back one at a time
 (`JournalContents.records`), so reading a large journal holds one session, not the file.
 `check_journal` reads every row of the file and reports, per session, what is intact and what
-is missing or damaged, as `tokentrail journal check` prints it. Both read schema 1 and 2.
+is missing or damaged, as `tokentrail journal check` prints it. Both read schemas 1 to 3.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tokentrail.kinds import JournalEvent, JournalState, parse_kind
 from tokentrail.storage.journal.format import (
     END_STATES,
     ROW_COLUMNS,
-    SCHEMA_VERSION,
+    SAME_EVENTS,
     JournaledTurn,
     Row,
     session_crc,
@@ -101,7 +101,7 @@ def read_journal(path: str | Path) -> JournalContents:
             meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError:
             meta = {}
-    if version not in (1, SCHEMA_VERSION):
+    if version not in (1, *SAME_EVENTS):
         raise JournalError(f"journal {path}: unknown schema {version}")
     return JournalContents(path, meta, version)
 
@@ -159,6 +159,7 @@ class CheckReport:
     unattributed: int = 0
     refused: str | None = None
     bad_blobs: int = 0
+    bad_images: int = 0
 
     @property
     def damaged(self) -> list[SessionCheck]:
@@ -166,7 +167,8 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        return not self.damaged and not self.unattributed and not self.bad_blobs
+        bad_stored = self.bad_blobs or self.bad_images
+        return not self.damaged and not self.unattributed and not bad_stored
 
     def table(self) -> str:
         live = sum(1 for s in self.sessions.values() if s.state == JournalState.LIVE)
@@ -185,6 +187,8 @@ class CheckReport:
             lines.append(f"{self.unattributed} damaged events could not be tied to a session")
         if self.bad_blobs:
             lines.append(f"{self.bad_blobs} tool lists fail their checksum")
+        if self.bad_images:
+            lines.append(f"{self.bad_images} images fail their checksum")
         damaged = len(self.damaged)
         lines.append("ok: every event is intact" if self.ok else f"{damaged} sessions damaged")
         return "\n".join(lines)
@@ -265,6 +269,12 @@ def _check_v2(db: sqlite3.Connection, path: Path, report: CheckReport) -> None:
             report.bad_blobs += zlib.crc32(data) != crc
     except sqlite3.DatabaseError:
         report.bad_blobs += 1
+    if report.version > 2:  # Schema 2 has no `images`.
+        try:
+            for data, crc in db.execute("SELECT data, crc FROM images"):
+                report.bad_images += zlib.crc32(data) != crc
+        except sqlite3.DatabaseError:
+            report.bad_images += 1
 
 
 def _attribute(path: Path, seqs: list[int], report: CheckReport) -> None:

@@ -31,6 +31,7 @@ from tokentrail.storage.journal.format import (
     event_crc,
     session_crc,
 )
+from tokentrail.storage.journal.images import named_images
 from tokentrail.storage.journal.receipts import (
     parse_line,
     receipts_path,
@@ -75,8 +76,8 @@ def rebuild(
 ) -> RebuildResult:
     """Rebuild `path` in place; `keep` cuts the named sessions after that many events (damage
     a caller found and reports itself); `drop` leaves the named sessions out (compaction),
-    and then the tool lists only they used. The old file is moved aside unless `keep_old` is
-    False (compaction), then it is removed."""
+    and then the tool lists and images only they used. The old file is moved aside unless
+    `keep_old` is False (compaction), then it is removed."""
     logger.debug("journal %s: rebuilding (%s)", path, reason)
     fresh = path.with_name(f"{path.name}.rebuild")
     for suffix in ("", "-wal", "-shm", "-receipts"):
@@ -90,6 +91,7 @@ def rebuild(
         index = {sid: v for sid, v in _index(db).items() if sid not in drop}
         copied = _copy_events(db, out, keep, index, drop)
         _copy_blobs(db, out, copied.refs if drop else None)
+        _copy_images(db, out, copied.images if drop else None)
     damaged = _settle(path, out, copied.kept, copied.unattributed, index, keep)
     out.execute("COMMIT")
     write_all(Path(f"{fresh}-receipts"), out)
@@ -103,6 +105,7 @@ class _Copied:
     kept: dict[str, _Kept] = field(default_factory=dict)
     unattributed: list[int] = field(default_factory=list)
     refs: set[str] = field(default_factory=set)  # tool lists the kept turns name
+    images: set[str] = field(default_factory=set)  # images the kept turns name
     removed_sessions: int = 0
     removed_events: int = 0
 
@@ -166,9 +169,11 @@ def _copy_events(
             continue
         out.execute(f"INSERT INTO events ({ROW_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", values)
         if drop and row.kind == JournalEvent.TURN:
-            ref = row.data().get("tools")
+            data = row.data()
+            ref = data.get("tools")
             if ref is not None:
                 copied.refs.add(ref)
+            copied.images.update(named_images(data.get("metadata") or {}))
         k.last = row.sess_seq
         if row.kind in END_STATES:
             k.state = END_STATES[parse_kind(JournalEvent, row.kind, "journal event", JournalError)]
@@ -196,6 +201,26 @@ def _copy_blobs(db: sqlite3.Connection, out: sqlite3.Connection, refs: set[str] 
         "INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)",
         [r for r in rows if zlib.crc32(r[1]) == r[2] and (refs is None or r[0] in refs)],
     )
+
+
+def _copy_images(db: sqlite3.Connection, out: sqlite3.Connection, named: set[str] | None) -> None:
+    """The intact images (only those in `named`, when given), one at a time: they are the
+    bulk of a journal with images. A schema-2 file has none. Past an unreadable page the
+    rest are not copied: a turn naming one of them then reads as damaged."""
+    try:
+        rows = db.execute("SELECT digest, media_type, data, crc FROM images")
+    except sqlite3.DatabaseError:
+        return
+    while True:
+        try:
+            row = next(rows, None)
+        except sqlite3.DatabaseError:
+            return
+        if row is None:
+            return
+        digest, _, data, crc = row
+        if zlib.crc32(data) == crc and (named is None or digest in named):
+            out.execute("INSERT OR IGNORE INTO images VALUES (?, ?, ?, ?)", row)
 
 
 def _owners(path: Path, seqs: list[int]) -> dict[int, tuple[str, int, str]]:

@@ -25,6 +25,7 @@ from tokentrail.storage.journal.format import (
     Row,
     TurnDecoder,
 )
+from tokentrail.storage.journal.images import ImageReader
 from tokentrail.trajectory.loss import UNKNOWN, LostSpan
 
 
@@ -157,13 +158,15 @@ def decode_events(
     rows: Iterator[Row],
     expected: int,
     tools_of: Callable[[str], list[ToolSchema]],
+    images: ImageReader,
     damage: list[SessionDamage],
     decoder: TurnDecoder | None = None,
 ) -> Iterator[Event]:
     """The session's events in order, checked and decoded; at the first bad one, a
     `SessionDamage` is appended to `damage` and the iteration ends.
 
-    `expected` is the last sequence number the session should reach (0: not known).
+    `expected` is the last sequence number the session should reach (0: not known); a turn
+    whose image is missing or damaged in `images` is a damaged event.
     """
     decoder = decoder or TurnDecoder(sid)
     nxt = 1
@@ -178,7 +181,7 @@ def decode_events(
                 data = row.data()
                 turn = None
                 if kind is JournalEvent.TURN:
-                    turn = decoder.decode(row.sess_seq, data, row.ids, tools_of)
+                    turn = decoder.decode(row.sess_seq, data, row.ids, tools_of, images)
             except (ValueError, KeyError, TypeError, JournalError, zlib.error) as exc:
                 raise _Bad(nxt, f"event #{nxt} cannot be decoded ({exc})") from None
             yield Event(sid, row.sess_seq, kind, data, turn)
@@ -207,10 +210,11 @@ def read_record(
     expected: int,
     tools_of: Callable[[str], list[ToolSchema]],
 ) -> SessionRecord:
-    """One whole session, as far as it is intact."""
+    """One whole session, as far as it is intact (its images read for it alone)."""
     record = SessionRecord(sid, state if state else JournalState.LIVE)
     damage: list[SessionDamage] = []
-    for event in decode_events(sid, session_rows(db, sid), expected, tools_of, damage):
+    rows = session_rows(db, sid)
+    for event in decode_events(sid, rows, expected, tools_of, ImageReader(db), damage):
         record.add(event)
     if damage:
         record.found = damage[0]

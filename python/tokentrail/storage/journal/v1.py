@@ -3,7 +3,7 @@
 Schema 1 stored every turn's translated messages and tools in full, its prompt ids as the tail
 past the session's previous turn (named by its global `seq`), and retracted a turn whose reply
 never reached the client with a later `retract` event. Such a journal is read whole (they are
-small); opening one to serve migrates it to schema 2 (`journal.Journal`).
+small); opening one to serve migrates it to the current schema (`journal.Journal`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import logging
 import sqlite3
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -51,6 +51,7 @@ from tokentrail.storage.journal.format import (
     session_crc,
     tools_bytes,
 )
+from tokentrail.storage.journal.images import ImageReader, StoredImage, StoredImages
 from tokentrail.storage.journal.lock import JournalLock
 from tokentrail.storage.journal.open import (
     Lost,
@@ -95,8 +96,9 @@ class Journal:
         self._mutex = threading.Lock()
         # Append state of the sessions in memory: the unfinished ones, and those seen since.
         self._writers: dict[str, _Writer] = {}
-        # Every tool list in `blobs`, as stored.
+        # Every tool list in `blobs`, as stored; the digest of every image in `images`.
         self._tool_lists: dict[str, bytes] = {}
+        self._images = StoredImages()
         self._streamed = False
         self._lock = JournalLock(self.path)
         self._lock.acquire()
@@ -138,6 +140,7 @@ class Journal:
         self.recovery.live = list(live)
         for ref, data in self._db.execute("SELECT hash, data FROM blobs"):
             self._tool_lists[ref] = bytes(data)
+        self._images.load(self._db)
 
     def _mark_lost(self, lost: Lost) -> None:
         """Mark, in their sessions, the events the receipts name and the file does not hold."""
@@ -179,7 +182,8 @@ class Journal:
             damage: list[SessionDamage] = []
             good = 0
             rows = session_rows(self._db, sid)
-            for event in decode_events(sid, rows, writer.last, blobs, damage, decoder):
+            images = ImageReader(self._db)
+            for event in decode_events(sid, rows, writer.last, blobs, images, damage, decoder):
                 good = event.seq
                 yield event
             writer.bases, writer.tools = decoder.bases.digested(), decoder.tools_ref
@@ -217,8 +221,9 @@ class Journal:
         payload: bytes,
         ids: bytes = b"",
         blob: tuple[str, bytes] | None = None,
+        images: Sequence[StoredImage] = (),
     ) -> int:
-        """Commit one event of `sid`; returns its session sequence number."""
+        """Commit one event of `sid` (and what it is first to name); returns its number."""
         if not isinstance(sid, str) or not sid:
             raise JournalError("a journal event needs a session id")
         with self._mutex:
@@ -234,6 +239,7 @@ class Journal:
                         "INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)",
                         (ref, data, zlib.crc32(data)),
                     )
+                self._images.insert(db, images)
                 crc = event_crc(sid, n, kind, payload, ids)
                 cur = db.execute(
                     "INSERT INTO events (sid, sess_seq, kind, payload, ids, crc) "
@@ -253,6 +259,7 @@ class Journal:
                     db.execute("ROLLBACK")
                 raise JournalError(f"journal {self.path}: cannot append ({exc})") from None
             writer.last, writer.first, writer.state = n, first, state
+            self._images.committed(images)
             self.receipts.write(seq, n, kind, sid)
             return n
 
@@ -327,7 +334,8 @@ class Journal:
         tbase, prefix, shared = writer.bases.token_base(prompt)
         digests = [digest(m) for m in translated]
         mbase, keep = writer.bases.message_base(digests)
-        ref, blob = self._tools_ref(writer, tools)
+        ref, blob = _tools_ref(self._tool_lists, writer, tools)
+        stored, images = self._images.split(metadata)  # Their bytes go into `images`, once.
         encoded = encode_turn(
             mbase=mbase,
             keep=keep,
@@ -341,7 +349,7 @@ class Journal:
             response=response_message,
             finish_reason=finish_reason,
             ill_formed=ill_formed,
-            metadata=metadata,
+            metadata=stored,
             history=history,
             fallback=fallback,
             answer=answer,
@@ -351,7 +359,7 @@ class Journal:
             weight_versions=weight_versions,
         )
         try:
-            n = self._append(sid, JournalEvent.TURN, encoded.payload, encoded.ids, blob)
+            n = self._append(sid, JournalEvent.TURN, encoded.payload, encoded.ids, blob, images)
         except JournalError:
             if blob is not None:
                 self._tool_lists.pop(blob[0], None)  # it never reached `blobs`
@@ -359,22 +367,6 @@ class Journal:
         writer.bases.add(Base(n, np.concatenate([prompt, output]), digests), shared)
         writer.tools = ref
         return n
-
-    def _tools_ref(
-        self, writer: _Writer, tools: list[ToolSchema] | None
-    ) -> tuple[str | None, tuple[str, bytes] | None]:
-        """The hash naming `tools` in `blobs`, and the blob to insert when it is new (compared
-        as bytes, key order included: a template renders the schemas in their order)."""
-        if tools is None:
-            return None, None
-        data = tools_bytes(tools)
-        if writer.tools is not None and self._tool_lists.get(writer.tools) == data:
-            return writer.tools, None
-        ref = blob_hash(data)
-        if ref in self._tool_lists:
-            return ref, None
-        self._tool_lists[ref] = data
-        return ref, (ref, data)
 
     def _forget(self, sid: str) -> None:
         self._writers.pop(sid, None)
@@ -385,3 +377,20 @@ class Journal:
             self.receipts.close()
         finally:
             self._lock.release()
+
+
+def _tools_ref(
+    tool_lists: dict[str, bytes], writer: _Writer, tools: list[ToolSchema] | None
+) -> tuple[str | None, tuple[str, bytes] | None]:
+    """The hash naming `tools` in `blobs`, and the blob to insert when it is new (compared
+    as bytes, key order included: a template renders the schemas in their order)."""
+    if tools is None:
+        return None, None
+    data = tools_bytes(tools)
+    if writer.tools is not None and tool_lists.get(writer.tools) == data:
+        return writer.tools, None
+    ref = blob_hash(data)
+    if ref in tool_lists:
+        return ref, None
+    tool_lists[ref] = data
+    return ref, (ref, data)
