@@ -11,11 +11,13 @@ import asyncio
 import base64
 import io
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
 import numpy as np
 import pytest
+from aiohttp import web
 from PIL import Image
 
 from support.fake_engines import IMAGE_PAD, VISION_START, FakeVLLM
@@ -193,3 +195,45 @@ def test_the_stand_in_refuses_features_vllm_would_refuse_or_misplace() -> None:
     assert fake._features_refusal(features(data=None), ids) is None
     fresh = FakeVLLM()
     assert "Expected a cached item" in (fresh._features_refusal(features(data=None), ids) or "")
+
+
+@dataclass
+class VLLMBeforeRender(FakeVLLM):
+    """A vLLM from before the render route (0.10 to 0.19): `/v1/completions` only."""
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/completions", self._completions),
+            web.get("/v1/models", self._models),
+        ]
+
+
+def test_a_vllm_without_the_render_route_says_what_to_use(qwen3_vl) -> None:
+    fake = VLLMBeforeRender()
+    replies, _ = session(qwen3_vl, fake, [[image_block(png(20, 20))]])
+    (error,) = replies
+    assert isinstance(error, anthropic.APIStatusError) and error.status_code == 502
+    message = error.body["error"]["message"]
+    assert f"serves no {RENDER} (a vLLM before 0.20)" in message and "sglang://" in message
+    # Nothing went to /v1/completions, which would have run the image tokens without images.
+    assert not fake.bodies("/v1/completions")
+
+
+def test_a_render_without_features_is_an_engine_error(qwen3_vl) -> None:
+    # A server whose model takes no images renders the chat with no features.
+    fake = FakeVLLM()
+
+    async def no_features(request: web.Request) -> web.Response:
+        await fake._record(request)
+        return web.json_response({"token_ids": [1, 2, 3], "features": None})
+
+    fake.routes = lambda: [  # type: ignore[method-assign]
+        web.post("/v1/chat/completions/render", no_features),
+        web.post("/inference/v1/generate", fake._generate_tokens),
+        web.get("/v1/models", fake._models),
+    ]
+    replies, _ = session(qwen3_vl, fake, [[image_block(png(20, 20))]])
+    (error,) = replies
+    assert isinstance(error, anthropic.APIStatusError) and error.status_code == 502
+    assert "answered without features" in error.body["error"]["message"]
+    assert not fake.bodies(GENERATE)

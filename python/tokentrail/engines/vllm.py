@@ -151,13 +151,22 @@ class VLLMEngine(HTTPEngine):
     async def image_body(self, req: GenerateRequest, model: str) -> dict[str, Any]:
         """The `/inference/v1/generate` body for a prompt with images: the images rendered by
         vLLM's own processor, placed at the prompt's image runs."""
-        rendered, _ = await self._request_answer(
-            "POST",
-            RENDER_PATH,
-            render_body(model, req.images),
-            self._headers(req),
-            max_bytes=render_limit(req.images),
-        )
+        try:
+            rendered, _ = await self._request_answer(
+                "POST",
+                RENDER_PATH,
+                render_body(model, req.images),
+                self._headers(req),
+                max_bytes=render_limit(req.images),
+            )
+        except EngineError as exc:
+            if exc.engine_status != 404:
+                raise
+            raise EngineError(
+                f"vllm at {self.base_url} serves no {RENDER_PATH} (a vLLM before 0.20): a prompt "
+                f"with images needs it and {GENERATE_PATH}; serve a newer vLLM, or use sglang://",
+                404,
+            ) from None
         return generate_body(req, model, placed_features(rendered, req))
 
     async def _generate_whole(self, req: GenerateRequest) -> Generation:
