@@ -20,9 +20,12 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
-from support.fake_engines import IMAGE_PAD, VISION_START, FakeVLLM
+from support.fake_engines import IMAGE_PAD, VISION_END, VISION_START, FakeVLLM
 from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.engines.base import GenerateRequest, SamplingParams
 from tokentrail.engines.vllm import VLLMEngine
+from tokentrail.messages import ImageInput
+from tokentrail.text.constraints import OutputConstraint
 from tokentrail.text.tokenizer import load_tokenizer
 from tokentrail.text.vision import vision_spec
 
@@ -237,3 +240,78 @@ def test_a_render_without_features_is_an_engine_error(qwen3_vl) -> None:
     assert isinstance(error, anthropic.APIStatusError) and error.status_code == 502
     assert "answered without features" in error.body["error"]["message"]
     assert not fake.bodies(GENERATE)
+
+
+def image_request(rid: str, **sampling: Any) -> GenerateRequest:
+    """A prompt of one 64x48 PNG's run between two text tokens, as the pipeline builds it."""
+    spec = vision_spec("qwen3-vl")
+    assert spec is not None
+    data = png(64, 48, seed=9)
+    grid = spec.grid(48, 64)
+    image = ImageInput("d" * 64, "image/png", data, 64, 48, grid, spec.tokens(grid))
+    ids = [7, VISION_START, *[IMAGE_PAD] * image.tokens, VISION_END, 8]
+    return GenerateRequest(
+        ids,
+        SamplingParams(max_new_tokens=16, **sampling),
+        "s",
+        rid,
+        images=[image],
+        image_pad_id=IMAGE_PAD,
+    )
+
+
+def test_the_tokens_request_carries_the_turns_sampling_as_vllms_sampling_params() -> None:
+    async def go() -> Any:
+        async with FakeVLLM() as srv:
+            engine = VLLMEngine(srv.url, model="m")
+            req = image_request("v-img", temperature=0.5, top_p=0.9, top_k=20, stop=["</x>"])
+            req.sampling.seed = 3
+            req.constraint = OutputConstraint(regex="a+", wants="a tool call")
+            gen = await engine.generate(req)
+            await engine.close()
+            return gen, srv
+
+    gen, srv = asyncio.run(go())
+    (body,) = srv.bodies(GENERATE)
+    assert body["request_id"] == "v-img" and body["model"] == "m"
+    assert body["sampling_params"] == {
+        "max_tokens": 16,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 20,
+        "stop": ["</x>"],
+        "logprobs": 0,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "seed": 3,
+        "structured_outputs": {"regex": "a+"},
+    }
+    # 64x48 is scaled up to the processor's 65536-pixel minimum: 70 tokens, after two ids.
+    assert body["features"]["mm_placeholders"] == {"image": [{"offset": 2, "length": 70}]}
+    answered = srv.answered[0]["choices"][0]
+    assert gen.output_ids == answered["token_ids"] and gen.finish_reason == "stop"
+    assert gen.logprobs == [c["logprob"] for c in answered["logprobs"]["content"]]
+    assert gen.prompt_tokens == len(body["token_ids"])
+
+
+def test_an_aborted_image_turn_closes_the_tokens_call() -> None:
+    async def go() -> Any:
+        async with FakeVLLM(mode="hang") as srv:
+            engine = VLLMEngine(srv.url, model="m")
+            task = asyncio.create_task(engine.generate(image_request("v-abort")))
+            for _ in range(500):
+                if srv.bodies(GENERATE):
+                    break
+                await asyncio.sleep(0.01)
+            await engine.abort("v-abort")
+            gen = await asyncio.wait_for(task, 5)
+            for _ in range(500):
+                if srv.disconnected:
+                    break
+                await asyncio.sleep(0.01)
+            await engine.close()
+            return gen, srv
+
+    gen, srv = asyncio.run(go())
+    assert (gen.output_ids, gen.finish_reason) == ([], "abort")
+    assert srv.disconnected == ["v-abort"]
