@@ -457,11 +457,15 @@ def test_real_claude_code_streams_token_by_token_from_a_streaming_engine(
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
 
 
-def test_real_claude_code_reads_a_png_as_vision_tokens_over_sglang(
-    claude_exe: Path, tmp_path: Path
+@pytest.mark.parametrize("wire", ["sglang", "vllm"])
+def test_real_claude_code_reads_a_png_as_vision_tokens(
+    claude_exe: Path, tmp_path: Path, wire: str
 ) -> None:
     """Claude Code's Read of a PNG sends the image in the tool result; for Qwen3-VL the prompt
-    holds its vision tokens, SGLang gets its bytes as `image_data`, and the sample carries it."""
+    holds its vision tokens and the sample carries the image. SGLang gets its bytes as
+    `image_data` beside the ids; vLLM renders it (`/v1/chat/completions/render`) and samples
+    from tokentrail's ids with the rendered features placed at its tokens
+    (`/inference/v1/generate`)."""
     import base64
     import io
 
@@ -477,10 +481,10 @@ def test_real_claude_code_reads_a_png_as_vision_tokens_over_sglang(
     ]
     script_file = tmp_path / "script.json"
     script_file.write_text(json.dumps(script))
-    fake = FakeSGLang(scripted_reply(script))
-    with engine_in_thread(fake) as sglang:
+    fake = (FakeSGLang if wire == "sglang" else FakeVLLM)(scripted_reply(script))
+    with engine_in_thread(fake) as engine:
         with serving(
-            script_file, "--engine", f"sglang://{sglang.url}", "--tokenizer", "builtin:qwen3-vl"
+            script_file, "--engine", f"{wire}://{engine.url}", "--tokenizer", "builtin:qwen3-vl"
         ) as served:
             run = run_claude(
                 claude_exe,
@@ -494,17 +498,29 @@ def test_real_claude_code_reads_a_png_as_vision_tokens_over_sglang(
             finished = served.finish("cc-image")
             checks = served.resume_checks()
 
-    first, second = fake.bodies("/generate")
-    assert "image_data" not in first
-    (url,) = second["image_data"]
     (sample,) = finished["samples"]
     (image,) = sample["metadata"]["images"]
-    assert url == f"data:{image['media_type']};base64,{image['data']}"
-    with Image.open(io.BytesIO(base64.b64decode(image["data"]))) as sent:
-        assert sent.size == (image["width"], image["height"])
+    data_url = f"data:{image['media_type']};base64,{image['data']}"
     tokenizer = load_tokenizer("builtin:qwen3-vl")
     pad = tokenizer.token_id("<|image_pad|>")
-    assert second["input_ids"].count(pad) == image["tokens"] > 0
+    if wire == "sglang":
+        first, second = fake.bodies("/generate")
+        assert "image_data" not in first
+        assert second["image_data"] == [data_url]
+        prompt = second["input_ids"]
+    else:
+        assert len(fake.bodies("/v1/completions")) == 1  # the turn before the image
+        (render,) = fake.bodies("/v1/chat/completions/render")
+        (part,) = render["messages"][0]["content"]
+        assert part == {"type": "image_url", "image_url": {"url": data_url}}
+        (second,) = fake.bodies("/inference/v1/generate")
+        prompt = second["token_ids"]
+        (place,) = second["features"]["mm_placeholders"]["image"]
+        assert place == {"offset": image["offset"], "length": image["tokens"]}
+        assert prompt == sample["tokens"][: len(prompt)]
+    with Image.open(io.BytesIO(base64.b64decode(image["data"]))) as sent:
+        assert sent.size == (image["width"], image["height"])
+    assert prompt.count(pad) == image["tokens"] > 0
     assert (
         sample["tokens"][image["offset"] : image["offset"] + image["tokens"]]
         == [pad] * image["tokens"]

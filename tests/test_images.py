@@ -345,20 +345,34 @@ def test_the_stand_in_sglang_refuses_images_that_do_not_match_the_prompt() -> No
     )
 
 
-def test_vllm_is_refused_a_prompt_with_images_before_generating(qwen3_vl) -> None:
-    # vLLM's /v1/completions takes token ids but no images beside them.
-    from support.fake_engines import FakeVLLM
-    from tokentrail.engines.vllm import VLLMEngine
+def test_an_engine_without_images_is_refused_a_prompt_with_images(qwen3_vl) -> None:
+    # An engine that takes no images beside token ids (an in-process model, verl's server
+    # manager) gets none: the harness hears so, and where images do go, before generating.
+    engine = ScriptedEngine(qwen3_vl, [])
+    engine.supports_images = False  # type: ignore[misc]
+    adapter = Adapter(engine=engine, tokenizer=qwen3_vl)
 
-    refused, bodies = engine_turn(
-        qwen3_vl,
-        FakeVLLM(),
-        lambda url: VLLMEngine(url, qwen3_vl, model="m"),
-        [image_block(png(8, 8))],
+    async def go() -> Any:
+        runner, url = await start_server(adapter)
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="s", max_retries=0)
+        try:
+            with pytest.raises(anthropic.BadRequestError) as refused:
+                await client.messages.create(
+                    model="m",
+                    max_tokens=8,
+                    messages=[{"role": "user", "content": [image_block(png(8, 8))]}],
+                    extra_headers=SID,
+                )
+            return refused.value
+        finally:
+            await runner.cleanup()
+
+    refused = asyncio.run(go())
+    assert refused.body["error"]["type"] == "invalid_request_error"
+    assert (
+        "takes no images with token ids (sglang:// and vllm:// do)"
+        in (refused.body["error"]["message"])
     )
-    assert isinstance(refused, anthropic.BadRequestError)
-    assert "takes no images" in refused.body["error"]["message"]
-    assert not [b for b in bodies if isinstance(b, dict) and "prompt" in b]
 
 
 def test_a_responses_input_image_as_codex_sends_it(qwen3_vl) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import json
 import time
@@ -40,14 +41,23 @@ from tokentrail.sim.moe import KVRouting
 # input_ids -> (output_ids, logprobs, finish reason "stop" | "length")
 ReplyFn = Callable[[list[int]], tuple[list[int], list[float], str]]
 
-IM_END = 151645
-# Qwen3's `<|vision_start|>` and `<|image_pad|>` (Qwen2.5-VL and Qwen3-VL share the vocabulary).
-VISION_START, IMAGE_PAD = 151652, 151655
+IM_START, IM_END = 151644, 151645
+# Qwen3's `<|vision_start|>`, `<|vision_end|>` and `<|image_pad|>` (Qwen2.5-VL and Qwen3-VL
+# share the vocabulary).
+VISION_START, VISION_END, IMAGE_PAD = 151652, 151653, 151655
 HANG_LIMIT_S = 30.0
 # SGLang `sampling_params` constraint keys: strings, at most one (sampling_params.py).
 SGLANG_CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
 # vLLM >= 0.12 `structured_outputs` keys: exactly one per request.
 VLLM_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+# The fields of vLLM's `SamplingParams` (vllm/sampling_params.py) a JSON body may set.
+VLLM_SAMPLING_PARAMS = frozenset(
+    "n presence_penalty frequency_penalty repetition_penalty temperature top_p top_k min_p "
+    "seed stop stop_token_ids ignore_eos max_tokens min_tokens logprobs prompt_logprobs "
+    "detokenize skip_special_tokens spaces_between_special_tokens include_stop_str_in_output "
+    "structured_outputs logit_bias allowed_token_ids extra_args bad_words "
+    "routed_experts_prompt_start".split()
+)
 
 
 def echo_reply(input_ids: list[int]) -> tuple[list[int], list[float], str]:
@@ -226,6 +236,12 @@ def indexer_rows(fed: int, shape: IndexerShape) -> np.ndarray:
 
 def b64_int32(rows: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(rows, dtype="<i4").tobytes()).decode("ascii")
+
+
+def _vllm_error(message: str, status: int, kind: str = "BadRequestError") -> web.Response:
+    """vLLM's `ErrorResponse` (current shape)."""
+    error = {"message": message, "type": kind, "param": None, "code": status}
+    return web.json_response({"error": error}, status=status)
 
 
 def _image_data_refusal(image_data: Any, input_ids: list[int]) -> str | None:
@@ -445,7 +461,9 @@ class FakeSGLang(_FakeServer):
 
 @dataclass
 class FakeVLLM(_FakeServer):
-    """POST /v1/completions and GET /v1/models, as `vllm serve` answers."""
+    """POST /v1/completions and GET /v1/models, as `vllm serve` answers; for a model that takes
+    images, POST /v1/chat/completions/render and POST /inference/v1/generate (tokens in, tokens
+    out, with the rendered images' features) as vLLM 0.21 and later answer them."""
 
     model: str = "Qwen/Qwen3-8B"
     # `--enable-return-routed-experts`: every non-stream choice carries them, as a .npy.
@@ -453,12 +471,230 @@ class FakeVLLM(_FakeServer):
     weight_version: str = "default"
     # Every completion answered, in order.
     answered: list[dict[str, Any]] = field(default_factory=list)
+    # The served model's image processor (Qwen3-VL's `preprocessor_config.json`;
+    # `--mm-processor-kwargs` changes it): how a render sizes an image.
+    patch_size: int = 16
+    merge_size: int = 2
+    min_pixels: int = 65536
+    max_pixels: int = 16777216
+    # `--mm-processor-cache-gb` above 0 (vLLM's default): a render of an image already sent
+    # answers None for its tensors, and the engine takes them from its own cache by hash.
+    processor_cache: bool = True
+    # Hashes a render sent tensors for; the tensors the engine holds, by hash.
+    rendered: set[str] = field(default_factory=set)
+    held: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post("/v1/completions", self._completions),
             web.get("/v1/models", self._models),
+            web.post("/v1/chat/completions/render", self._render),
+            web.post("/inference/v1/generate", self._generate_tokens),
         ]
+
+    async def _render(self, request: web.Request) -> web.Response:
+        """`ServingRender`: the chat's token ids as the template and processor expand them,
+        and `features` with one item per image: its hash, its pad run in those ids and its
+        processed tensors (here a JSON stand-in for vLLM's msgpack of `pixel_values` and
+        `image_grid_thw`, opaque to the client as the real one is)."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        body = await self._record(request)
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list):
+            return _vllm_error("messages: Field required", 400)
+        ids = [IM_START, 872, 198]
+        hashes: list[str] = []
+        places: list[dict[str, int]] = []
+        items: list[str | None] = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            for part in content if isinstance(content, list) else []:
+                if not isinstance(part, dict) or part.get("type") != "image_url":
+                    continue
+                url = (part.get("image_url") or {}).get("url", "")
+                if not url.startswith("data:"):
+                    return _vllm_error("the stand-in fetches no image URLs", 400)
+                from PIL import Image
+
+                try:
+                    data = base64.b64decode(url.split(",", 1)[1], validate=True)
+                    with Image.open(io.BytesIO(data)) as img:
+                        img.load()
+                        width, height = img.size
+                except Exception as exc:  # vLLM's MediaConnector raises what PIL raises
+                    return _vllm_error(f"Failed to load image: {exc}", 400)
+                h, w = smart_resize(
+                    height,
+                    width,
+                    factor=self.patch_size * self.merge_size,
+                    min_pixels=self.min_pixels,
+                    max_pixels=self.max_pixels,
+                )
+                grid = [1, h // self.patch_size, w // self.patch_size]
+                tokens = grid[0] * grid[1] * grid[2] // self.merge_size**2
+                digest = hashlib.sha256(data).hexdigest()
+                ids.append(VISION_START)
+                places.append({"offset": len(ids), "length": tokens})
+                ids += [IMAGE_PAD] * tokens + [VISION_END]
+                hashes.append(digest)
+                if self.processor_cache and digest in self.rendered:
+                    items.append(None)
+                else:
+                    item = {"image_grid_thw": grid, "mm_hash": digest}
+                    items.append(base64.b64encode(json.dumps(item).encode()).decode())
+                    self.rendered.add(digest)
+        ids += [IM_END, 198, IM_START, 77091, 198]
+        features = None
+        if hashes:
+            features = {
+                "mm_hashes": {"image": hashes},
+                "mm_placeholders": {"image": places},
+                "kwargs_data": {"image": items},
+            }
+        answer = {
+            "request_id": uuid.uuid4().hex,
+            "token_ids": ids,
+            "features": features,
+            "sampling_params": {"max_tokens": 40960 - len(ids)},
+            "model": body.get("model"),
+            "stream": False,
+            "stream_options": None,
+            "cache_salt": None,
+            "priority": 0,
+            "kv_transfer_params": None,
+        }
+        return web.json_response(answer)
+
+    def _features_refusal(self, features: Any, token_ids: list[int]) -> str | None:
+        """Why vLLM would refuse (or misplace) `features` beside `token_ids`, or None: one
+        hash, placeholder and tensor item per image, each placeholder over an `<|image_pad|>`
+        run of `token_ids` as long as its item's grid makes it, a None item only for an image
+        the engine holds."""
+        if not isinstance(features, dict):
+            return "features: Input should be a valid dictionary"
+        hashes = (features.get("mm_hashes") or {}).get("image")
+        places = (features.get("mm_placeholders") or {}).get("image")
+        kwargs = features.get("kwargs_data")
+        items = [None] * len(hashes or []) if kwargs is None else kwargs.get("image")
+        if not isinstance(hashes, list) or not isinstance(places, list):
+            return "features: mm_hashes and mm_placeholders are required"
+        if not isinstance(items, list) or not len(hashes) == len(places) == len(items):
+            return "features: mm_hashes, mm_placeholders and kwargs_data differ in length"
+        for digest, place, item in zip(hashes, places, items, strict=True):
+            at, n = place.get("offset"), place.get("length")
+            whole = isinstance(at, int) and isinstance(n, int)
+            if not whole or not 0 <= at <= at + n <= len(token_ids):
+                return f"placeholder {place} is outside the {len(token_ids)} prompt tokens"
+            if token_ids[at : at + n] != [IMAGE_PAD] * n:
+                return f"placeholder {place} is not over the prompt's image tokens"
+            if item is None:
+                if digest not in self.held:
+                    return f"Expected a cached item for mm_hash='{digest}'"
+                held = self.held[digest]
+            else:
+                held = json.loads(base64.b64decode(item))
+                if held["mm_hash"] != digest:
+                    return "kwargs_data item is not the hash's"
+            t, h, w = held["image_grid_thw"]
+            if t * h * w // self.merge_size**2 != n:
+                return (
+                    f"Attempted to assign {t * h * w // self.merge_size**2} multimodal tokens "
+                    f"to {n} placeholders"
+                )
+            self.held[digest] = held
+        return None
+
+    async def _generate_tokens(self, request: web.Request) -> web.StreamResponse:
+        """`ServingTokens.serve_tokens`: `token_ids`, `features` and vLLM's `SamplingParams`
+        in; each choice's `token_ids` and `logprobs.content` out (deltas when streamed)."""
+        body = await self._record(request)
+        rid = request.headers.get("X-Request-Id", uuid.uuid4().hex)
+        failed = await self._failing(rid)
+        if failed is not None:
+            return failed
+        token_ids = body.get("token_ids")
+        if not isinstance(token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in token_ids
+        ):
+            return _vllm_error("token_ids: Input should be a valid list of integers", 400)
+        params = body.get("sampling_params")
+        if not isinstance(params, dict):
+            return _vllm_error("sampling_params: Field required", 400)
+        unknown = sorted(set(params) - VLLM_SAMPLING_PARAMS)
+        if unknown:
+            return _vllm_error(f"sampling_params: unknown fields {unknown}", 400)
+        if body.get("features") is not None:
+            refusal = self._features_refusal(body["features"], token_ids)
+            if refusal is not None:
+                return _vllm_error(refusal, 400)
+        ids, logprobs, finish = self._truncate(token_ids, params.get("max_tokens"))
+        content = None
+        if params.get("logprobs") is not None:
+            content = [
+                {
+                    "token": f"token_id:{t}",
+                    "logprob": lp,
+                    "bytes": None,
+                    "top_logprobs": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None}],
+                }
+                for t, lp in zip(ids, logprobs, strict=True)
+            ]
+        usage = {
+            "prompt_tokens": len(token_ids),
+            "completion_tokens": len(ids),
+            "total_tokens": len(token_ids) + len(ids),
+        }
+        request_id = f"generate-tokens-{body.get('request_id') or rid}"
+        answer = {
+            "request_id": request_id,
+            "choices": [
+                {
+                    "index": 0,
+                    "logprobs": None if content is None else {"content": content},
+                    "finish_reason": finish,
+                    "token_ids": ids,
+                }
+            ],
+            "usage": usage,
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
+        self.answered.append(answer)
+        if not body.get("stream"):
+            return await self._answer(request, answer, rid)
+
+        def event(start: int, end: int, last: bool) -> Any:
+            part = None if content is None else {"content": content[start:end]}
+            choice = {
+                "index": 0,
+                "logprobs": part,
+                "finish_reason": finish if last else None,
+                "token_ids": ids[start:end],
+            }
+            return {"request_id": request_id, "choices": [choice]}
+
+        async def stalled() -> Any:
+            await asyncio.sleep(HANG_LIMIT_S)  # vLLM stops when the client goes
+            return None
+
+        options = body.get("stream_options") or {}
+        after = [{"request_id": request_id, "choices": [], "usage": usage}]
+        return await self._stream(
+            request, rid, len(ids), event, stalled, after if options.get("include_usage") else []
+        )
+
+    async def _failing(self, rid: str) -> web.Response | None:
+        """The `fail` answer, or after the `hang`, None: what `mode` makes of a request."""
+        if self.mode == "fail":
+            return _vllm_error(self.fail_message, self.fail_status, "InternalServerError")
+        if self.mode == "hang":
+            try:
+                await asyncio.sleep(HANG_LIMIT_S)
+            except asyncio.CancelledError:
+                self.disconnected.append(rid)
+                raise
+        return None
 
     async def _models(self, request: web.Request) -> web.Response:
         await self._record(request)
@@ -476,21 +712,9 @@ class FakeVLLM(_FakeServer):
     async def _completions(self, request: web.Request) -> web.Response:
         body = await self._record(request)
         rid = request.headers.get("X-Request-Id", uuid.uuid4().hex)
-        if self.mode == "fail":
-            # vLLM's ErrorResponse (current shape).
-            error = {
-                "message": self.fail_message,
-                "type": "InternalServerError",
-                "param": None,
-                "code": self.fail_status,
-            }
-            return web.json_response({"error": error}, status=self.fail_status)
-        if self.mode == "hang":
-            try:
-                await asyncio.sleep(HANG_LIMIT_S)
-            except asyncio.CancelledError:
-                self.disconnected.append(rid)
-                raise
+        failed = await self._failing(rid)
+        if failed is not None:
+            return failed
         structured = body.get("structured_outputs")
         if structured is not None:
             given = [

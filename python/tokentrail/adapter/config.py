@@ -12,6 +12,7 @@ from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.offload import DEFAULT_WORKERS
 from tokentrail.adapter.protocols.common import KEEPALIVE_S
 from tokentrail.kinds import History, Restore, Retry, parse_kind
+from tokentrail.text.vision import ImageLimits
 from tokentrail.trajectory.side import KNOWN_SIDE_PROMPTS
 
 
@@ -30,6 +31,8 @@ class AdapterConfig:
     # Let OpenAI bodies (`metadata.session_id`, `user`) name the session instead of the key.
     session_from_body: bool = False
     limits: Limits = field(default_factory=Limits)
+    # Decoded bytes and pixels of one image and of all of a request's images (400 past them).
+    image_limits: ImageLimits = field(default_factory=ImageLimits)
     # Threads for CPU-heavy steps; 0: every step inline on the event loop.
     workers: int = DEFAULT_WORKERS
     # Open sessions at most (0: no cap); sessions idle this long are evicted (0: never).

@@ -140,6 +140,7 @@ class Adapter:
             pipeline=self.pipeline,
             default_max_tokens=config.default_max_tokens,
             resume_checks=self.metrics if config.verify_resume else None,
+            image_limits=config.image_limits,
         )
         # Per-stage seconds of the latest turns (benchmarks read them).
         self.timings = self.turns.timings

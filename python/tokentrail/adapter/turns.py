@@ -355,6 +355,7 @@ class Turns:
             constraint=prepared.constraint,
             replay=self.replay.from_position(prepared.replay_start),
             images=list(prepared.conversation.images),
+            image_pad_id=prepared.image_pad_id,
         )
         try:
             async with self.engine_slots.slot():
@@ -522,7 +523,7 @@ def check_can_generate(prepared: PreparedTurn, context_limit: int, engine: Engin
     if prepared.conversation.images and not engine.supports_images:
         raise EngineLimit(
             f"the prompt holds {len(prepared.conversation.images)} images, but the "
-            f"{engine.name} engine takes no images with token ids"
+            f"{engine.name} engine takes no images with token ids (sglang:// and vllm:// do)"
         )
 
 

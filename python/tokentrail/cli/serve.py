@@ -35,11 +35,12 @@ from tokentrail.kinds import (
     SettingGroup,
     SyncMode,
 )
+from tokentrail.text.vision import ImageLimits
 
 if TYPE_CHECKING:
     from tokentrail.adapter.server import Adapter
 
-_L, _C = Limits(), AdapterConfig()
+_L, _C, _I = Limits(), AdapterConfig(), ImageLimits()
 SERVER, ENGINE, HISTORY = SettingGroup.SERVER, SettingGroup.ENGINE, SettingGroup.HISTORY
 SESSIONS, LIMITS, JOURNAL = SettingGroup.SESSIONS, SettingGroup.LIMITS, SettingGroup.JOURNAL
 REPLAY, STREAMING, LOGGING = SettingGroup.REPLAY, SettingGroup.STREAMING, SettingGroup.LOGGING
@@ -251,6 +252,22 @@ class ServeSettings:
         _L.max_concurrent_turns, LIMITS, "turns at once (503 + Retry-After past it)",
         into="limits",
     )  # fmt: skip
+    max_image_bytes: int = setting(
+        _I.max_image_bytes, LIMITS, "one image, decoded", unit="bytes",
+        into="image_limits",
+    )  # fmt: skip
+    max_image_pixels: int = setting(
+        _I.max_image_pixels, LIMITS, "one image's width x height", unit="pixels",
+        into="image_limits",
+    )  # fmt: skip
+    max_request_image_bytes: int = setting(
+        _I.max_request_bytes, LIMITS, "all of a request's images, decoded, each occurrence "
+        "counted", unit="bytes", into="image_limits.max_request_bytes",
+    )  # fmt: skip
+    max_request_image_pixels: int = setting(
+        _I.max_request_pixels, LIMITS, "all of a request's images' pixels, each occurrence "
+        "counted", unit="pixels", into="image_limits.max_request_pixels",
+    )  # fmt: skip
     # -- journal
     journal: str | None = setting(
         None, JOURNAL, "SQLite journal: recover from it, then append every turn", metavar="PATH",
@@ -395,6 +412,7 @@ def build_adapter(s: ServeSettings, resolved: settings.Resolved) -> Adapter:
         tool_parser=tool_parser,
         reasoning_parser=reasoning_parser,
         limits=Limits(**resolved.into("limits")),
+        image_limits=ImageLimits(**resolved.into("image_limits")),
         exclude_patterns=tuple(s.exclude_system),
         **resolved.into("config"),
     )

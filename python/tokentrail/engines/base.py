@@ -162,6 +162,9 @@ class GenerateRequest:
     # The images whose placeholder tokens `input_ids` holds, in order; only engines whose
     # `supports_images` is true are sent any.
     images: list[ImageInput] = field(default_factory=list)
+    # The vision encoder's pad token, whose runs in `input_ids` are those images' tokens, in
+    # order (-1: the family takes no images); an engine that places images by position reads it.
+    image_pad_id: int = -1
 
 
 @runtime_checkable

@@ -1,4 +1,5 @@
-"""vLLM through its OpenAI `/v1/completions` endpoint with a token-id prompt.
+"""vLLM through its OpenAI `/v1/completions` endpoint with a token-id prompt, and a prompt with
+images through `/v1/chat/completions/render` and `/inference/v1/generate` (`vllm_generate`).
 
 `return_token_ids` gives the sampled ids (stop token included) and `logprobs: 0` the sampled
 token's logprob; `return_weight_versions` the weight versions over the output. A server launched
@@ -22,6 +23,15 @@ from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url
 from tokentrail.engines.registry import register_engine
 from tokentrail.engines.streaming import TokenSink
+from tokentrail.engines.vllm_generate import (
+    GENERATE_PATH,
+    RENDER_PATH,
+    as_completion,
+    generate_body,
+    placed_features,
+    render_body,
+    render_limit,
+)
 from tokentrail.engines.wire_rows import Base64, decode_npy_base64
 from tokentrail.errors import EngineError, EngineOutputError
 from tokentrail.kinds import EngineFault, Replay, ReplayGap
@@ -41,7 +51,9 @@ class VLLMEngine(HTTPEngine):
     "include_stop_str_in_output": true, "stream": false}`; answer `{"choices": [{"token_ids",
     "prompt_token_ids", "logprobs": {"token_logprobs": [...]}, "finish_reason"}], "usage"}`;
     errors `{"error": {"message", "type", "code"}}` (older: `{"object": "error", "message"}`).
-    A forced tool call goes as `structured_outputs: {"regex": ...}`.
+    A forced tool call goes as `structured_outputs: {"regex": ...}`. A prompt with images goes
+    to the tokens endpoint instead (`vllm_generate`; a vLLM whose render route answers the
+    images' `kwargs_data`, 0.21 and later); its answer is read as this one.
 
     There is no abort endpoint: vLLM's `with_cancellation` cancels a non-streaming request when
     the client disconnects, so `abort(rid)` cancels the in-flight HTTP call and `generate`
@@ -51,8 +63,8 @@ class VLLMEngine(HTTPEngine):
     name = "vllm"
     # `structured_outputs.regex` (the `guided_*` keys are ignored by vLLM >= 0.12).
     supports_constraints = True
-    # `/v1/completions` takes no images beside token ids.
-    supports_images = False
+    # Through `/inference/v1/generate` with the images' rendered features (`vllm_generate`).
+    supports_images = True
 
     def __init__(
         self,
@@ -114,11 +126,11 @@ class VLLMEngine(HTTPEngine):
             return await self.generate_streaming(req, _ignore)
         return await self._generate_whole(req)
 
-    async def _generate_whole(self, req: GenerateRequest) -> Generation:
-        start = time.perf_counter()
-        model = await self.model_name()
-        call = asyncio.ensure_future(
-            self._request_answer(
+    async def _call(self, req: GenerateRequest, model: str) -> tuple[Any, dict[str, memoryview]]:
+        """One whole answer in `/v1/completions`' shape: from `/v1/completions`, or for a
+        prompt with images from `/inference/v1/generate` after rendering them."""
+        if not req.images:
+            return await self._request_answer(
                 "POST",
                 "/v1/completions",
                 self.request_body(req, model),
@@ -126,7 +138,41 @@ class VLLMEngine(HTTPEngine):
                 max_bytes=answer_limit(req, echoes_prompt=True),
                 lift=req.replay.asks_rows(),
             )
+        data, lifted = await self._request_answer(
+            "POST",
+            GENERATE_PATH,
+            await self.image_body(req, model),
+            self._headers(req),
+            max_bytes=answer_limit(req),
+            lift=req.replay.asks_rows(),
         )
+        return as_completion(data), lifted
+
+    async def image_body(self, req: GenerateRequest, model: str) -> dict[str, Any]:
+        """The `/inference/v1/generate` body for a prompt with images: the images rendered by
+        vLLM's own processor, placed at the prompt's image runs."""
+        try:
+            rendered, _ = await self._request_answer(
+                "POST",
+                RENDER_PATH,
+                render_body(model, req.images),
+                self._headers(req),
+                max_bytes=render_limit(req.images),
+            )
+        except EngineError as exc:
+            if exc.engine_status != 404:
+                raise
+            raise EngineError(
+                f"vllm at {self.base_url} serves no {RENDER_PATH} (a vLLM before 0.20): a prompt "
+                f"with images needs it and {GENERATE_PATH}; serve a newer vLLM, or use sglang://",
+                404,
+            ) from None
+        return generate_body(req, model, placed_features(rendered, req))
+
+    async def _generate_whole(self, req: GenerateRequest) -> Generation:
+        start = time.perf_counter()
+        model = await self.model_name()
+        call = asyncio.ensure_future(self._call(req, model))
         self._inflight[req.request_id] = call
         try:
             data, lifted = await call
@@ -160,19 +206,8 @@ class VLLMEngine(HTTPEngine):
             return generation
         start = time.perf_counter()
         model = await self.model_name()
-        body = self.request_body(req, model)
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
         capture = StreamCapture(req, sink)
-        call = asyncio.ensure_future(
-            self._request_stream(
-                "/v1/completions",
-                body,
-                self._headers(req),
-                answer_limit(req, echoes_prompt=True),
-                capture.take,
-            )
-        )
+        call = asyncio.ensure_future(self._stream(req, model, capture))
         self._inflight[req.request_id] = call
         try:
             await call
@@ -188,6 +223,23 @@ class VLLMEngine(HTTPEngine):
             self._inflight.pop(req.request_id, None)
             self._aborted.discard(req.request_id)
         return parse_completion_response(capture.final(), req, time.perf_counter() - start)
+
+    async def _stream(self, req: GenerateRequest, model: str, capture: StreamCapture) -> None:
+        """One streamed answer into `capture`: from `/v1/completions`, or for a prompt with
+        images from `/inference/v1/generate` (its chunks read in `/v1/completions`' shape)."""
+        if req.images:
+            path, body = GENERATE_PATH, await self.image_body(req, model)
+            limit = answer_limit(req)
+
+            def take(obj: Any) -> None:
+                capture.take(as_completion(obj))
+
+        else:
+            path, body = "/v1/completions", self.request_body(req, model)
+            limit, take = answer_limit(req, echoes_prompt=True), capture.take
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        await self._request_stream(path, body, self._headers(req), limit, take)
 
     async def abort(self, request_id: str) -> None:
         call = self._inflight.get(request_id)
