@@ -1,0 +1,306 @@
+"""A real vision-language model in the loop: a tiny Qwen2.5-VL (seeded random weights, the
+real Qwen vocabulary, a two-block vision tower over Qwen2-VL's patches) answers a session with
+images over the real adapter and the official Anthropic SDK, and the recompute audit, feeding
+each sample's tokens and images to the model, holds every trained logprob to one uncached
+forward pass; the same sample with an image swapped for another of the same size (the same
+tokens) fails it.
+
+torch runs on one thread here (the CI machine has two cores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import dataclasses
+import io
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import numpy as np
+import pytest
+from PIL import Image
+
+from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.engines import create_engine
+from tokentrail.engines.base import GenerateRequest, SamplingParams
+from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.engines.transformers_lm import TransformersEngine
+from tokentrail.errors import ModelError
+from tokentrail.messages import ImageInput
+from tokentrail.model.audit import DEFAULT_TOLERANCE, recompute_samples
+from tokentrail.model.forward import THREADS_ENV, CausalLM, set_threads
+from tokentrail.model.tiny import tiny_model
+from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.trajectory.sample import Sample
+
+READ = {
+    "name": "Read",
+    "description": "Read a file",
+    "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    before = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = "1"
+    set_threads(1)
+    yield
+    if before is None:
+        os.environ.pop(THREADS_ENV, None)
+    else:
+        os.environ[THREADS_ENV] = before
+
+
+@pytest.fixture(scope="module")
+def path() -> Path:
+    return tiny_model("qwen2.5-vl")
+
+
+@pytest.fixture(scope="module")
+def lm(path: Path) -> CausalLM:
+    return CausalLM(path)
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def image_block(data: bytes) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
+    return {"type": "image", "source": source}
+
+
+def image_input(lm: CausalLM, data: bytes, width: int, height: int) -> ImageInput:
+    assert lm.vision is not None
+    grid = lm.vision.spec.grid(height, width)
+    return ImageInput("", "image/png", data, width, height, grid, lm.vision.spec.tokens(grid))
+
+
+def with_images(lm: CausalLM, rng: np.random.Generator, images: list[ImageInput]) -> list[int]:
+    """Random text ids with each image's placeholder run between them."""
+    assert lm.vision is not None
+    start, end = 151652, 151653  # <|vision_start|>, <|vision_end|>
+    ids = rng.integers(0, 150000, 20).tolist()
+    for image in images:
+        ids += [start, *[lm.vision.pad_id] * image.tokens, end]
+        ids += rng.integers(0, 150000, 25).tolist()
+    return ids
+
+
+# --- the model and its forward pass ----------------------------------------------------------
+
+
+def test_the_tiny_vl_model_is_qwen2_5_vl_with_the_adapters_image_sizes(path: Path, lm) -> None:
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
+    assert type(lm.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    tokenizer = load_tokenizer(str(path))
+    # Its template is Qwen3's, its config names the vision family: prompts get image tokens.
+    assert tokenizer.family == "qwen2.5-vl"
+    assert config["image_token_id"] == tokenizer.token_id("<|image_pad|>")
+    assert lm.vision is not None and lm.vision.spec.name == "qwen2-vl"
+    vision = config["vision_config"]
+    spec = lm.vision.spec
+    assert (vision["patch_size"], vision["spatial_merge_size"], vision["temporal_patch_size"]) == (
+        spec.patch_size,
+        spec.merge_size,
+        spec.temporal_patch_size,
+    )
+    # The tower's output has one row per image token the adapter counted.
+    image = image_input(lm, png(112, 84, 1), 112, 84)
+    pixels, grid = lm.vision.pixels(image)
+    features = lm.model.model.get_image_features(pixels, grid, return_dict=True).pooler_output[0]
+    assert features.shape == (image.tokens, config["text_config"]["hidden_size"])
+
+
+def test_a_forward_with_images_is_the_models_own_and_caching_changes_nothing(lm) -> None:
+    """One pass equals transformers' own forward (pixel values, `image_grid_thw`, its M-RoPE
+    positions from `get_rope_index`); a KV-cached forward in pieces, cut inside an image's run
+    too, equals the one pass."""
+    import torch
+
+    assert lm.vision is not None
+    images = [
+        image_input(lm, png(112, 84, 1), 112, 84),
+        image_input(lm, png(56, 70, 2), 56, 70),
+    ]
+    ids = with_images(lm, np.random.default_rng(0), images)
+    hidden, _ = lm.forward(ids, images=images)
+    reference = lm.logprobs(hidden[:-1], ids[1:])
+    pixels, grids = zip(*(lm.vision.pixels(i) for i in images), strict=True)
+    tensor = torch.tensor([ids])
+    with torch.inference_mode():
+        own = lm.model.model(
+            input_ids=tensor,
+            pixel_values=torch.cat(pixels),
+            image_grid_thw=torch.cat(grids),
+            mm_token_type_ids=(tensor == lm.vision.pad_id).int(),
+        )
+    assert np.abs(lm.logprobs(own.last_hidden_state[0, :-1], ids[1:]) - reference).max() < 1e-5
+    first, n = 20 + 1, len(ids)  # the first image's run starts at `first`
+    assert n > 80
+    for cuts in ([10, 40, 60], [first, first + 5, n - 3], [first + 3, 70, n - 1]):
+        cache, parts, start = lm.new_cache(), [], 0
+        for cut in [*cuts, len(ids)]:
+            h, _ = lm.forward(ids[start:cut], cache, images=images, context=ids[:start])
+            parts.append(h)
+            start = cut
+        again = lm.logprobs(torch.cat(parts)[:-1], ids[1:])
+        assert np.abs(again - reference).max() < 1e-5, cuts
+    # The pixels feed the logits: another image of the same size moves them.
+    swapped = [image_input(lm, png(112, 84, 9), 112, 84), images[1]]
+    hidden, _ = lm.forward(ids, images=swapped)
+    assert np.abs(lm.logprobs(hidden[:-1], ids[1:]) - reference).max() > 100 * DEFAULT_TOLERANCE
+    # Image runs that are not the images are refused by name.
+    with pytest.raises(ModelError, match="2 image runs .* for 1 images"):
+        lm.forward(ids, images=images[:1])
+    with pytest.raises(ModelError, match="image 0: its run holds"):
+        lm.forward(ids, images=images[::-1])
+
+
+def test_a_cached_prefix_is_not_reused_past_an_image_that_changed(path: Path, lm) -> None:
+    """Two prompts with the same tokens and another image of the same size: the second turn
+    computes again from that image's run, and its logprobs are those of its own image."""
+    tokenizer = load_tokenizer(str(path))
+    engine = TransformersEngine(path, tokenizer, inner=ScriptedEngine(tokenizer, [[]] * 4))
+    first = [image_input(lm, png(112, 84, 1), 112, 84)]
+    other = [image_input(lm, png(112, 84, 5), 112, 84)]
+    prompt = with_images(lm, np.random.default_rng(3), first)
+
+    def turn(images: list[ImageInput]) -> tuple[list[float], int]:
+        before = engine.computed_positions
+        req = GenerateRequest(prompt, SamplingParams(16), session_id="s", images=images)
+        return asyncio.run(engine.generate(req)).logprobs, engine.computed_positions - before
+
+    one, computed = turn(first)
+    again, recomputed = turn(first)
+    assert again == pytest.approx(one, abs=1e-5) and recomputed <= 16  # the prompt is cached
+    swapped, computed = turn(other)
+    assert computed >= len(prompt) - 21  # from the image's run (position 21) on
+    assert np.abs(np.asarray(swapped) - np.asarray(one)).max() > 100 * DEFAULT_TOLERANCE
+
+
+# --- a session over the adapter --------------------------------------------------------------
+
+
+def session_script() -> list[list[dict[str, Any]]]:
+    return [
+        [{"type": "text", "text": "A screenshot of a terminal. Let me read calc.py."},
+         {"type": "tool_use", "name": "Read", "input": {"file_path": "calc.py"}}],
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": "plot.png"}}],
+        [{"type": "text", "text": "calc.py sums; plot.png is a bar chart."}],
+    ]  # fmt: skip
+
+
+def run_session(engine: Any, tokenizer: Any, shot: bytes, plot: bytes) -> Any:
+    """Three turns of the Anthropic SDK against the adapter on a real socket: an image in the
+    first user message, a text tool result, an image tool result; then the session's finish."""
+    adapter = Adapter(engine=engine, tokenizer=tokenizer, config=AdapterConfig())
+
+    async def go() -> Any:
+        runner, url = await start_server(adapter)
+        try:
+            client = anthropic.AsyncAnthropic(base_url=url, api_key="vl", max_retries=0)
+            messages: list[dict[str, Any]] = [
+                {
+                    "role": "user",
+                    "content": [image_block(shot), {"type": "text", "text": "What is this?"}],
+                }
+            ]
+            results = [
+                [{"type": "text", "text": "def add(a, b):\n    return a + b\n"}],
+                [image_block(plot)],
+            ]
+            for result in [*results, None]:
+                reply = await client.messages.create(
+                    model="m", max_tokens=64, tools=[READ], messages=messages
+                )
+                if result is None:
+                    assert reply.stop_reason == "end_turn"
+                    break
+                assert reply.stop_reason == "tool_use"
+                call = next(b for b in reply.content if b.type == "tool_use")
+                messages += [
+                    {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": call.id, "content": result}
+                        ],
+                    },
+                ]
+            return await adapter.finish_trajectory("vl", reward=1.0)
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(go())
+
+
+def test_a_session_with_images_on_a_real_vl_model_passes_the_audit(
+    path: Path, lm, tmp_path: Path
+) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(session_script()))
+    tokenizer = load_tokenizer(str(path))
+    engine = create_engine(f"transformers:tiny:qwen2.5-vl+scripted:{script}", tokenizer)
+    assert isinstance(engine, TransformersEngine) and engine.supports_images
+    shot, plot = png(224, 140, 11), png(84, 112, 12)
+    trajectory = run_session(engine, tokenizer, shot, plot)
+    ledger = trajectory.ledger
+    assert len(ledger.turns) == 3
+    assert ledger.trained_tokens == ledger.generated_tokens > 0
+    # Later turns reuse the cache over the images before them.
+    assert engine.cached_positions > 0
+    (sample,) = trajectory.samples
+    inputs = sample.multimodal_inputs()
+    assert inputs is not None and inputs["images"] == [shot, plot]
+    report = recompute_samples(lm, [sample])
+    print(f"\ntiny qwen2.5-vl, 3 turns, 2 images\n{report.table()}")
+    assert report.trained == ledger.trained_tokens
+    assert report.within_tolerance == report.trained
+    assert report.max_error <= DEFAULT_TOLERANCE and report.ok
+
+    # The first image swapped for another of its size: the same tokens, other pixels.
+    swapped = swap_image(sample, 0, png(224, 140, 99))
+    assert swapped.tokens.tolist() == sample.tokens.tolist()
+    report = recompute_samples(lm, [swapped])
+    print(f"first image swapped\n{report.table()}")
+    assert not report.ok
+    assert report.max_error > 100 * DEFAULT_TOLERANCE
+    assert report.within_tolerance < report.trained
+
+    # The second image (a tool result) swapped: only the tokens after it move.
+    after = sample.multimodal_inputs()["image_offsets"][1]
+    trained = sample.prompt_length + np.flatnonzero(sample.loss_mask)
+    report = recompute_samples(lm, [swap_image(sample, 1, png(84, 112, 98))])
+    assert not report.ok and report.max_error > 100 * DEFAULT_TOLERANCE
+    assert 0 < int((trained < after).sum()) <= report.within_tolerance < report.trained
+
+    # A sample whose images do not fit its tokens is refused by name, not audited wrong.
+    dropped = copy.deepcopy(sample)
+    dropped.metadata["images"] = dropped.metadata["images"][:1]
+    with pytest.raises(ModelError, match="2 image runs .* for 1 images"):
+        recompute_samples(lm, [dropped])
+    moved = copy.deepcopy(sample)
+    moved.metadata["images"][1]["offset"] += 1
+    with pytest.raises(ModelError, match="offsets"):
+        recompute_samples(lm, [moved])
+    text_lm = CausalLM(tiny_model("qwen3"))
+    with pytest.raises(ModelError, match="is a text model"):
+        recompute_samples(text_lm, [sample])
+
+
+def swap_image(sample: Sample, k: int, data: bytes) -> Sample:
+    metadata = copy.deepcopy(sample.metadata)
+    metadata["images"][k]["data"] = base64.b64encode(data).decode()
+    return dataclasses.replace(sample, metadata=metadata)
