@@ -1,9 +1,9 @@
-"""A real vision-language model in the loop: a tiny Qwen2.5-VL (seeded random weights, the
-real Qwen vocabulary, a two-block vision tower over Qwen2-VL's patches) answers a session with
-images over the real adapter and the official Anthropic SDK, and the recompute audit, feeding
-each sample's tokens and images to the model, holds every trained logprob to one uncached
-forward pass; the same sample with an image swapped for another of the same size (the same
-tokens) fails it.
+"""A real vision-language model in the loop: a tiny Qwen2.5-VL and a tiny Qwen3-VL (seeded
+random weights, the real Qwen vocabulary, two-block vision towers over their families' patches)
+answer sessions with images, over the real adapter with the official Anthropic SDK and under the
+real Claude Code CLI, and the recompute audit, feeding each sample's tokens and images to the
+model, holds every trained logprob to one uncached forward pass; the same sample with an image
+swapped for another of the same size (the same tokens) fails it.
 
 torch runs on one thread here (the CI machine has two cores).
 """
@@ -17,6 +17,8 @@ import dataclasses
 import io
 import json
 import os
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
+from support.serve import serving
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.cli import main as cli_main
 from tokentrail.engines import create_engine
 from tokentrail.engines.base import GenerateRequest, SamplingParams
 from tokentrail.engines.scripted import ScriptedEngine
@@ -36,6 +41,7 @@ from tokentrail.messages import ImageInput
 from tokentrail.model.audit import DEFAULT_TOLERANCE, recompute_samples
 from tokentrail.model.forward import THREADS_ENV, CausalLM, set_threads
 from tokentrail.model.tiny import tiny_model
+from tokentrail.storage.export import write_samples
 from tokentrail.text.tokenizer import load_tokenizer
 from tokentrail.trajectory.sample import Sample
 
@@ -58,9 +64,20 @@ def one_thread() -> Iterator[None]:
         os.environ[THREADS_ENV] = before
 
 
+MODELS = {
+    "qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3-vl": "Qwen3VLForConditionalGeneration",
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def path() -> Path:
-    return tiny_model("qwen2.5-vl")
+def path(name: str) -> Path:
+    return tiny_model(name)
 
 
 @pytest.fixture(scope="module")
@@ -100,15 +117,18 @@ def with_images(lm: CausalLM, rng: np.random.Generator, images: list[ImageInput]
 # --- the model and its forward pass ----------------------------------------------------------
 
 
-def test_the_tiny_vl_model_is_qwen2_5_vl_with_the_adapters_image_sizes(path: Path, lm) -> None:
+def test_the_tiny_vl_model_is_its_architecture_with_the_adapters_image_sizes(
+    name: str, path: Path, lm
+) -> None:
     config = json.loads((path / "config.json").read_text())
-    assert config["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
-    assert type(lm.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert config["architectures"] == [MODELS[name]]
+    assert type(lm.model).__name__ == MODELS[name]
     tokenizer = load_tokenizer(str(path))
     # Its template is Qwen3's, its config names the vision family: prompts get image tokens.
-    assert tokenizer.family == "qwen2.5-vl"
+    assert tokenizer.family == name
     assert config["image_token_id"] == tokenizer.token_id("<|image_pad|>")
-    assert lm.vision is not None and lm.vision.spec.name == "qwen2-vl"
+    family_vision = {"qwen2.5-vl": "qwen2-vl", "qwen3-vl": "qwen3-vl"}[name]
+    assert lm.vision is not None and lm.vision.spec.name == family_vision
     vision = config["vision_config"]
     spec = lm.vision.spec
     assert (vision["patch_size"], vision["spatial_merge_size"], vision["temporal_patch_size"]) == (
@@ -125,8 +145,8 @@ def test_the_tiny_vl_model_is_qwen2_5_vl_with_the_adapters_image_sizes(path: Pat
 
 def test_a_forward_with_images_is_the_models_own_and_caching_changes_nothing(lm) -> None:
     """One pass equals transformers' own forward (pixel values, `image_grid_thw`, its M-RoPE
-    positions from `get_rope_index`); a KV-cached forward in pieces, cut inside an image's run
-    too, equals the one pass."""
+    positions from `get_rope_index`, Qwen3-VL's deepstack features); a KV-cached forward in
+    pieces, cut inside an image's run too, equals the one pass."""
     import torch
 
     assert lm.vision is not None
@@ -247,12 +267,12 @@ def run_session(engine: Any, tokenizer: Any, shot: bytes, plot: bytes) -> Any:
 
 
 def test_a_session_with_images_on_a_real_vl_model_passes_the_audit(
-    path: Path, lm, tmp_path: Path
+    name: str, path: Path, lm, tmp_path: Path
 ) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps(session_script()))
     tokenizer = load_tokenizer(str(path))
-    engine = create_engine(f"transformers:tiny:qwen2.5-vl+scripted:{script}", tokenizer)
+    engine = create_engine(f"transformers:tiny:{name}+scripted:{script}", tokenizer)
     assert isinstance(engine, TransformersEngine) and engine.supports_images
     shot, plot = png(224, 140, 11), png(84, 112, 12)
     trajectory = run_session(engine, tokenizer, shot, plot)
@@ -265,7 +285,7 @@ def test_a_session_with_images_on_a_real_vl_model_passes_the_audit(
     inputs = sample.multimodal_inputs()
     assert inputs is not None and inputs["images"] == [shot, plot]
     report = recompute_samples(lm, [sample])
-    print(f"\ntiny qwen2.5-vl, 3 turns, 2 images\n{report.table()}")
+    print(f"\ntiny {name}, 3 turns, 2 images\n{report.table()}")
     assert report.trained == ledger.trained_tokens
     assert report.within_tolerance == report.trained
     assert report.max_error <= DEFAULT_TOLERANCE and report.ok
@@ -274,7 +294,7 @@ def test_a_session_with_images_on_a_real_vl_model_passes_the_audit(
     swapped = swap_image(sample, 0, png(224, 140, 99))
     assert swapped.tokens.tolist() == sample.tokens.tolist()
     report = recompute_samples(lm, [swapped])
-    print(f"first image swapped\n{report.table()}")
+    print(f"tiny {name}, first image swapped\n{report.table()}")
     assert not report.ok
     assert report.max_error > 100 * DEFAULT_TOLERANCE
     assert report.within_tolerance < report.trained
@@ -285,6 +305,13 @@ def test_a_session_with_images_on_a_real_vl_model_passes_the_audit(
     report = recompute_samples(lm, [swap_image(sample, 1, png(84, 112, 98))])
     assert not report.ok and report.max_error > 100 * DEFAULT_TOLERANCE
     assert 0 < int((trained < after).sum()) <= report.within_tolerance < report.trained
+
+    # `tokentrail audit --recompute` over the exported file: the images travel with it.
+    good, bad = tmp_path / "samples.jsonl", tmp_path / "swapped.jsonl"
+    write_samples(good, [sample])
+    write_samples(bad, [swapped])
+    assert cli_main(["audit", "--recompute", str(path), str(good)]) == 0
+    assert cli_main(["audit", "--recompute", str(path), str(bad)]) == 1
 
     # A sample whose images do not fit its tokens is refused by name, not audited wrong.
     dropped = copy.deepcopy(sample)
@@ -304,3 +331,83 @@ def swap_image(sample: Sample, k: int, data: bytes) -> Sample:
     metadata = copy.deepcopy(sample.metadata)
     metadata["images"][k]["data"] = base64.b64encode(data).decode()
     return dataclasses.replace(sample, metadata=metadata)
+
+
+# --- a real harness --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def claude_exe() -> Path:
+    if shutil.which("npm") is None:
+        reason = f"npm is missing: cannot install @anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    exe = install_claude_code()
+    assert exe is not None
+    return exe
+
+
+def test_real_claude_code_reading_a_png_on_a_real_vl_model_passes_the_audit(
+    name: str, path: Path, lm, claude_exe: Path, tmp_path: Path
+) -> None:
+    """Claude Code's Read of a PNG in its first tool call, then a Read of a file, then the
+    answer, served by `tokentrail serve --engine transformers:tiny:NAME+scripted:FILE`: the
+    sample carries the image Claude Code sent, passes the audit, and fails it with that image
+    swapped for another of its size."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "shot.png").write_bytes(png(224, 140, 21))
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    script = tmp_path / "script.json"
+    script.write_text(
+        json.dumps(
+            [
+                [
+                    {
+                        "type": "tool_use",
+                        "name": "Read",
+                        "input": {"file_path": str(repo / "shot.png")},
+                    }
+                ],
+                [
+                    {"type": "text", "text": "A noisy picture. Now calc.py."},
+                    {
+                        "type": "tool_use",
+                        "name": "Read",
+                        "input": {"file_path": str(repo / "calc.py")},
+                    },
+                ],
+                [{"type": "text", "text": "shot.png is noise; calc.py sums."}],
+            ]
+        )
+    )
+    engine = f"transformers:tiny:{name}+scripted:{script}"
+    with serving(script, "--tokenizer", str(path), engine=engine) as served:
+        start = time.perf_counter()
+        run = run_claude(
+            claude_exe,
+            "What is in shot.png, and what does calc.py do?",
+            base_url=served.url,
+            session_id=f"cc-{name}",
+            cwd=repo,
+            timeout=180,
+        )
+        elapsed = time.perf_counter() - start
+        assert run.returncode == 0, run.stderr[-2000:]
+        finished = served.finish(f"cc-{name}")
+        checks = served.resume_checks()
+    assert checks["mismatch"] == 0 and checks["same"] >= len(finished["ledger"]["turns"])
+    ledger = finished["ledger"]
+    assert len(ledger["turns"]) >= 3
+    assert ledger["trained_tokens"] == ledger["generated_tokens"] > 0
+    (sample,) = [Sample.from_dict(s) for s in finished["samples"]]
+    (image,) = sample.metadata["images"]
+    assert (image["width"], image["height"]) == (224, 140)
+    report = recompute_samples(lm, [sample])
+    print(f"\nClaude Code {CLAUDE_CODE_VERSION}, tiny {name}: {elapsed:.1f} s\n{report.table()}")
+    assert report.trained == ledger["trained_tokens"]
+    assert report.within_tolerance == report.trained and report.ok
+    swapped = recompute_samples(lm, [swap_image(sample, 0, png(224, 140, 22))])
+    print(f"the image swapped\n{swapped.table()}")
+    assert not swapped.ok and swapped.max_error > 100 * DEFAULT_TOLERANCE

@@ -100,8 +100,11 @@ class CausalLM:
         if self._routers and self.routing is None:
             raise ModelError(f"{self.path} has routers but its config names no expert count")
         self._captured: list[tuple[int, Any]] | None = None
+        # The decoder the forward pass runs: a VL model's language model takes the embeddings
+        # `model.vision` makes (its `model.model` would run the tower on every call).
+        self._decoder = model.model.language_model if self.vision is not None else model.model
         # transformers 5 renames `past_key_values` to `cache` (the old name warns until 5.40).
-        params = inspect.signature(model.model.forward).parameters
+        params = inspect.signature(self._decoder.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         for layer, module in self._routers:
             module.register_forward_hook(self._hook(layer))
@@ -165,15 +168,14 @@ class CausalLM:
             held = 0 if cache is None else cache.get_seq_length()
             if len(context) != held:
                 raise ModelError(f"{len(context)} context tokens for a cache of {held}")
-            embeds, positions = self.vision.inputs([*context, *ids], held, images)
-            inputs = {"inputs_embeds": embeds, "position_ids": positions}
+            inputs = self.vision.inputs([*context, *ids], held, images)
         elif images:
             raise ModelError(f"{self.path} is a text model: it takes no images")
         self._captured = [] if self._routers else None
         try:
             with torch.inference_mode():
                 kwargs = {self._cache_arg: cache, "use_cache": cache is not None}
-                out = self.model.model(**inputs, **kwargs)
+                out = self._decoder(**inputs, **kwargs)
             captured = self._captured
         finally:
             self._captured = None

@@ -139,6 +139,36 @@ TINY_MODELS: dict[str, TinySpec] = {
             "initializer_range": 0.2,
         },
     ),
+    # Qwen3-VL: Qwen3-VL's 16-pixel patches (`text.vision`'s "qwen3-vl"), learned position
+    # embeddings interpolated to the grid, the tower's first block's features fed to the first
+    # decoder layer (deepstack), interleaved M-RoPE.
+    "qwen3-vl": TinySpec(
+        "qwen3_vl",
+        "Qwen3VLForConditionalGeneration",
+        "builtin:qwen3-vl",
+        {
+            "head_dim": 16,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [4, 2, 2],
+                "mrope_interleaved": True,
+            },
+        },
+        vision={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 32,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 256,
+            "deepstack_visual_indexes": [0],
+            "initializer_range": 0.2,
+        },
+    ),
 }
 
 # The vision tokens a VL config names by id, by the vocabulary's token text.

@@ -1,12 +1,13 @@
 """Images into a vision-language model's forward pass: pixels, embeddings and M-RoPE positions.
 
-`VisionInputs` wraps a loaded Qwen2-VL / Qwen2.5-VL (`..ForConditionalGeneration`): for a
-stretch of a token sequence it gives the input embeddings, each image's placeholder tokens
-replaced by the vision tower's output for that image (pixels from the family's own image
-processor, `text.vision.VisionSpec.processor`, the very one that sized its tokens), and the
-model's own 3-D rope positions (`get_rope_index` over the whole sequence and every image's
-grid). Positions and embeddings are computed for the whole sequence and cut to the stretch, so
-a KV-cached turn that feeds only its new tokens (even from inside an image's run) sees what one
+`VisionInputs` wraps a loaded Qwen2-VL / Qwen2.5-VL / Qwen3-VL (`..ForConditionalGeneration`):
+for a stretch of a token sequence it gives the decoder's inputs: the input embeddings, each
+image's placeholder tokens replaced by the vision tower's output for that image (pixels from
+the family's own image processor, `text.vision.VisionSpec.processor`, the very one that sized
+its tokens), Qwen3-VL's "deepstack" features that its first decoder layers add at the image
+positions, and the model's own 3-D rope positions (`get_rope_index` over the whole sequence
+and every image's grid). All are computed for the whole sequence and cut to the stretch, so a
+KV-cached turn that feeds only its new tokens (even from inside an image's run) sees what one
 forward pass over everything would.
 """
 
@@ -23,10 +24,10 @@ import numpy as np
 from tokentrail.errors import ModelError
 from tokentrail.text.vision import VisionSpec, vision_spec
 
-# The checkpoints whose vision tower feeds the decoder through its input embeddings alone.
-# Qwen3-VL also adds the tower's intermediate features inside the first decoder layers
-# ("deepstack"), which this path does not reproduce: refused, not run wrong.
-VISION_ENCODERS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2-vl"}
+# The checkpoints taken, by `model_type`, with the image processor (`text.vision`) of each.
+VISION_ENCODERS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2-vl", "qwen3_vl": "qwen3-vl"}
+# Those whose tower also feeds the first decoder layers (Qwen3-VL's deepstack).
+DEEPSTACK = frozenset({"qwen3_vl"})
 # Images whose tower output is kept (by their bytes' digest): a harness resends every earlier
 # image each turn, and a cached turn needs the embeddings of images it does not feed again.
 MAX_HELD_IMAGES = 64
@@ -75,7 +76,9 @@ class VisionInputs:
         self.spec: VisionSpec = spec
         self.model = model
         self.pad_id = int(model.config.image_token_id)
-        self._held: OrderedDict[str, Any] = OrderedDict()
+        self.deepstack = model_type in DEEPSTACK
+        # By image digest: the tower's output and its deepstack features.
+        self._held: OrderedDict[str, tuple[Any, list[Any]]] = OrderedDict()
 
     def check(self, tokens: Sequence[int], images: Sequence[ModelImage]) -> None:
         """Raise `ModelError` unless `tokens` hold one run of image tokens per image of
@@ -100,10 +103,12 @@ class VisionInputs:
 
     def inputs(
         self, tokens: Sequence[int], start: int, images: Sequence[ModelImage]
-    ) -> tuple[Any, Any]:
-        """The input embeddings `[1, n, hidden]` and rope positions `[3, 1, n]` of
-        `tokens[start:]`, `tokens` being the whole sequence so far and `images` its images in
-        token order (later ones, of tokens still to come, are left for later). Raises
+    ) -> dict[str, Any]:
+        """The decoder's inputs for `tokens[start:]` (`n` positions), `tokens` being the whole
+        sequence so far and `images` its images in token order (later ones, of tokens still to
+        come, are left for later): `inputs_embeds` `[1, n, hidden]`, `position_ids`
+        `[3, 1, n]` and, for a deepstack model, `visual_pos_masks` `[1, n]` with
+        `deepstack_visual_embeds` (one `[image positions, hidden]` per layer it feeds). Raises
         `ModelError` when there are fewer images than runs, or a run's length is not its
         image's."""
         import torch
@@ -130,15 +135,22 @@ class VisionInputs:
                 image_grid_thw=grids if len(images) else None,
             )
             embeds = self.model.model.get_input_embeddings()(full[:, start : len(tokens)])
+            deep: list[list[Any]] = []
             for (at, length), image in zip(runs, images, strict=True):
                 lo, hi = max(at, start), min(at + length, len(tokens))
                 if lo < hi:
-                    features = self._features(image)
+                    features, layers = self._features(image)
                     embeds[0, lo - start : hi - start] = features[lo - at : hi - at]
-        return embeds, positions[:, :, start : len(tokens)]
+                    deep.append([f[lo - at : hi - at] for f in layers])
+        out = {"inputs_embeds": embeds, "position_ids": positions[:, :, start : len(tokens)]}
+        if self.deepstack and deep:
+            out["visual_pos_masks"] = full[:, start : len(tokens)] == self.pad_id
+            out["deepstack_visual_embeds"] = [torch.cat(layer) for layer in zip(*deep, strict=True)]
+        return out
 
-    def _features(self, image: ModelImage) -> Any:
-        """The tower's output for `image`, `[tokens, hidden]`, computed once per image bytes."""
+    def _features(self, image: ModelImage) -> tuple[Any, list[Any]]:
+        """The tower's output for `image`, `[tokens, hidden]`, and its deepstack features (one
+        such per layer they feed; none for Qwen2-VL), computed once per image bytes."""
         import torch
 
         digest = hashlib.sha256(image.data).hexdigest()
@@ -149,7 +161,10 @@ class VisionInputs:
         pixels, grid = self.pixels(image)
         with torch.inference_mode():
             out = self.model.model.get_image_features(pixels, grid, return_dict=True)
-        features = out.pooler_output[0]
+        features = (
+            out.pooler_output[0],
+            ([f[0] for f in out.deepstack_features] if self.deepstack else []),
+        )
         self._held[digest] = features
         while len(self._held) > MAX_HELD_IMAGES:
             self._held.popitem(last=False)
