@@ -210,6 +210,33 @@ def test_a_cached_prefix_is_not_reused_past_an_image_that_changed(path: Path, lm
     assert np.abs(np.asarray(swapped) - np.asarray(one)).max() > 100 * DEFAULT_TOLERANCE
 
 
+def test_sampling_with_images_reports_the_models_logprobs(path: Path, lm) -> None:
+    """The engine samples (no teacher forcing) over a prompt with an image, token by token on
+    its cache; the one-pass audit over prompt, output and image agrees."""
+    tokenizer = load_tokenizer(str(path))
+    engine = TransformersEngine(path, tokenizer)
+    images = [image_input(lm, png(112, 84, 4), 112, 84)]
+    prompt = with_images(lm, np.random.default_rng(6), images)
+    params = SamplingParams(max_new_tokens=12, temperature=0.8, seed=2)
+    gen = asyncio.run(engine.generate(GenerateRequest(prompt, params, "s", images=images)))
+    assert len(gen.output_ids) > 1
+    offset = prompt.index(lm.vision.pad_id) if lm.vision is not None else -1
+    image = {
+        "data": base64.b64encode(images[0].data).decode(),
+        "image_grid_thw": list(images[0].grid_thw),
+        "offset": offset,
+    }
+    sample = Sample(
+        tokens=np.asarray(prompt + gen.output_ids, dtype=np.uint32),
+        loss_mask=np.ones(len(gen.output_ids), dtype=np.uint8),
+        rollout_log_probs=np.asarray(gen.logprobs, dtype=np.float32),
+        response_length=len(gen.output_ids),
+        metadata={"images": [image]},
+    )
+    report = recompute_samples(lm, [sample], temperature=0.8)
+    assert report.max_error <= DEFAULT_TOLERANCE and report.ok, report.table()
+
+
 # --- a session over the adapter --------------------------------------------------------------
 
 

@@ -490,8 +490,12 @@ def _load_model_dir(path: Path) -> LoadedTokenizer:
 
 def _detected_family(path: Path, template: str) -> Family | None:
     # A vision-language checkpoint's template is its text family's: its config names it.
-    fam = model_type_family(_read_json(path / "config.json").get("model_type"))
-    fam = fam or detect_family(template)
+    model_type = _read_json(path / "config.json").get("model_type")
+    fam = model_type_family(model_type)
+    if fam is not None:
+        logger.info("%s: a %s checkpoint: model family %s", path, model_type, fam.name)
+        return fam
+    fam = detect_family(template)
     if fam is None:
         logger.info("%s: the chat template matches no known model family", path)
     else:
