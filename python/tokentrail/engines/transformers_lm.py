@@ -12,9 +12,9 @@ position from the start asked for, each as computed when that position was first
 the cache), the last token never fed. Logprobs are those of the model's distribution at the
 request's temperature, before top-p/top-k, as SGLang reports them.
 
-A vision-language model (`tiny:qwen2.5-vl`) takes the request's images, each on its run of
-image tokens (`model.vision`); a branch's cache is reused only up to the first image that is
-not the one it was computed with (two images of one size have the same tokens).
+A vision-language model (`tiny:qwen2.5-vl`, `tiny:qwen3-vl`) takes the request's images, each
+on its run of image tokens (`model.vision`); a branch's cache is reused only up to the first
+image that is not the one it was computed with (two images of one size have the same tokens).
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@
 tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json) of a
 Qwen3-MoE with a small hidden size and the full Qwen3 vocabulary: every code path that takes a
 model directory (the `transformers` engine, `--tokenizer DIR`, `--model-config DIR`, the audit,
-SGLang/vLLM with `--load-format dummy`) takes it. Built once per (config, seed, library
-versions) and cached under `$TOKENTRAIL_CACHE/tiny-models/`, like the builtin vocabularies.
+SGLang/vLLM with `--load-format dummy`) takes it. `qwen2.5-vl` and `qwen3-vl` are
+vision-language models (a tiny vision tower with its family's real patch sizes) that take the
+adapter's images. Built once per (config, seed, library versions) and cached under
+`$TOKENTRAIL_CACHE/tiny-models/`, like the builtin vocabularies.
 """
 
 from __future__ import annotations
