@@ -203,11 +203,17 @@ def test_a_cached_prefix_is_not_reused_past_an_image_that_changed(path: Path, lm
         return asyncio.run(engine.generate(req)).logprobs, engine.computed_positions - before
 
     one, computed = turn(first)
-    again, recomputed = turn(first)
-    assert again == pytest.approx(one, abs=1e-5) and recomputed <= 16  # the prompt is cached
+    fed = len(prompt) + len(one) - 1  # the prompt and the reply but its last token
+    assert computed == fed
+    again, computed = turn(first)
+    assert again == pytest.approx(one, abs=1e-5)
+    assert computed == len(one)  # the prompt is cached: its last token and the reply
     swapped, computed = turn(other)
-    assert computed >= len(prompt) - 21  # from the image's run (position 21) on
+    assert computed == fed - 21  # from the image's run (position 21) on
     assert np.abs(np.asarray(swapped) - np.asarray(one)).max() > 100 * DEFAULT_TOLERANCE
+    # The first image's line is kept beside the new one.
+    back, computed = turn(first)
+    assert back == pytest.approx(one, abs=1e-5) and computed == len(one)
 
 
 def test_sampling_with_images_reports_the_models_logprobs(path: Path, lm) -> None:
