@@ -444,3 +444,6 @@ def test_real_claude_code_reading_a_png_on_a_real_vl_model_passes_the_audit(
     swapped = recompute_samples(lm, [swap_image(sample, 0, png(224, 140, 22))])
     print(f"the image swapped\n{swapped.table()}")
     assert not swapped.ok and swapped.max_error > 100 * DEFAULT_TOLERANCE
+    # The first turn's reply, sampled before the image was read, is untouched by it.
+    trained = sample.prompt_length + np.flatnonzero(sample.loss_mask)
+    assert 0 < int((trained < image["offset"]).sum()) <= swapped.within_tolerance < swapped.trained
