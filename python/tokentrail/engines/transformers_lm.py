@@ -11,6 +11,10 @@ positions its prompt adds. A MoE answers `routed_experts` the way SGLang does: o
 position from the start asked for, each as computed when that position was first fed (held with
 the cache), the last token never fed. Logprobs are those of the model's distribution at the
 request's temperature, before top-p/top-k, as SGLang reports them.
+
+A vision-language model (`tiny:qwen2.5-vl`, `tiny:qwen3-vl`) takes the request's images, each
+on its run of image tokens (`model.vision`); a branch's cache is reused only up to the first
+image that is not the one it was computed with (two images of one size have the same tokens).
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ from tokentrail.engines.base import (
 )
 from tokentrail.engines.registry import create_engine, register_engine
 from tokentrail.errors import EngineError, EngineSpecError, ModelError
+from tokentrail.messages import ImageInput
 from tokentrail.model.forward import CausalLM, crop
+from tokentrail.model.vision import image_runs
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -59,6 +65,8 @@ class _Branch:
     tokens: list[int]
     cache: Any
     rows: np.ndarray | None
+    # The images of `tokens`, in token order.
+    images: list[ImageInput] = dataclasses.field(default_factory=list)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -104,8 +112,8 @@ class TransformersEngine:
             )
         self.inner = inner
         self.supports_constraints = inner.supports_constraints if inner is not None else False
-        # The model here is a text model: pixels have nowhere to go.
-        self.supports_images = False
+        # A text model's prompts carry no images: pixels would have nowhere to go.
+        self.supports_images = self.lm.vision is not None
         self.weight_version = Path(path).name
         self._sessions: OrderedDict[str, list[_Branch]] = OrderedDict()
         self._aborted: set[str] = set()
@@ -148,8 +156,13 @@ class TransformersEngine:
         prompt = token_list(req.input_ids)
         if not prompt:
             raise ModelError("an empty prompt")
+        images = list(req.images)
+        if self.lm.vision is not None:
+            self.lm.vision.check(prompt, images)
+        elif images:
+            raise ModelError(f"{self.lm.path} is a text model: it takes no images")
         with self.lm.lock:
-            branch, keep = self._branch(req.session_id, prompt)
+            branch, keep = self._branch(req.session_id, prompt, images)
             self.cached_positions += keep
             temperature = req.sampling.temperature
             if forced is not None:
@@ -157,7 +170,9 @@ class TransformersEngine:
                 if not output:
                     raise ModelError(f"{type(self.inner).__name__} chose no tokens to force")
                 fed = prompt + output[:-1]
-                hidden, rows = self.lm.forward(fed[keep:], branch.cache)
+                hidden, rows = self.lm.forward(
+                    fed[keep:], branch.cache, images=images, context=self._context(fed, keep)
+                )
                 first = len(prompt) - 1 - keep
                 logprobs = self.lm.logprobs(
                     hidden[first : first + len(output)], output, temperature
@@ -169,6 +184,7 @@ class TransformersEngine:
                 fed = prompt + output[:-1]
             self.computed_positions += len(fed) - keep
             branch.tokens = fed
+            branch.images = images
             if new_rows is not None:
                 held = branch.rows[:keep] if branch.rows is not None else new_rows[:0]
                 branch.rows = np.concatenate([held, new_rows])
@@ -186,7 +202,10 @@ class TransformersEngine:
                 hashlib.blake2b(req.request_id.encode(), digest_size=8).digest(), "big"
             )
         generator = torch.Generator().manual_seed(seed % 2**63)
-        hidden, rows = self.lm.forward(prompt[keep:], branch.cache)
+        images = req.images
+        hidden, rows = self.lm.forward(
+            prompt[keep:], branch.cache, images=images, context=self._context(prompt, keep)
+        )
         parts = [] if rows is None else [rows]
         last = hidden[-1:]
         output: list[int] = []
@@ -204,11 +223,30 @@ class TransformersEngine:
                 return output, logprobs, "stop", _joined(parts)
             if req.request_id in self._aborted:
                 return output, logprobs, "abort", _joined(parts)
-            last, rows = self.lm.forward([token], branch.cache)
+            fed = [*prompt, *output[:-1]] if self.lm.vision is not None else []
+            last, rows = self.lm.forward([token], branch.cache, images=images, context=fed)
             if rows is not None:
                 parts.append(rows)
 
-    def _branch(self, session_id: str, prompt: list[int]) -> tuple[_Branch, int]:
+    def _context(self, tokens: list[int], keep: int) -> list[int]:
+        """What a vision model reads of the cached tokens (a text model reads nothing)."""
+        return tokens[:keep] if self.lm.vision is not None else []
+
+    def _shared(self, branch: _Branch, prompt: list[int], images: list[ImageInput]) -> int:
+        """The positions `prompt` (with `images`) shares with `branch`: its common prefix, cut
+        back to the start of the first image whose bytes are not the branch's."""
+        shared = common_prefix(branch.tokens, prompt)
+        if self.lm.vision is None or not (images or branch.images):
+            return shared
+        runs = image_runs(np.asarray(prompt[:shared]), self.lm.vision.pad_id)
+        for k, (at, _) in enumerate(runs):
+            if k >= len(branch.images) or branch.images[k].data != images[k].data:
+                return at
+        return shared
+
+    def _branch(
+        self, session_id: str, prompt: list[int], images: list[ImageInput]
+    ) -> tuple[_Branch, int]:
         """The session's branch sharing the longest prefix with `prompt`, its cache cut back to
         what `prompt` reuses, and how many positions it keeps (at least the last prompt token
         is fed again, for the logits of the first output token)."""
@@ -220,7 +258,7 @@ class TransformersEngine:
             self._sessions.popitem(last=False)
         best, shared = None, 0
         for branch in branches:
-            n = common_prefix(branch.tokens, prompt)
+            n = self._shared(branch, prompt, images)
             if best is None or n > shared:
                 best, shared = branch, n
         keep = min(shared, len(prompt) - 1)
@@ -232,7 +270,9 @@ class TransformersEngine:
             if len(branches) < MAX_BRANCHES:
                 # A new line of the session (a retry, a sub-agent, an edited history): keep the
                 # old one for the requests that continue it.
-                best = _Branch(list(best.tokens), copy.deepcopy(best.cache), best.rows)
+                best = _Branch(
+                    list(best.tokens), copy.deepcopy(best.cache), best.rows, list(best.images)
+                )
                 branches.append(best)
             crop(best.cache, keep)
             best.tokens = best.tokens[:keep]

@@ -5,7 +5,9 @@ forward pass, without any cache, and holds each trained token's rollout logprob 
 recomputed log p(token | the sample's context), and each position's routed experts to the
 experts the model's routers choose for it. A sample whose context is not what was sampled
 (history re-tokenized, a token altered) or whose routing rows are shifted shows here; a sample
-that passes carries, for the trainer, what the model computed.
+that passes carries, for the trainer, what the model computed. A sample with images
+(`Sample.multimodal_inputs`) is fed with them to a vision-language model, so an image that is
+not the one sampled (another of the same size: the same tokens) shows too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from tokentrail.errors import ModelError
 from tokentrail.model.forward import CausalLM
+from tokentrail.model.vision import image_runs
 from tokentrail.trajectory.sample import Sample
 
 # The largest |recomputed - rollout| logprob a float32 CPU rollout may show against a float32
@@ -188,7 +191,8 @@ def _audit_one(
             f"must cover the response ({response} of {n} tokens)"
         )
     audit = SampleAudit(index, n, int(np.count_nonzero(mask)))
-    hidden, rows = lm.forward(tokens[:-1].tolist())
+    images = _images(lm, index, sample)
+    hidden, rows = lm.forward(tokens[:-1].tolist(), images=images)
     # Response token i sits at position n - response + i and is predicted from the one before.
     trained = np.flatnonzero(mask)
     positions = n - response + trained
@@ -211,6 +215,39 @@ def _audit_one(
     if sample.routed_experts is not None:
         _audit_routing(lm, audit, np.asarray(sample.routed_experts), rows)
     return audit
+
+
+@dataclass(frozen=True)
+class _Image:
+    """One of a sample's images as the forward pass reads it (`model.vision.ModelImage`)."""
+
+    data: bytes
+    grid_thw: tuple[int, int, int]
+
+
+def _images(lm: CausalLM, index: int, sample: Sample) -> list[_Image]:
+    """The sample's images, checked against its tokens (`Sample.multimodal_inputs`)."""
+    inputs = sample.multimodal_inputs()
+    if inputs is None:
+        return []
+    if lm.vision is None:
+        raise ModelError(f"sample {index} carries images but {lm.path} is a text model")
+    images = [
+        _Image(data, (int(t), int(h), int(w)))
+        for data, (t, h, w) in zip(inputs["images"], inputs["image_grid_thw"], strict=True)
+    ]
+    tokens = sample.tokens[:-1].tolist()
+    try:
+        lm.vision.check(tokens, images)
+    except ModelError as exc:
+        raise ModelError(f"sample {index}: {exc}") from None
+    starts = [at for at, _ in image_runs(np.asarray(tokens), lm.vision.pad_id)]
+    if starts != inputs["image_offsets"]:
+        raise ModelError(
+            f"sample {index}: its images are at offsets {inputs['image_offsets']} but its image "
+            f"tokens start at {starts}"
+        )
+    return images
 
 
 def _audit_routing(

@@ -4,8 +4,10 @@
 the positions fed, and (for a MoE) the experts each router chose for each of them, in SGLang's
 `routed_experts` layout (`[positions, num_hidden_layers, top_k]`, dense layers zeros).
 `logprobs` turns hidden states into the log-probabilities of given next tokens at a
-temperature. The engine (`engines.transformers`) and the audit (`model.audit`) share it, so the
-audit recomputes with the very code the rollout ran, not through the engine's cache.
+temperature. A vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) also takes the
+sequence's images (`model.vision`). The engine (`engines.transformers`) and the audit
+(`model.audit`) share it, so the audit recomputes with the very code the rollout ran, not
+through the engine's cache.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 
 from tokentrail.core.replay import RoutingShape, model_shapes, read_model_config
 from tokentrail.errors import ModelError
+from tokentrail.model.vision import ModelImage, VisionInputs
 
 logger = logging.getLogger(__name__)
 
@@ -68,18 +71,24 @@ class CausalLM:
 
     def __init__(self, path: str | os.PathLike[str], *, threads: int | None = None) -> None:
         torch = _torch()
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         self.path = Path(path)
         config = read_model_config(self.path)
         set_threads(threads)
+        # A vision-language checkpoint loads as the model that takes images, its decoder and
+        # head the same `model.model` / `lm_head` as a causal LM's.
+        loader = AutoModelForImageTextToText if "vision_config" in config else AutoModelForCausalLM
         try:
-            model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch.float32)
+            model = loader.from_pretrained(self.path, dtype=torch.float32)
         except (OSError, ValueError) as exc:
             raise ModelError(f"cannot load the model at {self.path}: {exc}") from None
         self.model = model.eval()
         self.config = config
-        self.vocab_size = int(model.config.vocab_size)
+        self.vocab_size = int(model.config.get_text_config().vocab_size)
+        self.vision: VisionInputs | None = (
+            VisionInputs(model, config, str(self.path)) if "vision_config" in config else None
+        )
         self.lock = threading.Lock()
         self.routing: RoutingShape | None = model_shapes(config)[0]
         self._routers: list[tuple[int, Any]] = []
@@ -92,8 +101,11 @@ class CausalLM:
         if self._routers and self.routing is None:
             raise ModelError(f"{self.path} has routers but its config names no expert count")
         self._captured: list[tuple[int, Any]] | None = None
+        # The decoder the forward pass runs: a VL model's language model takes the embeddings
+        # `model.vision` makes (its `model.model` would run the tower on every call).
+        self._decoder = model.model.language_model if self.vision is not None else model.model
         # transformers 5 renames `past_key_values` to `cache` (the old name warns until 5.40).
-        params = inspect.signature(model.model.forward).parameters
+        params = inspect.signature(self._decoder.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         for layer, module in self._routers:
             module.register_forward_hook(self._hook(layer))
@@ -114,8 +126,19 @@ class CausalLM:
 
         return DynamicCache(config=self.model.config)
 
-    def forward(self, ids: Sequence[int], cache: Any = None) -> tuple[Any, np.ndarray | None]:
+    def forward(
+        self,
+        ids: Sequence[int],
+        cache: Any = None,
+        *,
+        images: Sequence[ModelImage] = (),
+        context: Sequence[int] = (),
+    ) -> tuple[Any, np.ndarray | None]:
         """Feed `ids` (after what `cache` holds, if given; the cache is extended).
+
+        A vision model also reads `images`, those of the whole sequence (`context + ids`) in
+        token order, and `context`, the tokens `cache` holds (their rope positions and images
+        decide those of `ids`); a text model takes no images and ignores `context`.
 
         Returns the final hidden states `[len(ids), hidden]` and, for a MoE, the routed
         experts `[len(ids), layers, top_k]` int32 (None for a dense model).
@@ -123,10 +146,12 @@ class CausalLM:
         if cache is not None and len(ids) > PREFILL_CHUNK:
             # Chunked, as engines prefill: attention over a cache takes an explicit mask of
             # (new positions x cached positions), which one long chunk would make huge.
-            parts = [
-                self.forward(ids[i : i + PREFILL_CHUNK], cache)
-                for i in range(0, len(ids), PREFILL_CHUNK)
-            ]
+            parts = []
+            for i in range(0, len(ids), PREFILL_CHUNK):
+                before = [*context, *ids[:i]] if self.vision is not None else context
+                parts.append(
+                    self.forward(ids[i : i + PREFILL_CHUNK], cache, images=images, context=before)
+                )
             torch = _torch()
             hidden = torch.cat([h for h, _ in parts])
             chunk_rows = [r for _, r in parts if r is not None]
@@ -139,11 +164,19 @@ class CausalLM:
             raise ModelError(
                 f"a token id is outside the model's vocabulary (0..{self.vocab_size - 1})"
             )
+        inputs: dict[str, Any] = {"input_ids": tensor}
+        if self.vision is not None:
+            held = 0 if cache is None else cache.get_seq_length()
+            if len(context) != held:
+                raise ModelError(f"{len(context)} context tokens for a cache of {held}")
+            inputs = self.vision.inputs([*context, *ids], held, images)
+        elif images:
+            raise ModelError(f"{self.path} is a text model: it takes no images")
         self._captured = [] if self._routers else None
         try:
             with torch.inference_mode():
                 kwargs = {self._cache_arg: cache, "use_cache": cache is not None}
-                out = self.model.model(input_ids=tensor, **kwargs)
+                out = self._decoder(**inputs, **kwargs)
             captured = self._captured
         finally:
             self._captured = None

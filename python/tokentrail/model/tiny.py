@@ -4,8 +4,10 @@
 tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json) of a
 Qwen3-MoE with a small hidden size and the full Qwen3 vocabulary: every code path that takes a
 model directory (the `transformers` engine, `--tokenizer DIR`, `--model-config DIR`, the audit,
-SGLang/vLLM with `--load-format dummy`) takes it. Built once per (config, seed, library
-versions) and cached under `$TOKENTRAIL_CACHE/tiny-models/`, like the builtin vocabularies.
+SGLang/vLLM with `--load-format dummy`) takes it. `qwen2.5-vl` and `qwen3-vl` are
+vision-language models (a tiny vision tower with its family's real patch sizes) that take the
+adapter's images. Built once per (config, seed, library versions) and cached under
+`$TOKENTRAIL_CACHE/tiny-models/`, like the builtin vocabularies.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class TinySpec:
     architecture: str
     tokenizer: str
     config: Mapping[str, Any] = field(default_factory=dict)
+    # A vision-language model's `vision_config` (None: a text model). The decoder's fields go
+    # in its `text_config`; the vocabulary's vision tokens are the image token ids.
+    vision: Mapping[str, Any] | None = None
 
 
 TINY_MODELS: dict[str, TinySpec] = {
@@ -107,6 +112,73 @@ TINY_MODELS: dict[str, TinySpec] = {
             "rope_interleave": True,
         },
     ),
+    # Qwen2.5-VL: a two-block vision tower (one windowed, one full attention) over Qwen2-VL's
+    # 14-pixel patches, 2x2 merge and 2-frame temporal patches (`text.vision`'s "qwen2-vl", so
+    # that the adapter's token counts are the tower's), M-RoPE over the 16-wide heads.
+    "qwen2.5-vl": TinySpec(
+        "qwen2_5_vl",
+        "Qwen2_5_VLForConditionalGeneration",
+        "builtin:qwen2.5-vl",
+        {
+            "head_dim": 16,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1000000.0,
+                "mrope_section": [2, 3, 3],
+            },
+        },
+        vision={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 32,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 112,
+            "fullatt_block_indexes": [1],
+            "initializer_range": 0.2,
+        },
+    ),
+    # Qwen3-VL: Qwen3-VL's 16-pixel patches (`text.vision`'s "qwen3-vl"), learned position
+    # embeddings interpolated to the grid, the tower's first block's features fed to the first
+    # decoder layer (deepstack), interleaved M-RoPE.
+    "qwen3-vl": TinySpec(
+        "qwen3_vl",
+        "Qwen3VLForConditionalGeneration",
+        "builtin:qwen3-vl",
+        {
+            "head_dim": 16,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [4, 2, 2],
+                "mrope_interleaved": True,
+            },
+        },
+        vision={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 32,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 256,
+            "deepstack_visual_indexes": [0],
+            "initializer_range": 0.2,
+        },
+    ),
+}
+
+# The vision tokens a VL config names by id, by the vocabulary's token text.
+_VISION_TOKENS = {
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
 }
 
 
@@ -130,7 +202,21 @@ def tiny_config(name: str, tokenizer: LoadedTokenizer) -> dict[str, Any]:
         config["bos_token_id"] = tokenizer.bos_token_id
     if tokenizer.pad_token_id is not None:
         config["pad_token_id"] = tokenizer.pad_token_id
-    return config
+    if spec.vision is None:
+        return config
+    outer = ("model_type", "architectures", "torch_dtype")
+    text = {k: v for k, v in config.items() if k not in outer}
+    return {
+        "model_type": spec.model_type,
+        "architectures": [spec.architecture],
+        "text_config": text,
+        "vision_config": dict(spec.vision),
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "vocab_size": tokenizer.vocab_size,
+        "eos_token_id": tokenizer.eos_token_id,
+        **{key: tokenizer.token_id(token) for key, token in _VISION_TOKENS.items()},
+    }
 
 
 def tiny_model(
@@ -181,14 +267,15 @@ def _tiny_model(name: str, seed: int, cache_dir: str) -> Path:
 
 def _build(path: Path, config: dict[str, Any], tokenizer: LoadedTokenizer, seed: int) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     hf_config = AutoConfig.for_model(
         **{k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
     )
     hf_config.architectures = config["architectures"]
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    loader = AutoModelForImageTextToText if "vision_config" in config else AutoModelForCausalLM
+    model = loader.from_config(hf_config, dtype=torch.float32)
     # Routers start at zero in some implementations (every expert tied): draw them too.
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

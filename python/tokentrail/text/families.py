@@ -69,6 +69,10 @@ class Family:
     # The vision encoder (`text.vision.vision_spec`) whose image tokens the family's prompts
     # hold; None: images render as `[image]`.
     vision: str | None = None
+    # The `model_type`s of the checkpoints (config.json) that speak this family: a model
+    # directory of one is this family whatever its chat template matches (a Qwen2.5-VL's
+    # template is Qwen3's, but its prompts hold image tokens).
+    model_types: tuple[str, ...] = ()
 
     @property
     def eos_token(self) -> str:
@@ -158,6 +162,14 @@ def families() -> list[Family]:
 
 def family_list() -> str:
     return ", ".join(_FAMILIES)
+
+
+def model_type_family(model_type: object) -> Family | None:
+    """The family whose checkpoints have `model_type` (config.json's), or None."""
+    for candidate in _FAMILIES.values():
+        if model_type in candidate.model_types:
+            return candidate
+    return None
 
 
 def detect_family(template: str) -> Family | None:
@@ -533,6 +545,7 @@ register_family(
         description="Qwen3-VL: Qwen3's format, images as 16-pixel-patch vision tokens",
         aliases=(),
         vision="qwen3-vl",
+        model_types=("qwen3_vl", "qwen3_vl_moe"),
     )
 )
 register_family(
@@ -542,5 +555,6 @@ register_family(
         description="Qwen2-VL/Qwen2.5-VL: Qwen2.5's format, images as 14-pixel-patch tokens",
         aliases=("qwen2-vl",),
         vision="qwen2-vl",
+        model_types=("qwen2_vl", "qwen2_5_vl"),
     )
 )

@@ -34,7 +34,14 @@ from tokenizers import (
 from tokentrail.errors import TokenizerError
 from tokentrail.text import vocabularies
 from tokentrail.text.chat_template import ChatTemplate
-from tokentrail.text.families import Family, detect_family, family, family_list, resolve_family
+from tokentrail.text.families import (
+    Family,
+    detect_family,
+    family,
+    family_list,
+    model_type_family,
+    resolve_family,
+)
 from tokentrail.text.vocabularies import (
     bytes_to_unicode,
     load_tiktoken_ranks,
@@ -482,6 +489,12 @@ def _load_model_dir(path: Path) -> LoadedTokenizer:
 
 
 def _detected_family(path: Path, template: str) -> Family | None:
+    # A vision-language checkpoint's template is its text family's: its config names it.
+    model_type = _read_json(path / "config.json").get("model_type")
+    fam = model_type_family(model_type)
+    if fam is not None:
+        logger.info("%s: a %s checkpoint: model family %s", path, model_type, fam.name)
+        return fam
     fam = detect_family(template)
     if fam is None:
         logger.info("%s: the chat template matches no known model family", path)
