@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tokentrail.errors import ModelError
-from tokentrail.text.vision import VisionSpec, vision_spec
+from tokentrail.text.vision import QwenVision, VisionSpec, vision_spec
 
 # The checkpoints taken, by `model_type`, with the image processor (`text.vision`) of each.
 VISION_ENCODERS = {"qwen2_vl": "qwen2-vl", "qwen2_5_vl": "qwen2-vl", "qwen3_vl": "qwen3-vl"}
@@ -64,7 +64,7 @@ class VisionInputs:
                 f"supported: {', '.join(VISION_ENCODERS)}"
             )
         spec = vision_spec(encoder)
-        assert spec is not None
+        assert isinstance(spec, QwenVision)  # the in-process VL models are Qwen's
         vision = model.config.vision_config
         given = (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
         wanted = (spec.patch_size, spec.merge_size, spec.temporal_patch_size)
