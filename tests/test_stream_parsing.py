@@ -29,7 +29,10 @@ FAMILIES = [
     ("glm45", "glm47", True),
     ("kimi_k2", "kimi_k2", False),
     ("minimax_m2", "minimax_m2", True),
+    ("nemotron3", "nemotron_v3", True),
 ]
+# The formats whose calls stream as sampled (`text.stream_calls`); the rest give them at the end.
+STREAMING_CALLS = ("hermes", "qwen3_coder", "nemotron3")
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|tool_calls_section_begin|>")
 words = st.sampled_from([*MARKUP, "\n", "\n\n", " ", "{", '"', "é", "日本", "<", "</"])
 any_text = st.lists(st.text(max_size=6) | words, max_size=6).map("".join)
@@ -59,20 +62,41 @@ def messages(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def streamed(
-    text: str, cuts: list[int], tool: str | None, reasoning: str | None, opens: bool = True
-) -> None:
+    text: str,
+    cuts: list[int],
+    tool: str | None,
+    reasoning: str | None,
+    opens: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[list[str]]:
     """Feed `text` cut at `cuts`; what went out must be a prefix of the whole parse at every
-    step and, with `finish`, equal it."""
-    whole = parse_output(text, tool, reasoning)
+    step and, with `finish`, equal it: reasoning, content, and each call's name and arguments
+    (the fragments joined are the reply's arguments string byte for byte, and parse to the
+    whole parse's arguments). Returns each call's fragments as they went out while fed."""
+    whole = parse_output(text, tool, reasoning, tools=tools)
     final_r = whole.message.get("reasoning_content") or ""
     final_c = whole.message.get("content") or ""
-    parser = StreamParser(tool, reasoning, prompt_opens=opens)
+    final_calls = [
+        (c["function"]["name"], json.dumps(c["function"]["arguments"], ensure_ascii=False))
+        for c in whole.message.get("tool_calls") or ()
+    ]
+    parser = StreamParser(tool, reasoning, prompt_opens=opens, tools=tools)
     got_r, got_c = "", ""
+    names: list[str] = []
+    fragments: list[list[str]] = []
     bounds = [0, *sorted(set(cuts)), len(text)]
     for a, b in zip(bounds, bounds[1:], strict=False):
         out = parser.feed(text[a:b])
         if out.content:
             assert out.reasoning == "" or got_c == ""
+        if out.calls:
+            assert not fragments or (out.reasoning, out.content) == ("", "")
+        for call in out.calls:
+            if call.name:
+                assert call.index == len(names)
+                names.append(call.name)
+                fragments.append([])
+            fragments[call.index].append(call.arguments)
         got_r += out.reasoning
         got_c += out.content
         if not whole.ill_formed:
@@ -80,12 +104,30 @@ def streamed(
             assert final_c.startswith(got_c), (text, a, b)
             if got_c:
                 assert got_r == final_r  # reasoning was complete before content went out
+            if names:
+                # Calls go out after the content is whole.
+                assert (got_r, got_c) == (final_r, final_c), (text, a, b)
+            assert len(names) <= len(final_calls)
+            sent = zip(final_calls, names, fragments, strict=False)
+            for (name, arguments), got_name, got in sent:
+                assert got_name == name
+                assert arguments.startswith("".join(got)), (text, a, b)
     rest, ok = parser.finish(whole.message)
     if whole.ill_formed:
-        return
-    assert ok
+        return fragments
+    assert ok, text
     assert got_r + rest.reasoning == final_r
     assert got_c + rest.content == final_c
+    joined = ["".join(f) for f in fragments] + [""] * (len(final_calls) - len(fragments))
+    for call in rest.calls:
+        if call.index >= len(names):
+            names.append(call.name)
+        joined[call.index] += call.arguments
+    assert names == [name for name, _ in final_calls]
+    assert joined == [arguments for _, arguments in final_calls]
+    for got, call in zip(joined, whole.message.get("tool_calls") or (), strict=True):
+        assert json.loads(got) == call["function"]["arguments"]
+    return fragments
 
 
 @settings(max_examples=400, deadline=None)
@@ -136,6 +178,118 @@ def claude_code_outputs() -> list[str]:
             message["tool_calls"] = calls
         texts.append(format_output(message, "hermes", "qwen3"))
     return texts
+
+
+# Argument values with what JSON escapes: quotes, backslashes, newlines, control characters,
+# non-ASCII and characters beyond the BMP (a surrogate pair when escaped).
+strings = st.text(
+    st.sampled_from(['"', "\\", "\n", "\t", "\x01", "/", "é", "😀", "a", " ", "<", ">", "{"]),
+    max_size=12,
+)
+scalars = st.none() | st.booleans() | st.integers(-(10**20), 10**20) | strings
+scalars |= st.floats(allow_nan=False, allow_infinity=False)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(strings, inner, max_size=3),
+    max_leaves=6,
+)
+calls_of = st.lists(
+    st.tuples(names, st.dictionaries(names, json_values, max_size=4)), min_size=1, max_size=3
+)
+
+
+def schemas_for(calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Tools declaring each string argument a string (so XML calls stream it as sampled)."""
+    tools: dict[str, dict[str, Any]] = {}
+    for name, arguments in calls:
+        props = {k: {"type": "string"} for k, v in arguments.items() if isinstance(v, str)}
+        tools[name] = {"name": name, "parameters": {"type": "object", "properties": props}}
+    return [{"type": "function", "function": t} for t in tools.values()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(STREAMING_CALLS),
+    st.sampled_from(["qwen3", None]),
+    plain,
+    calls_of,
+    st.data(),
+)
+def test_streamed_call_arguments_equal_the_whole_parse_on_every_split(
+    tool: str, reasoning: str | None, content: str, calls, data
+) -> None:
+    if tool == "nemotron3" and reasoning is not None:
+        reasoning = "nemotron_v3"
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    message["tool_calls"] = [
+        {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls
+    ]
+    if reasoning is not None:
+        message["reasoning_content"] = "Thinking."
+    tools = schemas_for(calls)
+    text = format_output(message, tool, reasoning, opened=tool == "nemotron3")
+    whole = parse_output(text, tool, reasoning, tools=tools)
+    assert not whole.ill_formed and len(whole.message["tool_calls"]) == len(calls)
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=16))
+    streamed(text, cuts, tool, reasoning, tools=tools)
+    # And one character at a time: every call's name and arguments went out before the end.
+    fragments = streamed(text, list(range(len(text))), tool, reasoning, tools=tools)
+    assert len(fragments) == len(calls)
+
+
+@settings(max_examples=300, deadline=None)
+@given(calls_of, st.booleans(), st.sampled_from([None, (",", ":"), (", ", ": "), 2]), st.data())
+def test_hermes_json_written_any_way_streams_the_reply_arguments(
+    calls, ascii_only: bool, layout, data
+) -> None:
+    """A model spaces and escapes its JSON as it likes (`{"a":1}`, `\\u00e9`, indented); the
+    fragments are of the reply's arguments string all the same."""
+    blocks = []
+    for name, arguments in calls:
+        indent = layout if isinstance(layout, int) else None
+        separators = layout if isinstance(layout, tuple) else None
+        args = json.dumps(arguments, ensure_ascii=ascii_only, indent=indent, separators=separators)
+        order = data.draw(st.booleans())
+        head = (
+            f'{{"name": {json.dumps(name)}, "arguments": {args}}}'
+            if order
+            else f'{{"arguments": {args}, "name": {json.dumps(name)}}}'
+        )
+        blocks.append(f"<tool_call>\n{head}\n</tool_call>")
+    text = "Let me look.\n" + "\n".join(blocks)
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=16))
+    streamed(text, cuts, "hermes", None)
+    streamed(text, list(range(len(text))), "hermes", None)
+
+
+def test_arguments_stream_before_the_call_closes() -> None:
+    parser = StreamParser("hermes", "qwen3", prompt_opens=False)
+    out = parser.feed('<tool_call>\n{"name": "Bash", "arguments": {"command": "pyt')
+    assert [(c.index, c.name, c.arguments) for c in out.calls] == [
+        (0, "Bash", ""),
+        (0, "", '{"command": "pyt'),
+    ]
+    assert "".join(c.arguments for c in parser.feed('est -q", "n": 1').calls) == 'est -q", "n": '
+    assert "".join(c.arguments for c in parser.feed("2}}\n</tool_call>").calls) == "12}"
+    write = {"name": "Write", "parameters": {"properties": {"content": {"type": "string"}}}}
+    xml = StreamParser("qwen3_coder", None, tools=[{"type": "function", "function": write}])
+    out = xml.feed("<tool_call>\n<function=Write>\n<parameter=content>\nline 1\nline")
+    assert "".join(c.arguments for c in out.calls) == '{"content": "line 1\\nline'
+    out = xml.feed(" 2\n</parameter>\n<parameter=n>\n3")
+    assert "".join(c.arguments for c in out.calls) == ' 2", "n": '  # 3 may go on: held
+    out = xml.feed("\n</parameter>\n</function>\n</tool_call>")
+    assert "".join(c.arguments for c in out.calls) == "3}"
+
+
+def test_a_call_the_whole_parse_rejects_is_a_mismatch() -> None:
+    text = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>\nmore'
+    whole = parse_output(text, "hermes", None)
+    assert whole.ill_formed
+    parser = StreamParser("hermes", None)
+    out = parser.feed(text)
+    assert out.calls  # the call went out while it looked well formed
+    rest, ok = parser.finish(whole.message)
+    assert not ok and not rest.calls
 
 
 def test_every_split_of_real_claude_code_outputs() -> None:
