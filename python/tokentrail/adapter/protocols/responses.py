@@ -17,6 +17,7 @@ recognized as the generated one without any re-rendering rule.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,9 @@ from typing import Any, cast
 from tokentrail.adapter.protocols.common import (
     ContentReader,
     DeclaredTools,
+    LiveStream,
     Outcome,
+    WireProtocol,
     append_system_note,
     mint_id,
     pieces,
@@ -41,6 +44,7 @@ from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Transla
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
+from tokentrail.text.stream_parsing import StreamDeltas
 
 ROLES = ("developer", "system", "user", "assistant")
 TEXT = ("input_text", "output_text", "text", "refusal")
@@ -374,16 +378,45 @@ def _read_item(builder: _Builder, item: object, where: str) -> None:
 # -- replies --------------------------------------------------------------------------------------
 
 
+# The prefix of each output item kind's id.
+ITEM_PREFIXES = {
+    "reasoning": "rs_",
+    "message": "msg_",
+    "function_call": "fc_",
+    "custom_tool_call": "ctc_",
+}
+
+
+def item_id(ids: dict[str, str], key: str, kind: str) -> str:
+    """The id of a response's output item `key` (`reasoning`, `message`, `call:N`): the one
+    already in `ids` (a live stream sent it), else a fresh one, kept there. The one place
+    output item ids are minted."""
+    if key not in ids:
+        ids[key] = mint_id(ITEM_PREFIXES[kind])
+    return ids[key]
+
+
+def call_kind(name: str, tools: ToolTable) -> str:
+    return "custom_tool_call" if name in tools.custom else "function_call"
+
+
+def custom_input(arguments: dict[str, Any]) -> str:
+    """A free-form tool's input: its one string parameter (else the arguments as JSON)."""
+    text = arguments.get(CUSTOM_INPUT)
+    return text if isinstance(text, str) else dump_arguments(arguments)
+
+
 def output_items(outcome: Outcome, tools: ToolTable) -> list[dict[str, Any]]:
-    """The `output` of a response: reasoning, the message, then each call, with fresh ids."""
+    """The `output` of a response: reasoning, the message, then each call (ids by `item_id`)."""
     message = outcome.message
+    ids = outcome.item_ids
     items: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content")
     if reasoning:
         items.append(
             {
                 "type": "reasoning",
-                "id": mint_id("rs_"),
+                "id": item_id(ids, "reasoning", "reasoning"),
                 "summary": [],
                 "content": [{"type": "reasoning_text", "text": reasoning}],
                 "encrypted_content": reasoning,
@@ -393,30 +426,31 @@ def output_items(outcome: Outcome, tools: ToolTable) -> list[dict[str, Any]]:
         items.append(
             {
                 "type": "message",
-                "id": mint_id("msg_"),
+                "id": item_id(ids, "message", "message"),
                 "status": "completed",
                 "role": "assistant",
                 "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
             }
         )
-    for call, call_id in zip(message.get("tool_calls") or (), outcome.call_ids, strict=True):
+    calls = message.get("tool_calls") or ()
+    for index, (call, call_id) in enumerate(zip(calls, outcome.call_ids, strict=True)):
         name, arguments = call["function"]["name"], call["function"]["arguments"]
-        if name in tools.custom:
-            text = arguments.get(CUSTOM_INPUT)
+        kind = call_kind(name, tools)
+        if kind == "custom_tool_call":
             items.append(
                 {
-                    "type": "custom_tool_call",
-                    "id": mint_id("ctc_"),
+                    "type": kind,
+                    "id": item_id(ids, f"call:{index}", kind),
                     "status": "completed",
                     "call_id": call_id,
                     "name": name,
-                    "input": text if isinstance(text, str) else dump_arguments(arguments),
+                    "input": custom_input(arguments),
                 }
             )
             continue
         item = {
-            "type": "function_call",
-            "id": mint_id("fc_"),
+            "type": kind,
+            "id": item_id(ids, f"call:{index}", kind),
             "status": "completed",
             "name": name,
             "arguments": dump_arguments(arguments),
@@ -459,6 +493,10 @@ def response_object(
             "total_tokens": outcome.prompt_tokens + outcome.output_tokens,
         },
     }
+
+
+# A run of a JSON string's body that decodes whole (no escape cut short, no closing quote).
+_ESCAPED_RUN = re.compile(r'(?:[^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
 
 
 class _Events:
@@ -522,6 +560,197 @@ def _item_events(event: _Events, index: int, item: dict[str, Any]) -> Iterator[b
     yield event("response.output_item.done", output_index=index, item=item)
 
 
+class ResponsesLive(LiveStream):
+    """A Responses stream as sampled: `response.created` and `response.in_progress` at once,
+    then each output item as it is sampled (a reasoning item of `response.reasoning_text.delta`s,
+    a message of `response.output_text.delta`s, a `function_call` of
+    `response.function_call_arguments.delta`s, a free-form tool's `custom_tool_call` of
+    `response.custom_tool_call_input.delta`s), each item's `done` events when the next begins,
+    and `response.completed` with the reply; SSE comments keep it alive. The item ids and
+    output indexes are the reply's (`item_id`), the sequence numbers one run."""
+
+    def __init__(
+        self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str, prompt: int
+    ) -> None:
+        super().__init__(proto, body)
+        self.tools = read_tools(body.get("tools"))
+        blank: Message = {"role": "assistant", "content": ""}
+        head = Outcome(model, blank, [], "stop", prompt, 0, reply_id=reply_id, body=body)
+        self.head = {**response_object(head, body, [], "in_progress"), "usage": None}
+        self.event = _Events()
+        # The open item: its key, kind and output index, and its text (arguments or input) so
+        # far; `canonical` holds a free-form call's arguments JSON, decoded into `text`.
+        self.items = 0
+        self.key: str | None = None
+        self.kind = ""
+        self.text = ""
+        self.canonical = ""
+        self.decoded = 0
+        self.call: dict[str, Any] = {}
+
+    def open(self) -> bytes:
+        return self.event("response.created", response=self.head) + self.event(
+            "response.in_progress", response=self.head
+        )
+
+    def _at(self) -> dict[str, Any]:
+        assert self.key is not None
+        return {"item_id": self.item_ids[self.key], "output_index": self.items - 1}
+
+    def _begin(self, key: str, kind: str, item: dict[str, Any]) -> bytes:
+        frames = self._end()
+        self.key, self.kind, self.text, self.canonical, self.decoded = key, kind, "", "", 0
+        self.items += 1
+        item = {"type": kind, "id": item_id(self.item_ids, key, kind), **item}
+        frames += self.event("response.output_item.added", output_index=self.items - 1, item=item)
+        if kind == "message":
+            part = {"type": "output_text", "text": "", "annotations": []}
+            at = self._at()
+            frames += self.event("response.content_part.added", **at, content_index=0, part=part)
+        return frames
+
+    def _final(self) -> dict[str, Any]:
+        """The open item as it stands, finished (what the reply holds when nothing changed)."""
+        item_id_ = self.item_ids[self.key or ""]
+        if self.kind == "reasoning":
+            return {
+                "type": "reasoning",
+                "id": item_id_,
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": self.text}],
+                "encrypted_content": self.text,
+            }
+        if self.kind == "message":
+            part = {"type": "output_text", "text": self.text, "annotations": []}
+            return {
+                "type": "message",
+                "id": item_id_,
+                "status": "completed",
+                "role": "assistant",
+                "content": [part],
+            }
+        if self.kind == "custom_tool_call":
+            try:
+                arguments = json.loads(self.canonical)
+            except ValueError:
+                arguments = {}
+            text = custom_input(arguments) if isinstance(arguments, dict) else self.text
+            return {**self.call, "status": "completed", "input": text}
+        return {**self.call, "status": "completed", "arguments": self.text}
+
+    def _end(self, final: dict[str, Any] | None = None) -> bytes:
+        """The open item's `done` events, with `final` (the reply's item) or as it stands."""
+        if self.key is None:
+            return b""
+        item = final if final is not None else self._final()
+        at, event = self._at(), self.event
+        if self.kind == "reasoning":
+            text = item["content"][0]["text"]
+            frames = event("response.reasoning_text.done", **at, content_index=0, text=text)
+        elif self.kind == "message":
+            part = item["content"][0]
+            frames = self._more(part["text"])
+            frames += event(
+                "response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]
+            )
+            frames += event("response.content_part.done", **at, content_index=0, part=part)
+        elif self.kind == "function_call":
+            arguments = item["arguments"]
+            frames = self._more(arguments)
+            frames += event("response.function_call_arguments.done", **at, arguments=arguments)
+        else:
+            frames = self._more(item["input"])
+            frames += event("response.custom_tool_call_input.done", **at, input=item["input"])
+        frames += event("response.output_item.done", output_index=self.items - 1, item=item)
+        self.key = None
+        return frames
+
+    def _more(self, final: str) -> bytes:
+        """The rest of the open item's text up to `final`, if what went out is its prefix."""
+        if len(final) <= len(self.text) or not final.startswith(self.text):
+            return b""
+        return self._text(final[len(self.text) :])
+
+    def _text(self, piece: str) -> bytes:
+        """More of the open item's text, as its kind's delta."""
+        self.text += piece
+        at = self._at()
+        if self.kind == "reasoning":
+            return self.event("response.reasoning_text.delta", **at, content_index=0, delta=piece)
+        if self.kind == "message":
+            return self.event(
+                "response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[]
+            )
+        if self.kind == "function_call":
+            return self.event("response.function_call_arguments.delta", **at, delta=piece)
+        return self.event("response.custom_tool_call_input.delta", **at, delta=piece)
+
+    def _custom(self, fragment: str) -> bytes:
+        """A free-form call's arguments JSON decoded into its input as far as it is whole."""
+        self.canonical += fragment
+        head = json.dumps({CUSTOM_INPUT: ""})[:-2]
+        if not self.canonical.startswith(head):
+            return b""
+        match = _ESCAPED_RUN.match(self.canonical, max(self.decoded, len(head)))
+        if match is None or not match.group():
+            return b""
+        self.decoded = match.end()
+        return self._text(json.loads(f'"{match.group()}"'))
+
+    def delta(self, out: StreamDeltas) -> bytes:
+        frames = b""
+        if out.reasoning:
+            if self.key != "reasoning":
+                item: dict[str, Any] = {"summary": [], "content": [], "encrypted_content": None}
+                frames += self._begin("reasoning", "reasoning", item)
+            frames += self._text(out.reasoning)
+        if out.content:
+            if self.key != "message":
+                message = {"status": "in_progress", "role": "assistant", "content": []}
+                frames += self._begin("message", "message", message)
+            frames += self._text(out.content)
+        for call in out.calls:
+            key = f"call:{call.index}"
+            if call.name:
+                frames += self._begin_call(key, call.index, call.name)
+            if call.arguments and self.key == key:
+                if self.kind == "custom_tool_call":
+                    frames += self._custom(call.arguments)
+                else:
+                    frames += self._text(call.arguments)
+        return frames
+
+    def _begin_call(self, key: str, index: int, name: str) -> bytes:
+        kind = call_kind(name, self.tools)
+        call_id = self.call_id(index)
+        final: dict[str, Any]
+        if kind == "custom_tool_call":
+            final = {"call_id": call_id, "name": name}
+            added = {"status": "in_progress", **final, "input": ""}
+        else:
+            final = {"name": name, "arguments": "", "call_id": call_id}
+            if name in self.tools.namespaced:
+                final["namespace"], final["name"] = self.tools.namespaced[name]
+            added = {"status": "in_progress", **final}
+        frames = self._begin(key, kind, added)
+        self.call = {"type": kind, "id": self.item_ids[key], "status": "completed", **final}
+        return frames
+
+    def close(self, reply: dict[str, Any], rest: StreamDeltas) -> bytes:
+        frames = self.delta(rest)
+        output = reply["output"]
+        open_at = self.items - 1 if self.key is not None else -1
+        open_id = self.item_ids.get(self.key or "")
+        if 0 <= open_at < len(output) and output[open_at]["id"] == open_id:
+            frames += self._end(output[open_at])
+        else:
+            frames += self._end()
+        # Items that never went out as sampled (output the whole parse read otherwise).
+        for index in range(self.items, len(output)):
+            frames += b"".join(_item_events(self.event, index, output[index]))
+        return frames + self.event("response.completed", response=reply)
+
+
 @register_protocol
 class OpenAIResponses(ResumableProtocol):
     name = "responses"
@@ -568,6 +797,11 @@ class OpenAIResponses(ResumableProtocol):
 
     def stream(self, reply: dict[str, Any], body: Mapping[str, Any]) -> Iterator[bytes]:
         return stream_events(reply)
+
+    def live(
+        self, body: Mapping[str, Any], reply_id: str, model: str, prompt_tokens: int
+    ) -> LiveStream:
+        return ResponsesLive(self, body, reply_id, model, prompt_tokens)
 
     def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
         return {"error": {"message": message, "type": kind, "param": None, "code": None}}
