@@ -14,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support import fixtures
+from tokentrail.adapter.protocols import protocols
+from tokentrail.adapter.protocols.common import Outcome, fill_call_ids
 from tokentrail.text.parsing import format_output, parse_output
 from tokentrail.text.stream_parsing import StreamDecoder, StreamParser
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
@@ -346,3 +348,182 @@ def test_decoding_run_by_run_equals_decoding_the_turn(qwen3, text: str, data) ->
     got += decoder.finish()
     assert got == qwen3.decode_turn(ids)
     json.dumps(got)  # whole characters only
+
+
+# -- what a harness assembles from a live stream ------------------------------------------------
+
+
+def sse_data(frames: bytes) -> list[dict[str, Any]]:
+    """The JSON of each `data:` frame (comments and `[DONE]` left out)."""
+    out = []
+    for frame in frames.split(b"\n\n"):
+        for line in frame.split(b"\n"):
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                out.append(json.loads(line[6:]))
+    return out
+
+
+def assembled_anthropic(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Content blocks as the anthropic SDK builds them from the events."""
+    blocks: list[dict[str, Any]] = []
+    partial: dict[int, str] = {}
+    for e in events:
+        if e["type"] == "content_block_start":
+            assert e["index"] == len(blocks)
+            blocks.append(dict(e["content_block"]))
+        elif e["type"] == "content_block_delta":
+            block, delta = blocks[e["index"]], e["delta"]
+            if delta["type"] == "input_json_delta":
+                partial[e["index"]] = partial.get(e["index"], "") + delta["partial_json"]
+            elif delta["type"] == "signature_delta":
+                block["signature"] += delta["signature"]
+            else:
+                key = "thinking" if delta["type"] == "thinking_delta" else "text"
+                block[key] += delta[key]
+    for index, text in partial.items():
+        blocks[index]["input"] = json.loads(text)
+    return blocks
+
+
+def assembled_chat(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The message as the openai SDK's stream helpers build it from the chunks."""
+    message: dict[str, Any] = {"role": "assistant", "content": "", "reasoning_content": ""}
+    calls: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if not e["choices"]:
+            continue
+        delta = e["choices"][0]["delta"]
+        message["content"] += delta.get("content") or ""
+        message["reasoning_content"] += delta.get("reasoning_content") or ""
+        for call in delta.get("tool_calls") or ():
+            entry = calls.setdefault(
+                call["index"], {"id": call.get("id"), "type": "function", "name": "", "args": ""}
+            )
+            entry["name"] += call["function"].get("name") or ""
+            entry["args"] += call["function"].get("arguments") or ""
+    message["tool_calls"] = [
+        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+        for _, c in sorted(calls.items())
+    ]
+    return message
+
+
+def check_responses(events: list[dict[str, Any]], reply: dict[str, Any]) -> None:
+    """Sequence numbers run on, every item goes out at its reply's index with its reply's id,
+    its deltas make its reply's text, and `response.completed` carries the reply itself."""
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1] == {
+        "type": "response.completed",
+        "sequence_number": len(events) - 1,
+        "response": reply,
+    }
+    output = reply["output"]
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    done = [e for e in events if e["type"] == "response.output_item.done"]
+    assert [(e["output_index"], e["item"]["id"]) for e in added] == [
+        (i, item["id"]) for i, item in enumerate(output)
+    ]
+    assert [e["item"] for e in done] == output
+    texts: dict[str, str] = {}
+    for e in events:
+        if e["type"].endswith(".delta"):
+            assert output[e["output_index"]]["id"] == e["item_id"]
+            texts[e["item_id"]] = texts.get(e["item_id"], "") + e["delta"]
+    for item in output:
+        if item["type"] in ("reasoning", "message"):
+            expected = item["content"][0]["text"]
+        else:
+            expected = item["arguments" if item["type"] == "function_call" else "input"]
+        assert texts.get(item["id"], "") == expected
+
+
+def live_frames(
+    proto_name: str,
+    body: dict[str, Any],
+    text: str,
+    cuts: list[int],
+    tool: str,
+    reasoning: str | None,
+    tools: list[dict[str, Any]],
+) -> tuple[bytes, dict[str, Any]]:
+    """A protocol's live stream of `text` fed at `cuts`, and the reply the turn builds."""
+    proto = next(p for p in protocols() if p.name == proto_name)
+    whole = parse_output(text, tool, reasoning, tools=tools)
+    parser = StreamParser(tool, reasoning, prompt_opens=False, tools=tools)
+    live = proto.live(body, "reply_1", "m", 10)
+    frames = live.open()
+    bounds = [0, *sorted(set(cuts)), len(text)]
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        frames += live.delta(parser.feed(text[a:b]))
+    calls = whole.message.get("tool_calls") or ()
+    outcome = Outcome(
+        "m",
+        whole.message,
+        fill_call_ids(proto, live.call_ids, len(calls)),
+        "stop",
+        10,
+        20,
+        reply_id="reply_1",
+        body=body,
+        item_ids=live.item_ids,
+    )
+    reply = proto.reply(outcome)
+    rest, ok = parser.finish(whole.message)
+    assert ok
+    return frames + live.close(reply, rest), reply
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["hermes", "qwen3_coder", "glm45", "kimi_k2"]),
+    st.booleans(),
+    plain,
+    calls_of,
+    strings,
+    st.data(),
+)
+def test_every_protocol_streams_the_reply_it_writes_on_every_split(
+    tool: str, with_reasoning: bool, content: str, calls, patch: str, data
+) -> None:
+    """The message a harness assembles from a live stream (thinking, text, each tool call's id,
+    name and arguments) is the reply the turn writes, for formats whose calls stream and for
+    those whose calls come at the end; Responses' free-form `apply_patch` streams its input."""
+    reasoning = {"hermes": "qwen3", "qwen3_coder": "qwen3"}.get(tool, tool)
+    reasoning = reasoning if with_reasoning else None
+    calls = [*calls, ("apply_patch", {"input": patch})]
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = "Thinking it over."
+    message["tool_calls"] = [
+        {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls
+    ]
+    tools = schemas_for(calls)
+    text = format_output(message, tool, reasoning)
+    if parse_output(text, tool, reasoning, tools=tools).ill_formed:
+        return  # a format that cannot write these arguments (not what this test is about)
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
+
+    frames, reply = live_frames("anthropic", {}, text, cuts, tool, reasoning, tools)
+    assert assembled_anthropic(sse_data(frames)) == reply["content"]
+
+    chat_body = {"stream_options": {"include_usage": True}}
+    frames, reply = live_frames("openai", chat_body, text, cuts, tool, reasoning, tools)
+    want = dict(reply["choices"][0]["message"])
+    got = assembled_chat(sse_data(frames))
+    assert got["content"] == (want["content"] or "")
+    assert got["reasoning_content"] == want.get("reasoning_content", "")
+    assert got["tool_calls"] == want["tool_calls"]  # ids, names, arguments byte for byte
+
+    declared = [
+        {"type": "custom", "name": "apply_patch"}
+        if t["function"]["name"] == "apply_patch"
+        else {"type": "function", **t["function"]}
+        for t in tools
+    ]
+    frames, reply = live_frames(
+        "responses", {"tools": declared}, text, cuts, tool, reasoning, tools
+    )
+    check_responses(sse_data(frames), reply)
+    assert reply["output"][-1]["type"] == "custom_tool_call"
+    assert reply["output"][-1]["input"] == patch
