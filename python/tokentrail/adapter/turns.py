@@ -28,7 +28,7 @@ from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
-from tokentrail.adapter.protocols.common import LiveStream, Outcome, fill_call_ids
+from tokentrail.adapter.protocols.common import Outcome, fill_call_ids
 from tokentrail.adapter.requests import EXCLUDE_HEADER, TurnRequest
 from tokentrail.adapter.sessions import Session, Sessions
 from tokentrail.engines.base import (
@@ -239,13 +239,7 @@ class Turns:
         timing.engine_reported = generation.engine_time_s
 
         parsed, reply, outcome = await self.offload.run(
-            self._answer,
-            proto,
-            prepared,
-            generation,
-            turn.body,
-            None if live is None else live.reply_id,
-            None if live is None else live.stream,
+            self._answer, proto, prepared, generation, turn.body, live
         )
         if live is not None:
             live.parsed_reply = parsed.reply
@@ -316,15 +310,15 @@ class Turns:
         prepared: PreparedTurn,
         generation: Generation,
         body: dict[str, Any],
-        reply_id: str | None = None,
-        live: LiveStream | None = None,
+        live: LiveReply | None = None,
     ) -> tuple[ParsedTurn, dict[str, Any], Outcome]:
         """The sampled ids as a message, and the protocol's reply to the harness (the reply
-        to a prefill holds the continuation alone). A `live` stream's reply keeps the ids it
-        sent: the reply's, its calls' and its parts'."""
+        to a prefill holds the continuation alone). A `live` reply keeps the ids it sent: the
+        reply's, its calls' and its parts'."""
         parsed = self.pipeline.parse(prepared, generation.output_ids)
         reply = parsed.reply
-        given: list[str] = [] if live is None else live.call_ids
+        stream = None if live is None else live.stream
+        given = [] if stream is None else stream.call_ids
         outcome = Outcome(
             self.settings.model_name,
             reply,
@@ -336,9 +330,9 @@ class Turns:
             reasoning_tokens=reasoning_tokens(self.tokenizer, generation.output_ids, reply),
             output_ids=list(generation.output_ids),
             logprobs=list(generation.logprobs),
-            reply_id=reply_id or proto.mint_reply_id(),
+            reply_id=proto.mint_reply_id() if live is None else live.reply_id,
             body=body,
-            item_ids={} if live is None else live.item_ids,
+            item_ids={} if stream is None else stream.item_ids,
         )
         if proto.wants_logprobs(body):
             outcome.token_logprobs = token_logprobs(self.tokenizer, generation)

@@ -47,15 +47,13 @@ class Outcome:
     # (text, logprob) of each sampled token of the reply, when the request asked for them
     # (`WireProtocol.wants_logprobs`); None when it did not.
     token_logprobs: list[tuple[str, float]] | None = None
-    # Ids of the reply's parts by the protocol's own keys (Responses' output items), minted on
-    # first use: a live stream's, whose ids went out before the reply was built.
+    # Ids of the reply's parts (Responses' output items) by key: a live stream's, already sent.
     item_ids: dict[str, str] = field(default_factory=dict)
 
 
 def fill_call_ids(proto: WireProtocol, given: list[str], count: int) -> list[str]:
-    """The ids of a reply's first `count` tool calls: those in `given` (a live stream sent
-    them as the calls were sampled), then fresh ones, which join `given`. The one place a
-    reply's call ids are minted."""
+    """The ids of a reply's `count` tool calls: those in `given` (a live stream sent them),
+    then fresh ones, which join `given`. The one place call ids are minted."""
     while len(given) < count:
         given.append(proto.mint_call_id())
     return given[:count]
@@ -69,13 +67,9 @@ KEEPALIVE_S = 15.0
 
 class LiveStream:
     """One reply streamed while it is sampled: `open` once, then `delta` with what
-    `text.stream_parsing` hands out (reasoning, content, tool-call names and argument
-    fragments), `keepalive` when nothing else went out for a while, and `close` with the
-    finished reply (the same body `WireProtocol.reply` built, whose numbers go out then) and
-    what the parser had still held back.
-
-    A call's id goes out with its first delta (`call_id`); the reply is built with the same ids
-    (`fill_call_ids` on `call_ids`), and with the part ids the stream minted (`item_ids`).
+    `text.stream_parsing` hands out (reasoning, content, calls), `keepalive` when nothing else
+    went out for a while, and `close` with the finished reply (the body `WireProtocol.reply`
+    built from `call_ids` and `item_ids`, the ids this stream sent) and what the parser held.
 
     This base one sends nothing as sampled: SSE comments while the turn runs, then the whole
     reply as `WireProtocol.stream` writes it. A protocol that can do better overrides it."""
