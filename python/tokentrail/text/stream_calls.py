@@ -418,6 +418,7 @@ class XmlCalls(CallsReader):
         self.key = ""
         self.streams = False
         self.value_start = 0
+        self.searched = 0
         self.sent = 0
 
     def call_step(self, text: str, out: list[CallDelta]) -> bool:
@@ -472,7 +473,9 @@ class XmlCalls(CallsReader):
         return False
 
     def _value(self, text: str, out: list[CallDelta]) -> bool:
-        close = text.find(_PARAMETER_CLOSE, self.value_start)
+        # Searched from where the last search could not have missed a close: linear in all.
+        close = text.find(_PARAMETER_CLOSE, max(self.value_start, self.searched))
+        self.searched = 0 if close >= 0 else len(text) - len(_PARAMETER_CLOSE) + 1
         start = self.value_start
         if start < len(text) and text[start] == "\n" and self.sent == start:
             self.sent = start + 1  # the one newline after the tag is layout
