@@ -239,6 +239,40 @@ def test_streamed_call_arguments_equal_the_whole_parse_on_every_split(
     assert len(fragments) == len(calls)
 
 
+# Formats whose calls go out call by call, each whole once its end is sampled.
+WHOLE_CALLS = [
+    ("glm45", "glm45", False),
+    ("glm47", "glm47", True),
+    ("kimi_k2", "kimi_k2", False),
+    ("deepseek_v31", "deepseek_v3", True),
+    ("deepseek_v32", "deepseek_v3", True),
+    ("minimax_m2", "minimax_m2", True),
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(WHOLE_CALLS), plain, calls_of, st.data())
+def test_calls_of_other_formats_go_out_one_by_one_before_the_end(
+    family, content: str, calls, data
+) -> None:
+    tool, reasoning, opened = family
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    message["reasoning_content"] = "Thinking."
+    message["tool_calls"] = [
+        {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls
+    ]
+    tools = schemas_for(calls)
+    text = format_output(message, tool, reasoning, opened=opened)
+    whole = parse_output(text, tool, reasoning, tools=tools)
+    if whole.ill_formed or len(whole.message.get("tool_calls") or ()) != len(calls):
+        return  # arguments this format cannot write (not what this test is about)
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=16))
+    streamed(text, cuts, tool, reasoning, opens=opened, tools=tools)
+    fragments = streamed(text, list(range(len(text))), tool, reasoning, opens=opened, tools=tools)
+    assert len(fragments) == len(calls)  # every call went out before the turn ended
+    assert all(len(f) == 1 for f in fragments)  # each whole
+
+
 @settings(max_examples=300, deadline=None)
 @given(calls_of, st.booleans(), st.sampled_from([None, (",", ":"), (", ", ": "), 2]), st.data())
 def test_hermes_json_written_any_way_streams_the_reply_arguments(

@@ -6,14 +6,14 @@ The fragments are of that re-serialization, not of the model's own text: a model
 its JSON otherwise (`{"a":1}`) or escapes otherwise (`\\u00e9`) still streams exactly the
 prefix of the string the whole reply carries, so a harness that joins the fragments gets the
 same bytes a non-streamed reply holds. Only what no continuation can change goes out: a string
-is streamed character by character (an escape once it is whole), a number or literal once the
-character after it ends it, an XML parameter's value once it is certain it is not its last
-newline. Formats without a reader here (`calls_reader` is None) give their calls at the end.
+character by character (an escape once it is whole), a number or literal once the character
+after it ends it, an XML parameter's value once it is certain it is not its last newline.
 
 Hermes JSON calls (`<tool_call>{"name": .., "arguments": {..}}</tool_call>`) and Qwen3-Coder /
-Nemotron 3 XML calls (`<function=..><parameter=..>`) have readers. An XML parameter whose
-schema says it is a string streams as it is sampled; any other waits for its `</parameter>`
-(the schema, or its text, decides what it is).
+Nemotron 3 XML calls (`<function=..><parameter=..>`) stream so. An XML parameter whose schema
+says it is a string streams as sampled; any other waits for its `</parameter>` (the schema, or
+its text, decides what it is). A format with a `call_end` (GLM, Kimi, DeepSeek, MiniMax) gives
+each call whole once its end is sampled; the rest (Llama 3's JSON, harmony) at the end.
 """
 
 from __future__ import annotations
@@ -21,18 +21,21 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tokentrail.text import formats
 from tokentrail.text.formats.base import (
     JSON,
+    Malformed,
+    ToolFormat,
     ToolSchemas,
     parameter_schemas,
     schema_types,
     typed_value,
 )
-from tokentrail.text.formats.hermes import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from tokentrail.text.formats.hermes import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TaggedCalls
 
 __all__ = ["CallDelta", "CallsReader", "arguments_text", "calls_reader"]
 
@@ -240,15 +243,29 @@ class CallsReader(ABC):
 
     `feed(text)` takes the whole output so far and returns what is newly certain. Once the text
     is something the whole parse would reject, the reader stops (`dead`): the calls it had not
-    begun come with the whole parse at the end.
+    begun come with the whole parse at the end. `content_newlines`: how many of the newlines
+    before the first call the format strips from the content (the rest are content).
     """
+
+    content_newlines = 0
 
     def __init__(self, start: int, tools: ToolSchemas) -> None:
         self.pos = start
         self.tools = tools
         self.index = 0
-        self.in_call = False
         self.dead = False
+
+    @abstractmethod
+    def feed(self, text: str) -> list[CallDelta]:
+        """What `text` (the output so far) makes certain."""
+
+
+class TaggedReader(CallsReader):
+    """`<tool_call>...</tool_call>` blocks, whitespace between them; subclasses read a body."""
+
+    def __init__(self, start: int, tools: ToolSchemas) -> None:
+        super().__init__(start, tools)
+        self.in_call = False
 
     def feed(self, text: str) -> list[CallDelta]:
         out: list[CallDelta] = []
@@ -298,7 +315,36 @@ class CallsReader(ABC):
         """Read more of the open call; False when it needs more text."""
 
 
-class HermesCalls(CallsReader):
+class WholeCalls(CallsReader):
+    """Calls at call granularity: each goes out whole once its end marker is sampled and the
+    calls so far, closed, read as the format's own parser reads them (a marker inside an
+    argument reads as no more calls, and waits)."""
+
+    def __init__(self, start: int, tools: ToolSchemas, fmt: ToolFormat, marker: str) -> None:
+        super().__init__(start, tools)
+        self.fmt, self.marker, self.close = fmt, marker, fmt.calls_close
+        self.content_newlines = fmt.content_newlines
+        self.scan = start
+
+    def feed(self, text: str) -> list[CallDelta]:
+        out: list[CallDelta] = []
+        while True:
+            end = text.find(self.marker, self.scan)
+            if end < 0:
+                self.scan = max(self.scan, len(text) - len(self.marker) + 1)
+                return out
+            self.scan = end + len(self.marker)
+            try:
+                _, calls = self.fmt.split(text[self.pos : self.scan] + self.close, self.tools)
+            except Malformed:
+                continue
+            for call in calls[self.index :]:
+                fn = call["function"]
+                out.append(CallDelta(self.index, fn["name"], arguments_text(fn["arguments"])))
+                self.index += 1
+
+
+class HermesCalls(TaggedReader):
     """`{"name": NAME, "arguments": {...}}` in each block: the arguments object is echoed as
     it is sampled once the name is known (arguments written before the name wait for it)."""
 
@@ -405,7 +451,7 @@ _PARAMETER_CLOSE = "</parameter>"
 _FUNCTION_CLOSE = "</function>"
 
 
-class XmlCalls(CallsReader):
+class XmlCalls(TaggedReader):
     """`<function=NAME>` then `<parameter=KEY>\\nVALUE\\n</parameter>` each: a string
     parameter (by its schema) streams as JSON-escaped text, any other goes out whole when its
     `</parameter>` is sampled."""
@@ -506,7 +552,8 @@ class XmlCalls(CallsReader):
         return True
 
 
-_READERS: dict[str, Callable[[int, ToolSchemas], CallsReader]] = {
+# Formats whose calls stream as sampled; the others with a `call_end` go out call by call.
+_READERS: dict[str, type[TaggedReader]] = {
     "hermes": HermesCalls,
     "qwen3_coder": XmlCalls,
     "nemotron3": XmlCalls,
@@ -515,5 +562,14 @@ _READERS: dict[str, Callable[[int, ToolSchemas], CallsReader]] = {
 
 def calls_reader(tool_parser: str, start: int, tools: ToolSchemas) -> CallsReader | None:
     """The reader for `tool_parser`'s calls from `start`, or None (calls come at the end)."""
-    make = _READERS.get(tool_parser)
-    return None if make is None else make(start, tools)
+    tagged = _READERS.get(tool_parser)
+    if tagged is not None:
+        reader = tagged(start, tools)
+        tagged_fmt = formats.tool_format(tool_parser)
+        assert isinstance(tagged_fmt, TaggedCalls)
+        reader.content_newlines = len(tagged_fmt.content_to_call)
+        return reader
+    fmt = formats.tool_format(tool_parser)
+    if fmt.call_end is None:
+        return None
+    return WholeCalls(start, tools, fmt, fmt.call_end)

@@ -6,10 +6,10 @@ into reasoning and content while the model writes it, for streaming to a harness
 that may still close the turn, wait). `StreamParser` hands out only what no continuation can
 change in the whole parse (`parsing.parse_output`): it holds back a suffix that may still become
 markup (a partial `<think>`, `</think>` or the tool format's call start) and the newlines a
-format strips at the edges. Tool calls of a format `text.stream_calls` can read go out as
-sampled (each call's name, then fragments of its arguments' JSON); the other formats' calls come
-with the whole parse at the end. For a well-formed output, the reasoning, content and call
-arguments handed out, plus what `finish` adds, equal the whole parse's.
+format strips at the edges. Tool calls go out as `text.stream_calls` reads them: as sampled
+(each call's name, then fragments of its arguments' JSON), call by call, or, for formats it
+cannot read, with the whole parse at the end. For a well-formed output, the reasoning, content
+and call arguments handed out, plus what `finish` adds, equal the whole parse's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from tokentrail.messages import Message
 from tokentrail.text import formats
 from tokentrail.text.formats.base import ToolFormat, ToolSchemas, strip_newlines
-from tokentrail.text.formats.hermes import TaggedCalls
 from tokentrail.text.formats.reasoning import THINK_CLOSE, THINK_OPEN, ThinkTags
 from tokentrail.text.stream_calls import CallDelta, CallsReader, arguments_text, calls_reader
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -271,11 +270,11 @@ class StreamParser:
         reader = None
         if first >= 0 and self.tool_parser is not None:
             reader = calls_reader(self.tool_parser, first, self.tools)
-        if reader is not None and isinstance(self.tool, TaggedCalls):
+        if reader is not None:
             # The calls go out now, so the content must be whole first: the format strips
             # only so many of those newlines.
             cut = first
-            kept = len(self.tool.content_to_call)
+            kept = reader.content_newlines
             while first - cut < kept and cut > self.c_start and t[cut - 1] == "\n":
                 cut -= 1
         if cut > self.c_sent:

@@ -314,8 +314,8 @@ def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
 class AnthropicLive(LiveStream):
     """A Messages stream as sampled: `message_start`, a `thinking` block of `thinking_delta`s,
     a `text` block of `text_delta`s, a `tool_use` block per call with its `input_json_delta`s
-    as the arguments are sampled (for formats `text.stream_calls` reads; the others' at the
-    end), then `message_delta` and `message_stop`; `ping` events keep it alive."""
+    as `text.stream_calls` reads the call (as sampled, or whole once it ends), then
+    `message_delta` and `message_stop`; `ping` events keep it alive."""
 
     def __init__(
         self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str, prompt: int

@@ -276,9 +276,9 @@ def stream_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
 class ChatLive(LiveStream):
     """A Chat Completions stream as sampled: the role chunk, `reasoning_content` and `content`
     delta chunks, `tool_calls` chunks as each call is sampled (its index, id and name, then its
-    `function.arguments` fragments; for formats `text.stream_calls` reads, the others' at the
-    end), then logprobs, the finish chunk, the usage chunk (`stream_options.include_usage`) and
-    `[DONE]`; SSE comments keep it alive."""
+    `function.arguments` fragments, as `text.stream_calls` reads the call), then logprobs,
+    the finish chunk, the usage chunk (`stream_options.include_usage`) and `[DONE]`; SSE
+    comments keep it alive."""
 
     def __init__(self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str):
         super().__init__(proto, body)
