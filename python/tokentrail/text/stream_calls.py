@@ -71,20 +71,17 @@ _JSON_SPACE = " \t\n\r"
 _PLAIN = re.compile(r'[^"\\\x00-\x1f]+')
 _SCALAR = re.compile(r"[-+0-9.eEa-zA-Z]+")
 _HEX4 = re.compile(r"[0-9a-fA-F]{4}")
-_SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r"}
-_SIMPLE_ESCAPES["t"] = "\t"
+_SIMPLE_ESCAPES = {
+    '"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"
+}  # fmt: skip
 _KEY = re.compile(r'"(?:[^"\\]|\\.)*"')
-
-
-class Dead(Exception):
-    """Text the whole parse rejects: the reader stops (the calls then come at the end)."""
 
 
 class JsonEcho:
     """One JSON value read incrementally from `pos`, written back as `json.dumps` writes it.
 
     `feed(text)` reads what it can of `text[pos:]` and returns the canonical text of it that is
-    certain; `done` once the value is whole (`pos` is then just after it). Raises `Dead` for
+    certain; `done` once the value is whole (`pos` is then just after it). Raises `Malformed` for
     text that is not JSON.
     """
 
@@ -95,7 +92,6 @@ class JsonEcho:
         self.stack: list[list[str]] = []
         self.in_string = False
         self.done = False
-        self.started = False
 
     def feed(self, text: str) -> str:
         out: list[str] = []
@@ -124,7 +120,7 @@ class JsonEcho:
         state = self.stack[-1][1] if self.stack else "value"
         if state == "colon":
             if ch != ":":
-                raise Dead("expected ':'")
+                raise Malformed("expected ':'")
             out.append(": ")
             self.stack[-1][1] = "value"
             self.pos = pos + 1
@@ -140,7 +136,7 @@ class JsonEcho:
                 self.stack.pop()
                 self._value_done()
             else:
-                raise Dead("expected ',' or a close")
+                raise Malformed("expected ',' or a close")
             self.pos = pos + 1
             return True
         if state in ("first", "key"):
@@ -153,7 +149,7 @@ class JsonEcho:
                 return True
             if kind == "{":
                 if ch != '"':
-                    raise Dead("expected a key")
+                    raise Malformed("expected a key")
                 self.stack[-1][1] = "colon"
                 out.append('"')
                 self.in_string = True
@@ -162,7 +158,6 @@ class JsonEcho:
             self.stack[-1][1] = "value"
             return True
         # A value.
-        self.started = True
         if ch in "{[":
             out.append(ch)
             self.stack.append([ch, "first"])
@@ -175,13 +170,13 @@ class JsonEcho:
             return True
         match = _SCALAR.match(text, pos)
         if match is None:
-            raise Dead("not a JSON value")
+            raise Malformed("not a JSON value")
         if match.end() == len(text):
             return False  # a number or literal that may go on
         try:
             value = JSON.decode(match.group())
         except ValueError:
-            raise Dead("not a JSON value") from None
+            raise Malformed("not a JSON value") from None
         out.append(json.dumps(value, ensure_ascii=False))
         self.pos = match.end()
         self._value_done()
@@ -205,7 +200,7 @@ class JsonEcho:
             self._value_done()
             return True
         if ch != "\\":
-            raise Dead("a control character in a string")
+            raise Malformed("a control character in a string")
         if pos + 1 >= len(text):
             return False
         kind = text[pos + 1]
@@ -214,13 +209,13 @@ class JsonEcho:
             self.pos = pos + 2
             return True
         if kind != "u":
-            raise Dead("a bad escape")
+            raise Malformed("a bad escape")
         if len(text) < pos + 6:
             if not _HEX4.match(text[pos + 2 :].ljust(4, "0")):
-                raise Dead("a bad \\u escape")
+                raise Malformed("a bad \\u escape")
             return False
         if not _HEX4.fullmatch(text, pos + 2, pos + 6):
-            raise Dead("a bad \\u escape")
+            raise Malformed("a bad \\u escape")
         code = int(text[pos + 2 : pos + 6], 16)
         end = pos + 6
         if 0xD800 <= code <= 0xDBFF:
@@ -285,9 +280,9 @@ class TaggedReader(CallsReader):
                     self.begin()
                     continue
                 if pos < len(text) and not _partial(text, pos, TOOL_CALL_OPEN):
-                    raise Dead("text after a tool call")
+                    raise Malformed("text after a tool call")
                 break
-        except Dead:
+        except Malformed:
             self.dead = True
         return out
 
@@ -302,7 +297,7 @@ class TaggedReader(CallsReader):
             self.index += 1
             return True
         if pos < len(text) and not _partial(text, pos, TOOL_CALL_CLOSE):
-            raise Dead("text after a call's body")
+            raise Malformed("text after a call's body")
         self.pos = pos
         return False
 
@@ -384,9 +379,9 @@ class HermesCalls(TaggedReader):
             elif self.key == "name":
                 name = JSON.decode("".join(self.value_text))
                 if not isinstance(name, str) or not name:
-                    raise Dead("a call without a name")
+                    raise Malformed("a call without a name")
                 if self.name is not None:
-                    raise Dead("a name given twice")  # the whole parse keeps the last one
+                    raise Malformed("a name given twice")  # the whole parse keeps the last one
                 self.name = name
                 self.started = True
                 self._emit(out, name, "".join(self.held))
@@ -403,41 +398,41 @@ class HermesCalls(TaggedReader):
         ch = text[pos]
         if self.state == "open":
             if ch != "{":
-                raise Dead("a call that is not a JSON object")
+                raise Malformed("a call that is not a JSON object")
             self.state, self.pos = "key", pos + 1
             return True
         if self.state in ("key", "after"):
             if ch == "}":
                 if self.name is None:
-                    raise Dead("a call without a name")
+                    raise Malformed("a call without a name")
                 if not self.args_seen:
                     self._emit(out, "", "{}")
                 self.state, self.pos = "close", pos + 1
                 return True
             if self.state == "after":
                 if ch != ",":
-                    raise Dead("expected ','")
+                    raise Malformed("expected ','")
                 self.state, self.pos = "key", pos + 1
                 return True
             match = _KEY.match(text, pos)
             if match is None:
                 if ch != '"':
-                    raise Dead("expected a key")
+                    raise Malformed("expected a key")
                 return False
             try:
                 self.key = JSON.decode(match.group())
             except ValueError:
-                raise Dead("a bad key") from None
+                raise Malformed("a bad key") from None
             self.state, self.pos = "colon", match.end()
             return True
         if self.state == "colon":
             if ch != ":":
-                raise Dead("expected ':'")
+                raise Malformed("expected ':'")
             self.state, self.pos = "before_value", pos + 1
             return True
         if self.state == "before_value":
             if self.key == "arguments" and not self.args_seen and ch != "{":
-                raise Dead("arguments that are not an object")
+                raise Malformed("arguments that are not an object")
             self.value, self.value_text = JsonEcho(pos), []
             self.state = "value"
             return True
@@ -475,10 +470,10 @@ class XmlCalls(TaggedReader):
             if match is None:
                 if _FUNCTION_PREFIX.match(text, self.pos):
                     return False
-                raise Dead("a call that is not <function=NAME>")
+                raise Malformed("a call that is not <function=NAME>")
             name = match.group(1)
             if not name.strip():
-                raise Dead("a call without a name")
+                raise Malformed("a call without a name")
             self.schemas = parameter_schemas(self.tools, name)
             out.append(CallDelta(self.index, name, ""))
             self.state, self.pos = "parameters", match.end()
@@ -500,9 +495,9 @@ class XmlCalls(TaggedReader):
                 return False
             key = text[pos + len(_PARAMETER_OPEN) : name_end] if name_end >= 0 else ""
             if name_end < 0 or not key or "\n" in key:
-                raise Dead("a bad <parameter=NAME> tag")
+                raise Malformed("a bad <parameter=NAME> tag")
             if key in self.seen:
-                raise Dead("a parameter given twice")
+                raise Malformed("a parameter given twice")
             self.seen.add(key)
             self.key = key
             self.streams = schema_types(self.schemas.get(key)) == {"string"}
@@ -515,7 +510,7 @@ class XmlCalls(TaggedReader):
         if pos < len(text) and not (
             _partial(text, pos, _PARAMETER_OPEN) or _partial(text, pos, _FUNCTION_CLOSE)
         ):
-            raise Dead("unexpected text in a function")
+            raise Malformed("unexpected text in a function")
         return False
 
     def _value(self, text: str, out: list[CallDelta]) -> bool:
