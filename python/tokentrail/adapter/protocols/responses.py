@@ -73,6 +73,28 @@ def custom_input(arguments: dict[str, Any]) -> str:
     return text if isinstance(text, str) else dump_arguments(arguments)
 
 
+def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    # The raw reasoning rides as `encrypted_content`: what a client sends back untouched.
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": text,
+    }
+
+
+def message_item(item_id: str, text: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": "completed",
+        "role": "assistant",
+        "content": [part],
+    }
+
+
 def output_items(outcome: Outcome, tools: ToolTable) -> list[dict[str, Any]]:
     """The `output` of a response: reasoning, the message, then each call (ids by `item_id`)."""
     message = outcome.message
@@ -80,25 +102,9 @@ def output_items(outcome: Outcome, tools: ToolTable) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content")
     if reasoning:
-        items.append(
-            {
-                "type": "reasoning",
-                "id": item_id(ids, "reasoning", "reasoning"),
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": reasoning}],
-                "encrypted_content": reasoning,
-            }
-        )
+        items.append(reasoning_item(item_id(ids, "reasoning", "reasoning"), reasoning))
     if message.get("content"):
-        items.append(
-            {
-                "type": "message",
-                "id": item_id(ids, "message", "message"),
-                "status": "completed",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
-            }
-        )
+        items.append(message_item(item_id(ids, "message", "message"), message["content"]))
     calls = message.get("tool_calls") or ()
     for index, (call, call_id) in enumerate(zip(calls, outcome.call_ids, strict=True)):
         name, arguments = call["function"]["name"], call["function"]["arguments"]
@@ -280,22 +286,9 @@ class ResponsesLive(LiveStream):
         """The open item as it stands, finished (what the reply holds when nothing changed)."""
         item_id_ = self.item_ids[self.key or ""]
         if self.kind == "reasoning":
-            return {
-                "type": "reasoning",
-                "id": item_id_,
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": self.text}],
-                "encrypted_content": self.text,
-            }
+            return reasoning_item(item_id_, self.text)
         if self.kind == "message":
-            part = {"type": "output_text", "text": self.text, "annotations": []}
-            return {
-                "type": "message",
-                "id": item_id_,
-                "status": "completed",
-                "role": "assistant",
-                "content": [part],
-            }
+            return message_item(item_id_, self.text)
         if self.kind == "custom_tool_call":
             try:
                 arguments = json.loads(self.canonical)
