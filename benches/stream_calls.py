@@ -3,8 +3,9 @@ parse spends on one turn whose call carries a long string argument (a file writt
 fed token by token as the engine samples it, against the one whole parse every turn does anyway.
 
 The text is what a Qwen3 model writes for the call (Hermes JSON, or Qwen3-Coder XML with the
-parameter declared a string), cut where the real Qwen3 vocabulary's tokens end; the streamed
-side is `StreamParser.feed` per token plus its `finish`, the whole side `parse_output`. Both run
+parameter declared a string), in the pieces `StreamDecoder` gives for its real Qwen3 tokens one
+at a time; the streamed side is `StreamParser.feed` per token plus its `finish` (decoding not
+counted), the whole side `parse_output`. Both run
 in this process; the table gives the best of `--repeat` runs.
 
     python benches/stream_calls.py [--sizes 2000,20000,100000] [--repeat 5]
@@ -19,7 +20,7 @@ import time
 from typing import Any
 
 from tokentrail.text.parsing import format_output, parse_output
-from tokentrail.text.stream_parsing import StreamParser
+from tokentrail.text.stream_parsing import StreamDecoder, StreamParser
 from tokentrail.text.tokenizer import load_tokenizer
 
 TOOLS = [
@@ -47,13 +48,11 @@ def source(chars: int) -> str:
 
 
 def token_pieces(tokenizer: Any, text: str) -> list[str]:
-    """`text` cut at token ends (decoded a token at a time, pieces joined give `text`)."""
-    ids = tokenizer.encode(text)
-    out = [tokenizer.decode([t]) for t in ids]
-    if "".join(out) != text:
-        # Byte-level pieces of one character: fall back to even cuts of about a token each.
-        step = max(1, len(text) // max(1, len(ids)))
-        out = [text[i : i + step] for i in range(0, len(text), step)]
+    """`text` as the live reply's decoder hands it out, one sampled token at a time."""
+    decoder = StreamDecoder(tokenizer)
+    out = [decoder.feed([t]) for t in tokenizer.encode(text)]
+    out.append(decoder.finish())
+    assert "".join(out) == text
     return out
 
 
