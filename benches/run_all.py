@@ -44,6 +44,7 @@ BENCHES: list[tuple[str, list[str]]] = [
         ["--sessions", "1", "--steps", "4", "--context", "1000", "--forward-context", "300"],
     ),
     ("viewer_open.py", ["--turns", "16", "--context", "8192", "--repeats", "1"]),
+    ("stream_calls.py", ["--sizes", "2000", "--repeat", "1"]),
 ]
 
 

@@ -21,6 +21,7 @@ from support.engine_thread import engine_in_thread
 from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import resume_checks, serving_in_thread
 from support.stand_in import scripted_reply
+from support.tap import tapped
 from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
@@ -99,20 +100,33 @@ def test_real_codex_session_and_its_resume_train_every_token(
     assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)
 
 
+# The Responses events that carry an item's text as it is sampled.
+DELTAS = {
+    "response.reasoning_text.delta",
+    "response.output_text.delta",
+    "response.function_call_arguments.delta",
+    "response.custom_tool_call_input.delta",
+}
+
+
 @pytest.mark.parametrize("wire", ["sglang", "vllm"])
 def test_real_codex_over_a_streaming_engine(
     codex_exe: Path, tokenizer, tmp_path: Path, wire: str
 ) -> None:
     """The first process above with the engine streamed (`--engine-stream`) from a stand-in
-    that waits 1 s before each first token and streams a token or two an event: the Responses
-    stream keeps Codex waiting with keepalives (0.3 s) and is written whole once the turn is
-    done; Codex takes every reply without a retry, and what is recorded is what was streamed."""
+    that waits 1 s before each first token and streams two tokens an event, 10 ms apart: the
+    Responses stream keeps Codex waiting with keepalives (0.3 s), then its reasoning, text and
+    tool-call deltas reach Codex as they are sampled, read apart before `response.completed`
+    (a proxy between the two records what arrived when); Codex takes every reply without a
+    retry, and what is recorded is what was streamed."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "calc.py").write_text(CALC)
     (work / "test_calc.py").write_text(TEST)
     fake_cls = FakeSGLang if wire == "sglang" else FakeVLLM
-    fake = fake_cls(scripted_reply(SCRIPT), first_token_s=1.0, tokens_per_event=2)
+    fake = fake_cls(
+        scripted_reply(SCRIPT), first_token_s=1.0, tokens_per_event=2, token_delay_s=0.01
+    )
     with engine_in_thread(fake) as stand_in:
         client = (SGLangEngine if wire == "sglang" else VLLMEngine)(stand_in.url, stream=True)
         adapter = Adapter(
@@ -120,8 +134,8 @@ def test_real_codex_over_a_streaming_engine(
             tokenizer=tokenizer,
             config=AdapterConfig(live_stream=True, keepalive_s=0.3),
         )
-        with serving_in_thread(adapter) as (url, loop):
-            home = write_home(tmp_path / "codex-home", url)
+        with serving_in_thread(adapter) as (url, loop), tapped(url) as tap:
+            home = write_home(tmp_path / "codex-home", tap.url)
             first = run_codex(
                 codex_exe, "Space the sum in calc.py.", home=home, session_id="cxs", cwd=work
             )
@@ -136,6 +150,23 @@ def test_real_codex_over_a_streaming_engine(
     assert all(len(events) > 3 for events in fake.streamed.values())
     assert ledger.trained_tokens == ledger.generated_tokens > 0
     assert len(trajectory.samples) == 1
+
+    replies: list[list[tuple[int, str]]] = []
+    for events in tap.events():
+        while any(name == "response.completed" for _, name in events):
+            end = next(i for i, (_, name) in enumerate(events) if name == "response.completed")
+            replies.append(events[: end + 1])
+            events = events[end + 1 :]
+    assert len(replies) == len(ledger.turns)
+    seen: set[str] = set()
+    for reply in replies:
+        done = reply[-1][0]
+        early = {(read, name) for read, name in reply if name in DELTAS and read < done}
+        # Deltas in several reads apart, before the read that completed the reply.
+        assert len({read for read, _ in early}) >= 3, reply
+        assert reply[0] == (reply[0][0], "response.created") and reply[0][0] < min(early)[0]
+        seen |= {name for _, name in early}
+    assert seen == DELTAS  # Codex's free-form apply_patch streams its input too
 
 
 def test_real_codex_view_image_becomes_vision_tokens(codex_exe: Path, tmp_path: Path) -> None:

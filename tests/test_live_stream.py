@@ -75,6 +75,7 @@ def serve(
     *,
     stream: bool = True,
     journal: Journal | None = None,
+    keep: list[Adapter] | None = None,
     **config,
 ):
     async def go():
@@ -86,6 +87,8 @@ def serve(
                 config=AdapterConfig(admin_token=ADMIN, live_stream=stream, **config),
                 journal=journal,
             )
+            if keep is not None:
+                keep.append(adapter)
             runner, url = await start_server(adapter)
             try:
                 return await scenario(url, srv)
@@ -159,6 +162,145 @@ def recorded(tokenizer, wire: str, stream: bool) -> dict[str, Any]:
         scenario,
         stream=stream,
     )
+
+
+def mid_arguments(tokenizer) -> int:
+    """How many of the sampled tokens end inside the Bash call's `command` string."""
+    ids, _ = sampled(tokenizer)
+    return next(k for k in range(len(ids)) if '"command": "py' in tokenizer.decode(ids[:k]))
+
+
+def call_ids_recorded(adapter: Adapter, sid: str, reply_id: str) -> list[str]:
+    """The call ids the session's turn that wrote `reply_id` was recorded with (TurnTags)."""
+    found = adapter.manager.find_turn(sid, "reply_id", reply_id)
+    assert found is not None
+    return list(found[1]["call_ids"])
+
+
+@pytest.mark.parametrize("wire", list(WIRES))
+def test_anthropic_tool_input_streams_while_the_engine_samples_it(tokenizer, wire) -> None:
+    """The engine pauses inside the call's arguments: the SDK has already seen the tool_use
+    block and a partial_json of its input; the final message, its call id and the recorded
+    turn's call id are the non-streamed reply's."""
+    fake_cls, client_cls = WIRES[wire]
+    fake = fake_cls(reply_for(tokenizer), hold_at=mid_arguments(tokenizer))
+    keep: list[Adapter] = []
+
+    async def scenario(url: str, srv: Any):
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="s-args", max_retries=0)
+        held: list[str] = []
+        started: list[str] = []
+        async with client.messages.stream(**ANTHROPIC_BODY) as stream:
+            async for event in stream:
+                if event.type == "content_block_start" and event.content_block.type == "tool_use":
+                    started.append(event.content_block.id)
+                if event.type == "input_json" and srv.holding:
+                    held.append(event.partial_json)
+                    srv.release.set()
+            final = await stream.get_final_message()
+        whole = await client.messages.create(**ANTHROPIC_BODY)  # a retry: the recorded reply
+        return held, started, final, whole
+
+    held, started, final, whole = serve(fake, client_cls, tokenizer, scenario, keep=keep)
+    assert held and "".join(held).startswith('{"command": "py')  # seen mid-arguments
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
+    tool_use = final.content[-1]
+    assert tool_use.type == "tool_use" and tool_use.input == {"command": "pytest -q"}
+    assert started == [tool_use.id] == call_ids_recorded(keep[0], "s-args", final.id)
+
+
+CHAT_BODY: dict[str, Any] = {
+    "model": "m",
+    "max_tokens": 512,
+    "messages": [{"role": "user", "content": "Run the tests."}],
+    "tools": [
+        {
+            "type": "function",
+            "function": {"name": "Bash", "description": "Run.", "parameters": BASH["input_schema"]},
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize("wire", list(WIRES))
+def test_chat_tool_arguments_stream_while_the_engine_samples_them(tokenizer, wire) -> None:
+    fake_cls, client_cls = WIRES[wire]
+    fake = fake_cls(reply_for(tokenizer), hold_at=mid_arguments(tokenizer))
+    keep: list[Adapter] = []
+
+    async def scenario(url: str, srv: Any):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s-chat-args", max_retries=0)
+        held, ids, arguments = [], [], ""
+        stream = await client.chat.completions.create(**CHAT_BODY, stream=True)
+        reply_id = None
+        async for chunk in stream:
+            reply_id = chunk.id
+            for call in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
+                if call.id:
+                    ids.append(call.id)
+                arguments += call.function.arguments or ""
+                if srv.holding and call.function.arguments:
+                    held.append(call.function.arguments)
+                    srv.release.set()
+        whole = await client.chat.completions.create(**CHAT_BODY)  # the recorded reply
+        return held, ids, arguments, reply_id, whole
+
+    held, ids, arguments, reply_id, whole = serve(fake, client_cls, tokenizer, scenario, keep=keep)
+    assert held and "".join(held).startswith('{"command": "py')
+    (call,) = whole.choices[0].message.tool_calls
+    assert arguments == call.function.arguments  # byte for byte
+    assert ids == [call.id] == call_ids_recorded(keep[0], "s-chat-args", reply_id)
+
+
+RESPONSES_BODY: dict[str, Any] = {
+    "model": "m",
+    "max_output_tokens": 512,
+    "input": "Run the tests.",
+    "tools": [{"type": "function", "name": "Bash", "parameters": BASH["input_schema"]}],
+}
+
+
+@pytest.mark.parametrize("wire", list(WIRES))
+def test_responses_events_go_out_as_sampled(tokenizer, wire) -> None:
+    """The OpenAI SDK's Responses stream: created at once, the reasoning, text and call items
+    as sampled (the call's arguments seen while the engine pauses inside them), each item's id
+    and index the completed response's, and that response the non-streamed reply."""
+    fake_cls, client_cls = WIRES[wire]
+    fake = fake_cls(reply_for(tokenizer), hold_at=mid_arguments(tokenizer))
+    keep: list[Adapter] = []
+
+    async def scenario(url: str, srv: Any):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s-resp", max_retries=0)
+        events: list[Any] = []
+        held: list[str] = []
+        stream = await client.responses.create(**RESPONSES_BODY, stream=True)
+        async for event in stream:
+            events.append(event)
+            if event.type == "response.function_call_arguments.delta" and srv.holding:
+                held.append(event.delta)
+                srv.release.set()
+        final = events[-1].response
+        whole = await client.responses.create(**RESPONSES_BODY)  # the recorded reply
+        return events, held, final, whole
+
+    events, held, final, whole = serve(fake, client_cls, tokenizer, scenario, keep=keep)
+    assert held and "".join(held).startswith('{"command": "py')
+    assert final.model_dump() == whole.model_dump()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    for kind in ("reasoning_text", "output_text", "function_call_arguments"):
+        assert kinds.count(f"response.{kind}.delta") > 1, kind
+    added = [(e.output_index, e.item.id) for e in events if e.type == "response.output_item.added"]
+    assert added == [(i, item.id) for i, item in enumerate(final.output)]
+    assert [o.type for o in final.output] == ["reasoning", "message", "function_call"]
+    call = final.output[-1]
+    arguments = "".join(
+        e.delta for e in events if e.type == "response.function_call_arguments.delta"
+    )
+    assert arguments == call.arguments == '{"command": "pytest -q"}'
+    assert [call.call_id] == call_ids_recorded(keep[0], "s-resp", final.id)
 
 
 @pytest.mark.parametrize("wire", list(WIRES))
@@ -372,3 +514,22 @@ def test_a_turn_cut_short_stays_masked_after_a_restart(tokenizer, tmp_path) -> N
     (turn,) = done["ledger"]["turns"]
     assert turn["masked"] == {"client_disconnected": 12} and turn["trained"] == 0
     assert done["samples"] == []
+
+
+def test_a_call_the_whole_parse_rejects_is_counted_as_a_stream_mismatch(tokenizer) -> None:
+    """A call that looked well formed while sampled, then text after it: the call went out,
+    the whole parse calls the output ill-formed, and the mismatch is counted."""
+    text = format_output(MESSAGE, "hermes", "qwen3") + "\nand more text"
+    ids = tokenizer.encode(text) + [IM_END]
+    fake = FakeSGLang(lambda _prompt: (list(ids), [-0.5] * len(ids), "stop"))
+
+    async def scenario(url: str, srv: Any):
+        frames = await raw_stream(url, "/v1/messages", ANTHROPIC_BODY, "s-bad")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/metrics") as resp:
+                return frames, await resp.text()
+
+    frames, metrics = serve(fake, SGLangEngine, tokenizer, scenario)
+    assert any(b'"type": "tool_use"' in f for f in frames)  # it went out as sampled
+    assert frames[-1].startswith(b"event: message_stop")
+    assert "tokentrail_stream_mismatches_total 1.0" in metrics

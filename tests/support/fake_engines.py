@@ -14,15 +14,18 @@ that many bytes (an answer at a bound, or one byte over it).
 A request with `stream: true` is answered as the real engine streams (server-sent events
 `data: {json}`, then `data: [DONE]`), `tokens_per_event` tokens an event (SGLang's
 `--stream-interval`), `token_delay_s` between events, `first_token_s` before the first one
-(queueing and prefill), and with `stall_at=k` a stall after k tokens until the request is
-aborted (or the client goes), as a loaded engine stalls. SGLang's events are cumulative by
-default and deltas with `incremental` (`--incremental-streaming-output`); vLLM's are deltas.
+(queueing and prefill), with `stall_at=k` a stall after k tokens until the request is
+aborted (or the client goes), as a loaded engine stalls, and with `hold_at=k` a pause after k
+tokens until the test sets `release` (what the client saw by then went out mid-turn). SGLang's
+events are cumulative by default and deltas with `incremental`
+(`--incremental-streaming-output`); vLLM's are deltas.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -102,6 +105,11 @@ class _FakeServer:
     token_delay_s: float = 0.0
     first_token_s: float = 0.0
     stall_at: int | None = None
+    # With `hold_at=k`, the first streamed answer waits after k tokens until `release` is set
+    # (a test's client sets it once it has seen what it waits for); `holding` meanwhile.
+    hold_at: int | None = None
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    holding: bool = False
     # Every streamed answer's events, as sent (the JSON objects), and when each was written
     # (`time.perf_counter`), by request id.
     streamed: dict[str, list[Any]] = field(default_factory=dict)
@@ -194,6 +202,11 @@ class _FakeServer:
             at = 0
             step = max(1, self.tokens_per_event)
             while True:
+                if self.hold_at is not None and at >= self.hold_at:
+                    self.hold_at, self.holding = None, True
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.release.wait(), HANG_LIMIT_S)
+                    self.holding = False
                 if self.stall_at is not None and at >= self.stall_at:
                     final = await stalled()
                     if final is not None:

@@ -1,8 +1,10 @@
 """A streamed reply written while its turn is sampled: the 200 and the protocol's opening frame
 go out before the engine is called, each run of sampled tokens is decoded and parsed
-(`text.stream_parsing`) and what is certain goes out at once as the protocol's deltas, a
-keepalive goes out whenever nothing else did for `keepalive_s`, and the finished reply's
-closing frames (tool calls, finish reason, usage) go out once the turn is journaled.
+(`text.stream_parsing`) and what is certain goes out at once as the protocol's deltas (tool
+calls too, for the formats `text.stream_calls` reads), a keepalive goes out whenever nothing
+else did for `keepalive_s`, and the finished reply's closing frames (what the parser held back,
+finish reason, usage) go out once the turn is journaled. A stream that turns out not to be a
+prefix of the whole parse (ill-formed output) is counted by `on_mismatch`.
 
 What the harness was sent is kept beside the tokens, so a turn cut short by a client that went
 away can still be recorded for what it was.
@@ -14,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -22,7 +24,7 @@ from aiohttp import web
 from tokentrail.adapter.connections import GuardedHandler
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import KEEPALIVE_S, LiveStream
-from tokentrail.messages import Message
+from tokentrail.messages import Message, ToolSchema
 from tokentrail.text.stream_parsing import StreamDecoder, StreamParser
 from tokentrail.text.tokenizer import LoadedTokenizer
 
@@ -48,15 +50,18 @@ class LiveReply:
         prompt_opens_reasoning: bool,
         model: str,
         prompt_tokens: int,
+        tools: Sequence[ToolSchema] | None = None,
         keepalive_s: float = KEEPALIVE_S,
+        on_mismatch: Callable[[], None] | None = None,
     ) -> None:
         self.request = request
         self.reply_id = proto.mint_reply_id()
         self.stream: LiveStream = proto.live(body, self.reply_id, model, prompt_tokens)
         self.decoder = StreamDecoder(tokenizer)
         self.parser = StreamParser(
-            tool_parser, reasoning_parser, prompt_opens=prompt_opens_reasoning
+            tool_parser, reasoning_parser, prompt_opens=prompt_opens_reasoning, tools=tools
         )
+        self.on_mismatch = on_mismatch
         self.keepalive_s = keepalive_s
         self.response: web.StreamResponse | None = None
         self._pending = bytearray()
@@ -101,7 +106,7 @@ class LiveReply:
             return
         out = self.parser.feed(text)
         if out:
-            self._pending += self.stream.delta(out.reasoning, out.content)
+            self._pending += self.stream.delta(out)
             self._wake.set()
 
     async def _write_loop(self) -> None:
@@ -141,8 +146,7 @@ class LiveReply:
         await self._stop_writer()
         tail = self.decoder.finish()
         if tail:
-            out = self.parser.feed(tail)
-            self._pending += self.stream.delta(out.reasoning, out.content)
+            self._pending += self.stream.delta(self.parser.feed(tail))
         rest, self.matched = self.parser.finish(message)
         if not self.matched:
             logger.debug(
@@ -150,7 +154,9 @@ class LiveReply:
                 "(ill-formed output); the rest goes out as parsed",
                 self.reply_id,
             )
-        data = bytes(self._pending) + self.stream.close(reply, rest.reasoning, rest.content)
+            if self.on_mismatch is not None:
+                self.on_mismatch()
+        data = bytes(self._pending) + self.stream.close(reply, rest)
         self._pending.clear()
         await self.response.write(data)
         if self.first_write_at is None:

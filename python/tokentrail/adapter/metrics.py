@@ -202,6 +202,13 @@ class Metrics:
             "and the tokens sampled until then recorded, masked as client_disconnected.",
             registry=r,
         )
+        self.stream_mismatches = Counter(
+            "tokentrail_stream_mismatches_total",
+            "Replies streamed as sampled whose streamed text or tool calls turned out not to be "
+            "a prefix of the whole parse (ill-formed output the whole parse rejects, or reads "
+            "otherwise): what the harness saw differs from the recorded reply.",
+            registry=r,
+        )
         self.resume_checks = Counter(
             "tokentrail_resume_checks_total",
             "Requests translated both resumed and in full (serve --verify-resume), by whether "
@@ -267,6 +274,9 @@ class Metrics:
 
     def client_disconnected(self) -> None:
         self.client_disconnects.inc()
+
+    def stream_mismatched(self) -> None:
+        self.stream_mismatches.inc()
 
     def resume_checked(self, result: ResumeCheck) -> None:
         self.resume_checks.labels(result=result.value).inc()

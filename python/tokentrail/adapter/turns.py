@@ -28,7 +28,7 @@ from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
-from tokentrail.adapter.protocols.common import Outcome
+from tokentrail.adapter.protocols.common import Outcome, fill_call_ids
 from tokentrail.adapter.requests import EXCLUDE_HEADER, TurnRequest
 from tokentrail.adapter.sessions import Session, Sessions
 from tokentrail.engines.base import (
@@ -239,7 +239,7 @@ class Turns:
         timing.engine_reported = generation.engine_time_s
 
         parsed, reply, outcome = await self.offload.run(
-            self._answer, proto, prepared, generation, turn.body, live and live.reply_id
+            self._answer, proto, prepared, generation, turn.body, live
         )
         if live is not None:
             live.parsed_reply = parsed.reply
@@ -310,16 +310,19 @@ class Turns:
         prepared: PreparedTurn,
         generation: Generation,
         body: dict[str, Any],
-        reply_id: str | None = None,
+        live: LiveReply | None = None,
     ) -> tuple[ParsedTurn, dict[str, Any], Outcome]:
         """The sampled ids as a message, and the protocol's reply to the harness (the reply
-        to a prefill holds the continuation alone)."""
+        to a prefill holds the continuation alone). A `live` reply keeps the ids it sent: the
+        reply's, its calls' and its parts'."""
         parsed = self.pipeline.parse(prepared, generation.output_ids)
         reply = parsed.reply
+        stream = None if live is None else live.stream
+        given = [] if stream is None else stream.call_ids
         outcome = Outcome(
             self.settings.model_name,
             reply,
-            [proto.mint_call_id() for _ in reply.get("tool_calls") or ()],
+            fill_call_ids(proto, given, len(reply.get("tool_calls") or ())),
             generation.finish_reason,
             len(prepared.prompt_ids),
             len(generation.output_ids),
@@ -327,8 +330,9 @@ class Turns:
             reasoning_tokens=reasoning_tokens(self.tokenizer, generation.output_ids, reply),
             output_ids=list(generation.output_ids),
             logprobs=list(generation.logprobs),
-            reply_id=reply_id or proto.mint_reply_id(),
+            reply_id=proto.mint_reply_id() if live is None else live.reply_id,
             body=body,
+            item_ids={} if stream is None else stream.item_ids,
         )
         if proto.wants_logprobs(body):
             outcome.token_logprobs = token_logprobs(self.tokenizer, generation)
@@ -403,7 +407,9 @@ def live_reply(
         prompt_opens_reasoning=family is None or family.prompt_opens_reasoning,
         model=turns.settings.model_name,
         prompt_tokens=len(prepared.prompt_ids),
+        tools=prepared.tools,
         keepalive_s=turns.settings.keepalive_s,
+        on_mismatch=turns.metrics.stream_mismatched,
     )
 
 

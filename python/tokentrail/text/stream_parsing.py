@@ -6,9 +6,10 @@ into reasoning and content while the model writes it, for streaming to a harness
 that may still close the turn, wait). `StreamParser` hands out only what no continuation can
 change in the whole parse (`parsing.parse_output`): it holds back a suffix that may still become
 markup (a partial `<think>`, `</think>` or the tool format's call start) and the newlines a
-format strips at the edges. Tool calls are not split: they come with the whole parse at the end.
-For a well-formed output, the reasoning and content handed out, plus what `finish` adds, equal
-the whole parse's.
+format strips at the edges. Tool calls go out as `text.stream_calls` reads them: as sampled
+(each call's name, then fragments of its arguments' JSON), call by call, or, for formats it
+cannot read, with the whole parse at the end. For a well-formed output, the reasoning, content
+and call arguments handed out, plus what `finish` adds, equal the whole parse's.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from dataclasses import dataclass, field
 
 from tokentrail.messages import Message
 from tokentrail.text import formats
-from tokentrail.text.formats.base import ToolFormat, strip_newlines
+from tokentrail.text.formats.base import ToolFormat, ToolSchemas, strip_newlines
 from tokentrail.text.formats.reasoning import THINK_CLOSE, THINK_OPEN, ThinkTags
+from tokentrail.text.stream_calls import CallDelta, CallsReader, arguments_text, calls_reader
 from tokentrail.text.tokenizer import LoadedTokenizer
 
-__all__ = ["StreamDecoder", "StreamDeltas", "StreamParser"]
+__all__ = ["CallDelta", "StreamDecoder", "StreamDeltas", "StreamParser"]
 
 
 class StreamDecoder:
@@ -71,13 +73,14 @@ class StreamDecoder:
 
 @dataclass
 class StreamDeltas:
-    """What one step hands out: more reasoning, then more content."""
+    """What one step hands out: more reasoning, then more content, then more of the calls."""
 
     reasoning: str = ""
     content: str = ""
+    calls: list[CallDelta] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.reasoning or self.content)
+        return bool(self.reasoning or self.content or self.calls)
 
 
 class _Phase(enum.Enum):
@@ -86,7 +89,7 @@ class _Phase(enum.Enum):
     OPENED = "opened"  # no `<think>`: a `</think>` may still make all so far reasoning
     AFTER_REASONING = "after_reasoning"  # the newlines after `</think>` a format strips
     BODY = "body"  # content, up to a call start
-    CALLS = "calls"  # tool calls: nothing more until the end
+    CALLS = "calls"  # tool calls: read by the format's `CallsReader`, if it has one
     HELD = "held"  # a format read as a whole: nothing until the end
 
 
@@ -117,6 +120,8 @@ class StreamParser:
     # mismatch. When it may have, that content waits for `</think>`, `<think>`, a call start
     # or the end.
     prompt_opens: bool = True
+    # The request's tool schemas (XML formats type parameter values by them).
+    tools: ToolSchemas = None
     text: str = ""
     sent_reasoning: list[str] = field(default_factory=list)
     sent_content: list[str] = field(default_factory=list)
@@ -145,6 +150,9 @@ class StreamParser:
         self.scan = 0
         self.lead_fixed = False
         self.seen_open = self.seen_call = False
+        self.calls: CallsReader | None = None
+        # Each call's name and the arguments text handed out, by call index.
+        self.sent_calls: list[tuple[str, list[str]]] = []
 
     # -- feeding --------------------------------------------------------------------------------
 
@@ -160,6 +168,10 @@ class StreamParser:
             self.sent_reasoning.append(out.reasoning)
         if out.content:
             self.sent_content.append(out.content)
+        for call in out.calls:
+            if call.name:
+                self.sent_calls.append((call.name, []))
+            self.sent_calls[call.index][1].append(call.arguments)
         return out
 
     def _step(self, out: StreamDeltas) -> None:
@@ -188,6 +200,8 @@ class StreamParser:
                 self.phase = _Phase.BODY
         elif self.phase is _Phase.BODY:
             self._body(out)
+        elif self.phase is _Phase.CALLS and self.calls is not None:
+            out.calls.extend(self.calls.feed(t))
 
     def _reasoning(self, out: StreamDeltas) -> None:
         assert self.think is not None
@@ -253,10 +267,21 @@ class StreamParser:
         # Formats strip the newlines between content and their first call.
         while cut > self.c_sent and t[cut - 1] == "\n":
             cut -= 1
+        reader = None
+        if first >= 0 and self.tool_parser is not None:
+            reader = calls_reader(self.tool_parser, first, self.tools)
+        if reader is not None:
+            # The calls go out now, so the content must be whole first: the format strips
+            # only so many of those newlines.
+            cut = first
+            kept = reader.content_newlines
+            while first - cut < kept and cut > self.c_start and t[cut - 1] == "\n":
+                cut -= 1
         if cut > self.c_sent:
             out.content += t[self.c_sent : cut]
             self.c_sent = cut
         if first >= 0:
+            self.calls = reader
             self.phase = _Phase.CALLS
 
     # -- the end --------------------------------------------------------------------------------
@@ -277,4 +302,21 @@ class StreamParser:
             reasoning[len(sent_r) :] if ok and not sent_c else "",
             content[len(sent_c) :] if ok else "",
         )
+        calls = message.get("tool_calls") or []
+        if (self.sent_calls and (sent_c != content or reasoning != sent_r)) or len(
+            self.sent_calls
+        ) > len(calls):
+            ok = False  # text cannot come after calls went out
+        for index, call in enumerate(calls):
+            name = call["function"]["name"]
+            arguments = arguments_text(call["function"]["arguments"])
+            if index >= len(self.sent_calls):
+                rest.calls.append(CallDelta(index, name, arguments))
+                continue
+            sent_name, fragments = self.sent_calls[index]
+            sent = "".join(fragments)
+            if sent_name != name or not arguments.startswith(sent):
+                ok = False  # a call the whole parse reads otherwise: it stays as it went out
+            elif len(arguments) > len(sent):
+                rest.calls.append(CallDelta(index, "", arguments[len(sent) :]))
         return rest, ok

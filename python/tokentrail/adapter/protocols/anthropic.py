@@ -37,6 +37,7 @@ from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Transla
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
+from tokentrail.text.stream_parsing import StreamDeltas
 
 ROLES = ("user", "assistant", "system")
 TEXT = ("text",)
@@ -312,8 +313,9 @@ def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
 
 class AnthropicLive(LiveStream):
     """A Messages stream as sampled: `message_start`, a `thinking` block of `thinking_delta`s,
-    a `text` block of `text_delta`s, then at the end the tool calls' `tool_use` blocks with
-    their `input_json_delta`, `message_delta` and `message_stop`; `ping` events keep it alive."""
+    a `text` block of `text_delta`s, a `tool_use` block per call with its `input_json_delta`s
+    as `text.stream_calls` reads the call (as sampled, or whole once it ends), then
+    `message_delta` and `message_stop`; `ping` events keep it alive."""
 
     def __init__(
         self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str, prompt: int
@@ -338,15 +340,10 @@ class AnthropicLive(LiveStream):
     def keepalive(self) -> bytes:
         return _sse("ping", {"type": "ping"})
 
-    def _start(self, kind: str) -> bytes:
+    def _start(self, kind: str, head: dict[str, Any]) -> bytes:
         frames = self._stop()
         self.index += 1
         self.block = kind
-        head: dict[str, Any] = (
-            {"type": "thinking", "thinking": "", "signature": ""}
-            if kind == "thinking"
-            else {"type": "text", "text": ""}
-        )
         return frames + _sse(
             "content_block_start",
             {"type": "content_block_start", "index": self.index, "content_block": head},
@@ -369,35 +366,33 @@ class AnthropicLive(LiveStream):
             {"type": "content_block_delta", "index": self.index, "delta": delta},
         )
 
-    def delta(self, reasoning: str, content: str) -> bytes:
+    def delta(self, out: StreamDeltas) -> bytes:
         frames = b""
-        if reasoning:
+        if out.reasoning:
             if self.block != "thinking":
-                frames += self._start("thinking")
-            frames += self._delta({"type": "thinking_delta", "thinking": reasoning})
-        if content:
+                thinking = {"type": "thinking", "thinking": "", "signature": ""}
+                frames += self._start("thinking", thinking)
+            frames += self._delta({"type": "thinking_delta", "thinking": out.reasoning})
+        if out.content:
             if self.block != "text":
-                frames += self._start("text")
-            frames += self._delta({"type": "text_delta", "text": content})
+                frames += self._start("text", {"type": "text", "text": ""})
+            frames += self._delta({"type": "text_delta", "text": out.content})
+        for call in out.calls:
+            if call.name:
+                # Clients assemble the input from the deltas; the start's `input` is empty.
+                head: dict[str, Any] = {
+                    "type": "tool_use",
+                    "id": self.call_id(call.index),
+                    "name": call.name,
+                    "input": {},
+                }
+                frames += self._start(f"tool_use:{call.index}", head)
+            if call.arguments and self.block == f"tool_use:{call.index}":
+                frames += self._delta({"type": "input_json_delta", "partial_json": call.arguments})
         return frames
 
-    def close(self, reply: dict[str, Any], reasoning: str, content: str) -> bytes:
-        frames = self.delta(reasoning, content) + self._stop()
-        for block in reply["content"]:
-            if block["type"] != "tool_use":
-                continue
-            self.index += 1
-            head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-            frames += _sse(
-                "content_block_start",
-                {"type": "content_block_start", "index": self.index, "content_block": head},
-            )
-            payload = json.dumps(block["input"], ensure_ascii=False)
-            for part in pieces(payload):
-                frames += self._delta({"type": "input_json_delta", "partial_json": part})
-            frames += _sse(
-                "content_block_stop", {"type": "content_block_stop", "index": self.index}
-            )
+    def close(self, reply: dict[str, Any], rest: StreamDeltas) -> bytes:
+        frames = self.delta(rest) + self._stop()
         frames += _sse(
             "message_delta",
             {

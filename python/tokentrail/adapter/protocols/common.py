@@ -17,6 +17,7 @@ from tokentrail.adapter.protocols.fields import Spec
 from tokentrail.errors import AuthenticationError, RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, ImageSource, Message, ToolSchema, function_tool
+from tokentrail.text.stream_parsing import StreamDeltas
 from tokentrail.text.vision import IMAGE_PLACEHOLDER, image_mark, image_source
 
 # How many characters one streamed delta carries.
@@ -46,6 +47,16 @@ class Outcome:
     # (text, logprob) of each sampled token of the reply, when the request asked for them
     # (`WireProtocol.wants_logprobs`); None when it did not.
     token_logprobs: list[tuple[str, float]] | None = None
+    # Ids of the reply's parts (Responses' output items) by key: a live stream's, already sent.
+    item_ids: dict[str, str] = field(default_factory=dict)
+
+
+def fill_call_ids(proto: WireProtocol, given: list[str], count: int) -> list[str]:
+    """The ids of a reply's `count` tool calls: those in `given` (a live stream sent them),
+    then fresh ones, which join `given`. The one place call ids are minted."""
+    while len(given) < count:
+        given.append(proto.mint_call_id())
+    return given[:count]
 
 
 # A harness hears this often from a stream, at least, while the engine queues, prefills or
@@ -55,10 +66,10 @@ KEEPALIVE_S = 15.0
 
 
 class LiveStream:
-    """One reply streamed while it is sampled: `open` once, then `delta` with reasoning and
-    content as `text.stream_parsing` hands them out, `keepalive` when nothing else went out for
-    a while, and `close` with the finished reply (the same body `WireProtocol.reply` built,
-    whose tool calls and numbers go out then) and what the parser had still held back.
+    """One reply streamed while it is sampled: `open` once, then `delta` with what
+    `text.stream_parsing` hands out (reasoning, content, calls), `keepalive` when nothing else
+    went out for a while, and `close` with the finished reply (the body `WireProtocol.reply`
+    built from `call_ids` and `item_ids`, the ids this stream sent) and what the parser held.
 
     This base one sends nothing as sampled: SSE comments while the turn runs, then the whole
     reply as `WireProtocol.stream` writes it. A protocol that can do better overrides it."""
@@ -66,18 +77,24 @@ class LiveStream:
     def __init__(self, proto: WireProtocol, body: Mapping[str, Any]) -> None:
         self.proto = proto
         self.body = body
+        self.call_ids: list[str] = []
+        self.item_ids: dict[str, str] = {}
+
+    def call_id(self, index: int) -> str:
+        """The id of the reply's call `index`."""
+        return fill_call_ids(self.proto, self.call_ids, index + 1)[index]
 
     def open(self) -> bytes:
         return b""
 
-    def delta(self, reasoning: str, content: str) -> bytes:
+    def delta(self, out: StreamDeltas) -> bytes:
         return b""
 
     def keepalive(self) -> bytes:
         # An SSE comment: every client ignores it; it only keeps the connection busy.
         return b": keepalive\n\n"
 
-    def close(self, reply: dict[str, Any], reasoning: str, content: str) -> bytes:
+    def close(self, reply: dict[str, Any], rest: StreamDeltas) -> bytes:
         return b"".join(self.proto.stream(reply, self.body))
 
     def error(self, status: int, kind: str, message: str) -> bytes:
@@ -567,6 +584,7 @@ __all__ = [
     "WireProtocol",
     "append_system_note",
     "bearer",
+    "fill_call_ids",
     "is_server_block",
     "mint_id",
     "pieces",

@@ -36,6 +36,7 @@ from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Transla
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
+from tokentrail.text.stream_parsing import StreamDeltas
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT = ("text",)
@@ -274,8 +275,10 @@ def stream_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
 
 class ChatLive(LiveStream):
     """A Chat Completions stream as sampled: the role chunk, `reasoning_content` and `content`
-    delta chunks, then at the end the tool calls, logprobs, the finish chunk, the usage chunk
-    (`stream_options.include_usage`) and `[DONE]`; SSE comments keep it alive."""
+    delta chunks, `tool_calls` chunks as each call is sampled (its index, id and name, then its
+    `function.arguments` fragments, as `text.stream_calls` reads the call), then logprobs,
+    the finish chunk, the usage chunk (`stream_options.include_usage`) and `[DONE]`; SSE
+    comments keep it alive."""
 
     def __init__(self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str):
         super().__init__(proto, body)
@@ -294,23 +297,36 @@ class ChatLive(LiveStream):
     def open(self) -> bytes:
         return self._frame({"role": "assistant", "content": ""})
 
-    def delta(self, reasoning: str, content: str) -> bytes:
+    def delta(self, out: StreamDeltas) -> bytes:
         frames = b""
-        if reasoning:
-            frames += self._frame({"reasoning_content": reasoning})
-        if content:
-            frames += self._frame({"content": content})
+        if out.reasoning:
+            frames += self._frame({"reasoning_content": out.reasoning})
+        if out.content:
+            frames += self._frame({"content": out.content})
+        for call in out.calls:
+            if call.name:
+                function = {"name": call.name, "arguments": ""}
+                head = {"index": call.index, "id": self.call_id(call.index), "type": "function"}
+                frames += self._frame({"tool_calls": [{**head, "function": function}]})
+            if call.arguments:
+                fragment = {"index": call.index, "function": {"arguments": call.arguments}}
+                frames += self._frame({"tool_calls": [fragment]})
         return frames
 
-    def close(self, reply: dict[str, Any], reasoning: str, content: str) -> bytes:
-        rest = {**reply, **{k: self.head[k] for k in ("id", "created", "model")}}
+    def close(self, reply: dict[str, Any], rest: StreamDeltas) -> bytes:
+        tail = {**reply, **{k: self.head[k] for k in ("id", "created", "model")}}
         choice = reply["choices"][0]
         # What went out as sampled is left out of the closing frames.
-        message = {**choice["message"], "content": None, "reasoning_content": None}
-        rest["choices"] = [{**choice, "message": message}]
-        frames = self.delta(reasoning, content)
-        tail = list(stream_chunks(rest, include_usage=_include_usage(self.body)))
-        return frames + b"".join(tail[1:])  # its role chunk went out with `open`
+        message = {
+            **choice["message"],
+            "content": None,
+            "reasoning_content": None,
+            "tool_calls": None,
+        }
+        tail["choices"] = [{**choice, "message": message}]
+        frames = self.delta(rest)
+        chunks = list(stream_chunks(tail, include_usage=_include_usage(self.body)))
+        return frames + b"".join(chunks[1:])  # its role chunk went out with `open`
 
 
 def _include_usage(body: Mapping[str, Any]) -> bool:

@@ -1,12 +1,9 @@
 """OpenAI Responses (`POST /v1/responses`, `/v1/responses/input_tokens`) on the wire,
 chat-template messages inside. The API the Codex CLI speaks.
 
-Input is a flat list of items. Assistant-side items in a row (`reasoning`, an assistant
-`message`, `function_call`, `custom_tool_call`) are one assistant message; the outputs that
-follow answer its calls by `call_id` and are ordered as the calls are. Free-form `custom` tools
-(Codex's `apply_patch`) are offered to the model as a function with one string parameter and
-turned back into a `custom_tool_call`; `namespace` tools are flattened as `NAMESPACE.NAME`.
-Server-side tools (`web_search`, `tool_search`, ...) are not offered: nothing would run them.
+Requests are read by `responses_input`. A reply's output items are its reasoning, its message
+and its calls; a free-form tool's call goes back as a `custom_tool_call`. Streamed, a reply goes
+out as sampled (`ResponsesLive`) or, from a recorded answer, as the events of the whole reply.
 
 Reasoning round-trips exactly: a reply carries the raw reasoning text as `encrypted_content`
 (clients with `store: false` send it back untouched) and that is what translation reads first.
@@ -17,406 +14,116 @@ recognized as the generated one without any re-rendering rule.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, cast
+from typing import Any
 
 from tokentrail.adapter.protocols.common import (
-    ContentReader,
-    DeclaredTools,
+    LiveStream,
     Outcome,
-    append_system_note,
+    WireProtocol,
     mint_id,
     pieces,
     register_protocol,
     sampling_keys,
-    tool_choice,
-    tool_schema,
 )
 from tokentrail.adapter.protocols.fields import RESPONSES
-from tokentrail.adapter.protocols.openai import dump_arguments, parse_arguments
-from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
+from tokentrail.adapter.protocols.openai import dump_arguments
+from tokentrail.adapter.protocols.responses_input import (
+    CUSTOM_INPUT,
+    ToolTable,
+    read_tools,
+    translate_from,
+    translate_request,
+)
+from tokentrail.adapter.protocols.resume import ResumableProtocol, Translated
 from tokentrail.errors import RequestError
-from tokentrail.kinds import ToolChoice
-from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema
-
-ROLES = ("developer", "system", "user", "assistant")
-TEXT = ("input_text", "output_text", "text", "refusal")
-MEDIA = {"input_image": "image", "input_file": "document", "input_audio": "audio"}
-TOOL_CHOICES = {"auto": ToolChoice.AUTO, "none": ToolChoice.NONE, "required": ToolChoice.REQUIRED}
-# The one parameter a free-form tool's input travels in, inside.
-CUSTOM_INPUT = "input"
-# Tools the provider runs itself: offering them to the model would produce calls nobody runs.
-SERVER_TOOLS = frozenset(
-    {
-        "web_search",
-        "web_search_preview",
-        "tool_search",
-        "file_search",
-        "code_interpreter",
-        "image_generation",
-        "computer_use_preview",
-        "mcp",
-        "local_shell",
-    }
-)
-# History items those tools leave behind; rendered as text, never refused.
-SERVER_ITEMS = frozenset(
-    {
-        "web_search_call",
-        "tool_search_call",
-        "tool_search_output",
-        "file_search_call",
-        "code_interpreter_call",
-        "image_generation_call",
-        "mcp_call",
-        "mcp_list_tools",
-    }
-)
-ASSISTANT_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call"})
-OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output"})
-
-
-@dataclass
-class ToolTable:
-    """How a request's tools map to the functions the template renders, and back."""
-
-    schemas: list[ToolSchema] = field(default_factory=list)
-    custom: set[str] = field(default_factory=set)
-    # Flattened name -> (namespace, name on the wire).
-    namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)
-    withheld: list[str] = field(default_factory=list)
-
-
-def internal_name(name: str, namespace: object) -> str:
-    """A namespaced function's name inside: `NAMESPACE.NAME` (see `read_tools`)."""
-    return f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
-
-
-def read_tools(tools: object) -> ToolTable:
-    table = ToolTable()
-    if tools is None:
-        return table
-    if not isinstance(tools, list):
-        raise RequestError("tools must be a list")
-    for pos, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise RequestError(f"tools[{pos}] must be an object")
-        kind = tool.get("type")
-        if kind == "function":
-            table.schemas.append(
-                tool_schema(pos, tool.get("name"), tool.get("description"), tool.get("parameters"))
-            )
-        elif kind == "custom":
-            name = tool.get("name")
-            schema = {
-                "type": "object",
-                "properties": {CUSTOM_INPUT: {"type": "string"}},
-                "required": [CUSTOM_INPUT],
-            }
-            table.schemas.append(tool_schema(pos, name, tool.get("description"), schema))
-            table.custom.add(str(name))
-        elif kind == "namespace":
-            space, members = tool.get("name"), tool.get("tools")
-            if not isinstance(space, str) or not isinstance(members, list):
-                raise RequestError(f"tools[{pos}]: a namespace needs a name and a list of tools")
-            for sub, member in enumerate(members):
-                if not isinstance(member, dict) or member.get("type") != "function":
-                    raise RequestError(f"tools[{pos}].tools[{sub}] must be a function tool")
-                name = member.get("name")
-                flat = f"{space}.{name}"
-                table.schemas.append(
-                    tool_schema(pos, flat, member.get("description"), member.get("parameters"))
-                )
-                table.namespaced[flat] = (space, str(name))
-        elif kind in SERVER_TOOLS:
-            table.withheld.append(str(kind))
-        else:
-            raise RequestError(f"tools[{pos}]: unsupported tool type {kind!r}")
-    return table
-
-
-def _reasoning_text(item: Mapping[str, Any], where: str, reader: ContentReader) -> str:
-    """The raw reasoning of an item: our `encrypted_content` first, then its content, then its
-    summary (all a client that never saw our reply can send)."""
-    encrypted = item.get("encrypted_content")
-    if isinstance(encrypted, str) and encrypted:
-        return encrypted
-    for key, kind, joiner in (
-        ("content", "reasoning_text", ""),
-        ("summary", "summary_text", "\n\n"),
-    ):
-        parts = item.get(key)
-        if isinstance(parts, list) and parts:
-            return joiner.join(reader.text([p], f"{where}.{key}") for p in parts if _is(p, kind))
-    return ""
-
-
-def _is(part: object, kind: str) -> bool:
-    return isinstance(part, dict) and part.get("type") in (kind, "text")
-
-
-class _Builder:
-    """Collects input items into messages, one assistant message per run of assistant items.
-
-    A message in the list is never changed in place: the open assistant message is replaced
-    by an updated copy (`_update`), so a resume mark (`protocols.resume`) that holds it keeps
-    it as it stood.
-    """
-
-    def __init__(self, fold: Fold) -> None:
-        self.fold = fold
-        self.results = fold.results
-        self.reader = fold.reader
-        self.messages = fold.messages
-        # Whether the last message is an assistant message items are still adding to, and
-        # the ids of its calls so far.
-        self._open = False
-        self._call_ids: tuple[str, ...] = ()
-
-    def mark(self) -> None:
-        """A resume mark after the item just read."""
-        self.fold.mark((self._open, self._call_ids))
-
-    def resumed(self) -> None:
-        """Take the state of the mark the fold resumed from."""
-        self._open, self._call_ids = self.fold.marks[-1].extra
-
-    def _open_assistant(self) -> Message:
-        if not self._open:
-            self.messages.extend(self.results.flush())
-            self.messages.append({"role": "assistant", "content": ""})
-            self._open = True
-            self._call_ids = ()
-        return self.messages[-1]
-
-    def _update(self, **changes: Any) -> None:
-        """The open assistant message, updated (a copy takes its place)."""
-        self.messages[-1] = cast(Message, {**self.messages[-1], **changes})
-
-    def _close_assistant(self) -> None:
-        if self._open:
-            self.results.open(self._call_ids)
-            self._open = False
-
-    def system(self, text: str) -> None:
-        self._close_assistant()
-        self.messages.extend(self.results.flush())
-        if not self.messages:
-            self.messages.append({"role": "system", "content": text})
-        elif len(self.messages) == 1 and self.messages[0]["role"] == "system":
-            # Codex sends its instructions as several developer messages up front.
-            first = self.messages[0]
-            self.messages[0] = {**first, "content": f"{first['content']}\n\n{text}"}
-        else:
-            append_system_note(self.messages, text)
-
-    def user(self, text: str) -> None:
-        self._close_assistant()
-        self.messages.extend(self.results.flush())
-        self.results.close_all()
-        self.messages.append({"role": "user", "content": text})
-
-    def reasoning(self, text: str) -> None:
-        msg = self._open_assistant()
-        if self._call_ids or msg.get("content"):
-            # Reasoning after visible output starts the next assistant message.
-            self._close_assistant()
-            msg = self._open_assistant()
-        if text:
-            previous = msg.get("reasoning_content")
-            self._update(reasoning_content=f"{previous}\n{text}" if previous else text)
-
-    def assistant_text(self, text: str) -> None:
-        msg = self._open_assistant()
-        self._update(content=msg.get("content", "") + text)
-
-    def call(self, name: str, arguments: dict[str, Any], call_id: object, where: str) -> None:
-        if not isinstance(call_id, str) or not call_id:
-            raise RequestError(f"{where}: a tool call needs a string call_id")
-        msg = self._open_assistant()
-        call: ToolCall = {"type": "function", "function": {"name": name, "arguments": arguments}}
-        self._update(tool_calls=[*msg.get("tool_calls", ()), call])
-        self._call_ids = (*self._call_ids, call_id)
-
-    def output(self, call_id: object, text: str, where: str) -> None:
-        """A tool result; results are put in the order of the calls they answer."""
-        self._close_assistant()
-        self.results.answer(call_id, {"role": "tool", "content": text}, where, "tool output")
-
-    def server_item(self, item: Mapping[str, Any]) -> None:
-        note = json.dumps({k: v for k, v in item.items() if k != "id"}, ensure_ascii=False)
-        self.assistant_text(f"[{item.get('type')}: {note}]")
-
-    def finish(self) -> list[Message]:
-        self._close_assistant()
-        self.messages.extend(self.results.flush())
-        return self.messages
-
-
-def _tool_choice(body: Mapping[str, Any], tools: ToolTable) -> tuple[ToolChoice, str | None]:
-    choice = body.get("tool_choice")
-    declared = DeclaredTools(tools.schemas or None, tools.withheld)
-    if choice is None:
-        return ToolChoice.AUTO, None
-    if isinstance(choice, str) and choice in TOOL_CHOICES:
-        return tool_choice(TOOL_CHOICES[choice], None, declared)
-    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
-        name = choice.get("name")
-        if isinstance(name, str) and isinstance(choice.get("namespace"), str):
-            name = f"{choice['namespace']}.{name}"
-        return tool_choice(ToolChoice.REQUIRED, name, declared)
-    raise RequestError(
-        "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}"
-    )
-
-
-def translate_request(
-    body: Mapping[str, Any],
-    prior: list[Message] | None = None,
-    prior_calls: list[str] | None = None,
-) -> tuple[Conversation, ToolTable]:
-    """A Responses request to chat-template messages and tools; `prior` is the conversation a
-    `previous_response_id` continues (its last message the response), `prior_calls` that
-    response's call ids."""
-    tools = read_tools(body.get("tools"))
-    return translate_from(body, None, 0, prior, prior_calls, tools).conversation, tools
-
-
-def _declared(body: Mapping[str, Any], tools: ToolTable | None = None) -> Conversation:
-    """The request's tools and tool choice (no messages yet)."""
-    tools = read_tools(body.get("tools")) if tools is None else tools
-    choice, forced = _tool_choice(body, tools)
-    return Conversation([], tools.schemas or None, choice, forced, tools.withheld)
-
-
-def translate_from(
-    body: Mapping[str, Any],
-    previous: Translated | None,
-    at: int,
-    prior: list[Message] | None = None,
-    prior_calls: list[str] | None = None,
-    tools: ToolTable | None = None,
-) -> Translated:
-    """`translate_request`, resuming `previous` before input item `at` when it can (see
-    `tokentrail.adapter.protocols.resume`); a continued conversation (`prior`) never
-    resumes."""
-    fold = Fold(ContentReader(TEXT, MEDIA))
-    if prior:
-        previous = None
-    declared, at = fold.start(previous, at, partial(_declared, body, tools))
-    builder = _Builder(fold)
-    if at:
-        builder.resumed()
-    elif prior:
-        builder.messages.extend(prior)
-        fold.results.open(prior_calls or [])
-    instructions = body.get("instructions")
-    if at == 0 and instructions is not None and not prior:
-        if not isinstance(instructions, str):
-            raise RequestError("instructions must be a string")
-        if instructions:
-            builder.system(instructions)
-    raw = body.get("input")
-    if isinstance(raw, str):
-        raw = [{"type": "message", "role": "user", "content": raw}]
-    if not isinstance(raw, list):
-        raise RequestError("input must be a string or a list of items")
-    for pos in range(at, len(raw)):
-        _read_item(builder, raw[pos], f"input[{pos}]")
-        builder.mark()
-    builder.finish()
-    if not fold.messages:
-        raise RequestError("input must not be empty")
-    return fold.translated(declared)
-
-
-def _read_item(builder: _Builder, item: object, where: str) -> None:
-    if not isinstance(item, dict):
-        raise RequestError(f"{where} must be an object")
-    kind = item.get("type", "message" if "role" in item else None)
-    if kind == "message":
-        role = item.get("role")
-        if role not in ROLES:
-            raise RequestError(f"{where}.role must be one of {ROLES}, got {role!r}")
-        text = builder.reader.text(item.get("content", ""), f"{where}.content")
-        if role == "assistant":
-            builder.assistant_text(text)
-        elif role == "user":
-            builder.user(text)
-        else:
-            builder.system(text)
-    elif kind == "reasoning":
-        builder.reasoning(_reasoning_text(item, where, builder.reader))
-    elif kind == "function_call":
-        name = item.get("name")
-        if not isinstance(name, str):
-            raise RequestError(f"{where}: function_call needs a string name")
-        internal = internal_name(name, item.get("namespace"))
-        arguments = parse_arguments(item.get("arguments", "{}"), f"{where}.arguments")
-        builder.call(internal, arguments, item.get("call_id"), where)
-    elif kind == "custom_tool_call":
-        tool, patch = item.get("name"), item.get("input")
-        if not isinstance(tool, str) or not isinstance(patch, str):
-            raise RequestError(f"{where}: custom_tool_call needs a string name and input")
-        builder.call(tool, {CUSTOM_INPUT: patch}, item.get("call_id"), where)
-    elif kind in OUTPUT_ITEMS:
-        output = builder.reader.text(item.get("output", ""), f"{where}.output")
-        builder.output(item.get("call_id"), output, where)
-    elif kind in SERVER_ITEMS:
-        builder.server_item(item)
-    else:
-        raise RequestError(f"{where}: unsupported input item type {kind!r}")
-
+from tokentrail.messages import Conversation, Message
+from tokentrail.text.stream_parsing import StreamDeltas
 
 # -- replies --------------------------------------------------------------------------------------
 
 
+# The prefix of each output item kind's id.
+ITEM_PREFIXES = {
+    "reasoning": "rs_",
+    "message": "msg_",
+    "function_call": "fc_",
+    "custom_tool_call": "ctc_",
+}
+
+
+def item_id(ids: dict[str, str], key: str, kind: str) -> str:
+    """The id of a response's output item `key` (`reasoning`, `message`, `call:N`): the one
+    already in `ids` (a live stream sent it), else a fresh one, kept there. The one place
+    output item ids are minted."""
+    if key not in ids:
+        ids[key] = mint_id(ITEM_PREFIXES[kind])
+    return ids[key]
+
+
+def call_kind(name: str, tools: ToolTable) -> str:
+    return "custom_tool_call" if name in tools.custom else "function_call"
+
+
+def custom_input(arguments: dict[str, Any]) -> str:
+    """A free-form tool's input: its one string parameter (else the arguments as JSON)."""
+    text = arguments.get(CUSTOM_INPUT)
+    return text if isinstance(text, str) else dump_arguments(arguments)
+
+
+def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    # The raw reasoning rides as `encrypted_content`: what a client sends back untouched.
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": text,
+    }
+
+
+def message_item(item_id: str, text: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": "completed",
+        "role": "assistant",
+        "content": [part],
+    }
+
+
 def output_items(outcome: Outcome, tools: ToolTable) -> list[dict[str, Any]]:
-    """The `output` of a response: reasoning, the message, then each call, with fresh ids."""
+    """The `output` of a response: reasoning, the message, then each call (ids by `item_id`)."""
     message = outcome.message
+    ids = outcome.item_ids
     items: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content")
     if reasoning:
-        items.append(
-            {
-                "type": "reasoning",
-                "id": mint_id("rs_"),
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": reasoning}],
-                "encrypted_content": reasoning,
-            }
-        )
+        items.append(reasoning_item(item_id(ids, "reasoning", "reasoning"), reasoning))
     if message.get("content"):
-        items.append(
-            {
-                "type": "message",
-                "id": mint_id("msg_"),
-                "status": "completed",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
-            }
-        )
-    for call, call_id in zip(message.get("tool_calls") or (), outcome.call_ids, strict=True):
+        items.append(message_item(item_id(ids, "message", "message"), message["content"]))
+    calls = message.get("tool_calls") or ()
+    for index, (call, call_id) in enumerate(zip(calls, outcome.call_ids, strict=True)):
         name, arguments = call["function"]["name"], call["function"]["arguments"]
-        if name in tools.custom:
-            text = arguments.get(CUSTOM_INPUT)
+        kind = call_kind(name, tools)
+        if kind == "custom_tool_call":
             items.append(
                 {
-                    "type": "custom_tool_call",
-                    "id": mint_id("ctc_"),
+                    "type": kind,
+                    "id": item_id(ids, f"call:{index}", kind),
                     "status": "completed",
                     "call_id": call_id,
                     "name": name,
-                    "input": text if isinstance(text, str) else dump_arguments(arguments),
+                    "input": custom_input(arguments),
                 }
             )
             continue
         item = {
-            "type": "function_call",
-            "id": mint_id("fc_"),
+            "type": kind,
+            "id": item_id(ids, f"call:{index}", kind),
             "status": "completed",
             "name": name,
             "arguments": dump_arguments(arguments),
@@ -459,6 +166,10 @@ def response_object(
             "total_tokens": outcome.prompt_tokens + outcome.output_tokens,
         },
     }
+
+
+# A run of a JSON string's body that decodes whole (no escape cut short, no closing quote).
+_ESCAPED_RUN = re.compile(r'(?:[^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
 
 
 class _Events:
@@ -522,6 +233,184 @@ def _item_events(event: _Events, index: int, item: dict[str, Any]) -> Iterator[b
     yield event("response.output_item.done", output_index=index, item=item)
 
 
+class ResponsesLive(LiveStream):
+    """A Responses stream as sampled: `response.created` and `response.in_progress` at once,
+    then each output item as it is sampled (a reasoning item of `response.reasoning_text.delta`s,
+    a message of `response.output_text.delta`s, a `function_call` of
+    `response.function_call_arguments.delta`s, a free-form tool's `custom_tool_call` of
+    `response.custom_tool_call_input.delta`s), each item's `done` events when the next begins,
+    and `response.completed` with the reply; SSE comments keep it alive. The item ids and
+    output indexes are the reply's (`item_id`), the sequence numbers one run."""
+
+    def __init__(
+        self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str, prompt: int
+    ) -> None:
+        super().__init__(proto, body)
+        self.tools = read_tools(body.get("tools"))
+        blank: Message = {"role": "assistant", "content": ""}
+        head = Outcome(model, blank, [], "stop", prompt, 0, reply_id=reply_id, body=body)
+        self.head = {**response_object(head, body, [], "in_progress"), "usage": None}
+        self.event = _Events()
+        # The open item: its key, kind and output index, and its text (arguments or input) so
+        # far; `canonical` holds a free-form call's arguments JSON, decoded into `text`.
+        self.items = 0
+        self.key: str | None = None
+        self.kind = ""
+        self.text = ""
+        self.canonical = ""
+        self.decoded = 0
+        self.call: dict[str, Any] = {}
+
+    def open(self) -> bytes:
+        return self.event("response.created", response=self.head) + self.event(
+            "response.in_progress", response=self.head
+        )
+
+    def _at(self) -> dict[str, Any]:
+        assert self.key is not None
+        return {"item_id": self.item_ids[self.key], "output_index": self.items - 1}
+
+    def _begin(self, key: str, kind: str, item: dict[str, Any]) -> bytes:
+        frames = self._end()
+        self.key, self.kind, self.text, self.canonical, self.decoded = key, kind, "", "", 0
+        self.items += 1
+        item = {"type": kind, "id": item_id(self.item_ids, key, kind), **item}
+        frames += self.event("response.output_item.added", output_index=self.items - 1, item=item)
+        if kind == "message":
+            part = {"type": "output_text", "text": "", "annotations": []}
+            at = self._at()
+            frames += self.event("response.content_part.added", **at, content_index=0, part=part)
+        return frames
+
+    def _final(self) -> dict[str, Any]:
+        """The open item as it stands, finished (what the reply holds when nothing changed)."""
+        item_id_ = self.item_ids[self.key or ""]
+        if self.kind == "reasoning":
+            return reasoning_item(item_id_, self.text)
+        if self.kind == "message":
+            return message_item(item_id_, self.text)
+        if self.kind == "custom_tool_call":
+            try:
+                arguments = json.loads(self.canonical)
+            except ValueError:
+                arguments = {}
+            text = custom_input(arguments) if isinstance(arguments, dict) else self.text
+            return {**self.call, "status": "completed", "input": text}
+        return {**self.call, "status": "completed", "arguments": self.text}
+
+    def _end(self, final: dict[str, Any] | None = None) -> bytes:
+        """The open item's `done` events, with `final` (the reply's item) or as it stands."""
+        if self.key is None:
+            return b""
+        item = final if final is not None else self._final()
+        at, event = self._at(), self.event
+        if self.kind == "reasoning":
+            text = item["content"][0]["text"]
+            frames = event("response.reasoning_text.done", **at, content_index=0, text=text)
+        elif self.kind == "message":
+            part = item["content"][0]
+            frames = self._more(part["text"])
+            frames += event(
+                "response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[]
+            )
+            frames += event("response.content_part.done", **at, content_index=0, part=part)
+        elif self.kind == "function_call":
+            arguments = item["arguments"]
+            frames = self._more(arguments)
+            frames += event("response.function_call_arguments.done", **at, arguments=arguments)
+        else:
+            frames = self._more(item["input"])
+            frames += event("response.custom_tool_call_input.done", **at, input=item["input"])
+        frames += event("response.output_item.done", output_index=self.items - 1, item=item)
+        self.key = None
+        return frames
+
+    def _more(self, final: str) -> bytes:
+        """The rest of the open item's text up to `final`, if what went out is its prefix."""
+        if len(final) <= len(self.text) or not final.startswith(self.text):
+            return b""
+        return self._text(final[len(self.text) :])
+
+    def _text(self, piece: str) -> bytes:
+        """More of the open item's text, as its kind's delta."""
+        self.text += piece
+        at = self._at()
+        if self.kind == "reasoning":
+            return self.event("response.reasoning_text.delta", **at, content_index=0, delta=piece)
+        if self.kind == "message":
+            return self.event(
+                "response.output_text.delta", **at, content_index=0, delta=piece, logprobs=[]
+            )
+        if self.kind == "function_call":
+            return self.event("response.function_call_arguments.delta", **at, delta=piece)
+        return self.event("response.custom_tool_call_input.delta", **at, delta=piece)
+
+    def _custom(self, fragment: str) -> bytes:
+        """A free-form call's arguments JSON decoded into its input as far as it is whole."""
+        self.canonical += fragment
+        head = json.dumps({CUSTOM_INPUT: ""})[:-2]
+        if not self.canonical.startswith(head):
+            return b""
+        match = _ESCAPED_RUN.match(self.canonical, max(self.decoded, len(head)))
+        if match is None or not match.group():
+            return b""
+        self.decoded = match.end()
+        return self._text(json.loads(f'"{match.group()}"'))
+
+    def delta(self, out: StreamDeltas) -> bytes:
+        frames = b""
+        if out.reasoning:
+            if self.key != "reasoning":
+                item: dict[str, Any] = {"summary": [], "content": [], "encrypted_content": None}
+                frames += self._begin("reasoning", "reasoning", item)
+            frames += self._text(out.reasoning)
+        if out.content:
+            if self.key != "message":
+                message = {"status": "in_progress", "role": "assistant", "content": []}
+                frames += self._begin("message", "message", message)
+            frames += self._text(out.content)
+        for call in out.calls:
+            key = f"call:{call.index}"
+            if call.name:
+                frames += self._begin_call(key, call.index, call.name)
+            if call.arguments and self.key == key:
+                if self.kind == "custom_tool_call":
+                    frames += self._custom(call.arguments)
+                else:
+                    frames += self._text(call.arguments)
+        return frames
+
+    def _begin_call(self, key: str, index: int, name: str) -> bytes:
+        kind = call_kind(name, self.tools)
+        call_id = self.call_id(index)
+        final: dict[str, Any]
+        if kind == "custom_tool_call":
+            final = {"call_id": call_id, "name": name}
+            added = {"status": "in_progress", **final, "input": ""}
+        else:
+            final = {"name": name, "arguments": "", "call_id": call_id}
+            if name in self.tools.namespaced:
+                final["namespace"], final["name"] = self.tools.namespaced[name]
+            added = {"status": "in_progress", **final}
+        frames = self._begin(key, kind, added)
+        self.call = {"type": kind, "id": self.item_ids[key], "status": "completed", **final}
+        return frames
+
+    def close(self, reply: dict[str, Any], rest: StreamDeltas) -> bytes:
+        frames = self.delta(rest)
+        output = reply["output"]
+        open_at = self.items - 1 if self.key is not None else -1
+        open_id = self.item_ids.get(self.key or "")
+        if 0 <= open_at < len(output) and output[open_at]["id"] == open_id:
+            frames += self._end(output[open_at])
+        else:
+            frames += self._end()
+        # Items that never went out as sampled (output the whole parse read otherwise).
+        for index in range(self.items, len(output)):
+            frames += b"".join(_item_events(self.event, index, output[index]))
+        return frames + self.event("response.completed", response=reply)
+
+
 @register_protocol
 class OpenAIResponses(ResumableProtocol):
     name = "responses"
@@ -568,6 +457,11 @@ class OpenAIResponses(ResumableProtocol):
 
     def stream(self, reply: dict[str, Any], body: Mapping[str, Any]) -> Iterator[bytes]:
         return stream_events(reply)
+
+    def live(
+        self, body: Mapping[str, Any], reply_id: str, model: str, prompt_tokens: int
+    ) -> LiveStream:
+        return ResponsesLive(self, body, reply_id, model, prompt_tokens)
 
     def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
         return {"error": {"message": message, "type": kind, "param": None, "code": None}}

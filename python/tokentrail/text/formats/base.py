@@ -33,6 +33,12 @@ class ToolFormat(ABC):
     call_start: ClassVar[str]
     # Set by formats that read the whole output themselves, reasoning included (harmony).
     owns_reasoning: ClassVar[bool] = False
+    # Where one call ends and what closes the calls so far: a stream reads each call whole
+    # once its end is sampled (`text.stream_calls`); None: its calls are read at the end.
+    call_end: ClassVar[str | None] = None
+    calls_close: ClassVar[str] = ""
+    # How many of the newlines before the first call `split` strips from the content.
+    content_newlines: ClassVar[int] = 0
 
     def has_calls(self, text: str) -> bool:
         return self.call_start in text

@@ -45,6 +45,8 @@ SEP = "<｜tool▁sep｜>"
 class DeepSeekV31(ToolFormat):
     name = "deepseek_v31"
     call_start = CALLS_BEGIN
+    call_end = CALL_END
+    calls_close = CALLS_END
 
     def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
         first = text.index(CALLS_BEGIN)
@@ -106,6 +108,9 @@ class DeepSeekV32(ToolFormat):
 
     name = "deepseek_v32"
     call_start = DSML_CALLS
+    call_end = _INVOKE_END
+    calls_close = DSML_CALLS_END
+    content_newlines = 2
 
     def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
         first = text.index(DSML_CALLS)

@@ -35,6 +35,8 @@ VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
 
 class GlmCalls(ToolFormat):
     call_start = CALL_OPEN
+    call_end = CALL_CLOSE
+    content_newlines = 1
     # Whitespace the layout puts after the name and after each key/value tag.
     newline = ""
 

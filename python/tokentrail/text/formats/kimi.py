@@ -45,6 +45,8 @@ def call_id(name: str, index: int) -> str:
 class KimiK2(ToolFormat):
     name = "kimi_k2"
     call_start = SECTION_BEGIN
+    call_end = CALL_END
+    calls_close = SECTION_END
 
     def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
         first = text.index(SECTION_BEGIN)

@@ -41,6 +41,9 @@ _PARAMETER_END = "</parameter>"
 class MinimaxM2(ToolFormat):
     name = "minimax_m2"
     call_start = BLOCK_OPEN
+    call_end = _INVOKE_END
+    calls_close = BLOCK_CLOSE
+    content_newlines = 1
 
     def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
         first = text.index(BLOCK_OPEN)
