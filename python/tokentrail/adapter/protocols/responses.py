@@ -26,7 +26,9 @@ from typing import Any, cast
 from tokentrail.adapter.protocols.common import (
     ContentReader,
     DeclaredTools,
+    LiveStream,
     Outcome,
+    WireProtocol,
     append_system_note,
     mint_id,
     pieces,
@@ -428,20 +430,18 @@ def output_items(outcome: Outcome, tools: ToolTable) -> list[dict[str, Any]]:
     return items
 
 
-def response_object(
-    outcome: Outcome, body: Mapping[str, Any], output: list[dict[str, Any]], status: str
-) -> dict[str, Any]:
-    length = outcome.finish_reason == "length"
+def response_head(body: Mapping[str, Any], reply_id: str, model: str) -> dict[str, Any]:
+    """The response object before any output: what `response.created` carries."""
     return {
-        "id": outcome.reply_id,
+        "id": reply_id,
         "object": "response",
         "created_at": int(time.time()),
-        "status": status,
+        "status": "in_progress",
         "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if length else None,
+        "incomplete_details": None,
         "instructions": body.get("instructions"),
-        "model": outcome.model,
-        "output": output,
+        "model": model,
+        "output": [],
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "tool_choice": body.get("tool_choice", "auto"),
         "tools": body.get("tools") or [],
@@ -451,6 +451,19 @@ def response_object(
         "previous_response_id": body.get("previous_response_id"),
         "store": body.get("store", True),
         "metadata": body.get("metadata") or {},
+        "usage": None,
+    }
+
+
+def response_object(
+    outcome: Outcome, body: Mapping[str, Any], output: list[dict[str, Any]], status: str
+) -> dict[str, Any]:
+    length = outcome.finish_reason == "length"
+    return {
+        **response_head(body, outcome.reply_id, outcome.model),
+        "status": status,
+        "incomplete_details": {"reason": "max_output_tokens"} if length else None,
+        "output": output,
         "usage": {
             "input_tokens": outcome.prompt_tokens,
             "input_tokens_details": {"cached_tokens": outcome.cached_tokens},
@@ -473,12 +486,14 @@ class _Events:
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
 
-def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
-    """The SSE frames of a finished response, as the Responses API streams them."""
-    event = _Events()
-    head = {**response, "status": "in_progress", "output": [], "usage": None}
-    yield event("response.created", response=head)
-    yield event("response.in_progress", response=head)
+def stream_events(response: dict[str, Any], opened: _Events | None = None) -> Iterator[bytes]:
+    """The SSE frames of a finished response, as the Responses API streams them; after
+    `opened` (whose head already went out) only the rest, numbered on."""
+    event = opened if opened is not None else _Events()
+    if opened is None:
+        head = {**response, "status": "in_progress", "output": [], "usage": None}
+        yield event("response.created", response=head)
+        yield event("response.in_progress", response=head)
     for index, item in enumerate(response["output"]):
         yield from _item_events(event, index, item)
     yield event("response.completed", response=response)
@@ -520,6 +535,36 @@ def _item_events(event: _Events, index: int, item: dict[str, Any]) -> Iterator[b
             yield event("response.custom_tool_call_input.delta", **at, delta=piece)
         yield event("response.custom_tool_call_input.done", **at, input=item["input"])
     yield event("response.output_item.done", output_index=index, item=item)
+
+
+class ResponsesLive(LiveStream):
+    """A Responses stream while its turn is sampled: `response.created` and
+    `response.in_progress` at once, another `response.in_progress` as the keepalive, and the
+    output items once the turn is done, numbered on.
+
+    The keepalive is an event, not an SSE comment, because Codex's stream idle timeout
+    (`stream_idle_timeout_ms`) waits for the next *event*: codex-rs `process_sse` wraps
+    `eventsource().next()` in `tokio::time::timeout`, and the parser swallows comments, so a
+    comment every 15 s lets a 60 s idle timeout fire through a long engine stall. Codex ignores
+    an event type it does not act on; the head goes out first because the OpenAI SDKs' stream
+    helpers expect `response.created` before anything else."""
+
+    def __init__(
+        self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str
+    ) -> None:
+        super().__init__(proto, body)
+        self.head = response_head(body, reply_id, model)
+        self.events = _Events()
+
+    def open(self) -> bytes:
+        created = self.events("response.created", response=self.head)
+        return created + self.events("response.in_progress", response=self.head)
+
+    def keepalive(self) -> bytes:
+        return self.events("response.in_progress", response=self.head)
+
+    def close(self, reply: dict[str, Any], reasoning: str, content: str) -> bytes:
+        return b"".join(stream_events(reply, self.events))
 
 
 @register_protocol
@@ -568,6 +613,11 @@ class OpenAIResponses(ResumableProtocol):
 
     def stream(self, reply: dict[str, Any], body: Mapping[str, Any]) -> Iterator[bytes]:
         return stream_events(reply)
+
+    def live(
+        self, body: Mapping[str, Any], reply_id: str, model: str, prompt_tokens: int
+    ) -> LiveStream:
+        return ResponsesLive(self, body, reply_id, model)
 
     def error_body(self, status: int, kind: str, message: str) -> dict[str, Any]:
         return {"error": {"message": message, "type": kind, "param": None, "code": None}}
