@@ -6,22 +6,30 @@ engine (`tests/support/fake_engines.py`, SGLang's or vLLM's streaming wire) that
 `--stall` seconds before its first token, the harness's stream idle timeout set to `--idle`:
 
 - Codex: `stream_idle_timeout_ms` of the model provider (codex-rs `ModelProviderInfo`), a
-  `tokio::time::timeout` around each next SSE *event* of the Responses stream;
-- Claude Code 2.1.197: its byte-level stream watchdog, `CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS`
-  (10 s to 30 min), which it arms only for a first-party base URL, so
-  `_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL` too. `CLAUDE_STREAM_IDLE_TIMEOUT_MS` (its
-  event-level watchdog) is floored at 300 s by the CLI, and `API_TIMEOUT_MS` (the SDK's
-  `timeout`) only bounds the wait for the response headers, which the adapter sends at once;
-  both are set to `--idle` anyway, so whatever honours them does.
+  `tokio::time::timeout` around each next SSE *event* of the Responses stream (codex-api
+  `sse/responses.rs` `process_sse`): SSE comments do not reset it, events of any type do;
+- Claude Code 2.1.197 (read from its bundle): a byte-level watchdog over the response body,
+  `CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS` (clamped to 10 s .. 30 min), armed only for a
+  first-party base URL, so `_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL=1` too; bytes of any kind
+  (Anthropic `ping`s) reset it. Beside it an event-level watchdog, `CLAUDE_STREAM_IDLE_TIMEOUT_MS`
+  floored at 300 s by the CLI (`Math.max(value, 300000)`), fed only by the events the SDK hands
+  on, which skips `ping`: no keepalive the Messages protocol has resets it, so a stall of 300 s
+  or more before the first token aborts the stream whatever the adapter sends. `API_TIMEOUT_MS`
+  is the SDK's `timeout`, which `fetchWithTimeout` clears once the response headers arrive (the
+  adapter sends them at once): it bounds a non-streamed request only, such as the CLI's
+  non-streaming fallback after a failed stream. All three are set to `--idle`. Which watchdog
+  fired is read from the CLI's `--debug-file`, its retries from its `api_retry` events.
 
 "Requests the adapter got" counts the engine calls the stand-in saw (each harness request is
-one). Each harness may retry twice (`CLAUDE_CODE_MAX_RETRIES=2`, Codex `stream_max_retries = 2`).
+one); "retries" is that less one. Each harness may retry twice (`CLAUDE_CODE_MAX_RETRIES=2`,
+Codex `stream_max_retries = 2`); Claude Code also falls back to one non-streamed request.
 With the adapter's keepalive (`--keepalive`, default the adapter's own `KEEPALIVE_S`) the
 harness should take the reply on its first request; the control runs the same case with a
 keepalive interval longer than the stall (`--control-keepalive`), where the harness gives up
 or retries at its idle timeout. All cases run at once (they mostly sleep).
 
     python benches/keepalive_stall.py [--stall 300] [--idle 60] [--keepalive 15]
+        [--harnesses "claude code,codex"] [--wires sglang,vllm]
 """
 
 from __future__ import annotations

@@ -2,19 +2,28 @@
 harness hears the engine's first token, and what a streamed turn costs in CPU against one
 generated whole.
 
-A stand-in SGLang (tests/support/fake_engines.py, its own process so its CPU is not counted)
-streams `/generate` as SGLang does, one token an event (its default `--stream-interval`),
-cumulative (SGLang's default) or incremental (`--incremental-streaming-output`). The adapter
-and an aiohttp client run in this process over loopback.
+A stand-in SGLang (tests/support/fake_engines.py) streams `/generate` as SGLang does, one token
+an event (its default `--stream-interval`), cumulative (SGLang's default) or incremental
+(`--incremental-streaming-output`). The adapter runs in this process over loopback.
 
 - first byte: the client's receipt of the first `content_block_delta` minus the stand-in's
-  write of its first token event (one clock, one machine), over many turns (a fresh session
-  each), the reply plain text so its first token is handed out at once;
+  write of its first token event (perf_counter: one monotonic clock across processes), over
+  many turns (a fresh session each), the reply plain text so its first token is handed out at
+  once, the events `--token-delay` apart (0: the whole answer as fast as the stand-in writes
+  it). Three placements: the stand-in and the client (the harness) in this process's loop
+  (as first measured: the stand-in's writing and its records of every event it sent, which
+  the adapter's garbage collections then walk, share the adapter's loop and heap), then the
+  stand-in in a process of its own, then both, as a real engine and harness are. Each turn is
+  broken into stages from timestamps taken in this process (the engine client's first event,
+  `LiveReply.sink`, the first frame's write) and the garbage collections inside it; a client
+  in its own process can read before the write call returns, hence a stage a hair below 0.
+  `LiveReply.sink CPU per call` is this thread's CPU per run of tokens taken (decode, parse,
+  the protocol's delta), which load inflates less than wall time;
 - CPU: this process's CPU time (adapter and client together) per turn of L tokens, streamed
   (engine stream and live reply) against whole (the engine answer read whole, the reply's
-  SSE written once the turn is done), the stand-in's CPU not counted.
+  SSE written once the turn is done), the stand-in (its own process) not counted.
 
-    python benches/streaming.py [--turns 300] [--lengths 500,2000]
+    python benches/streaming.py [--turns 300] [--lengths 500,2000] [--token-delay 0]
 """
 
 from __future__ import annotations
