@@ -37,6 +37,7 @@ from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest
 from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine
+from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.sim.moe import KVRouting
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
@@ -455,6 +456,54 @@ def test_real_claude_code_streams_token_by_token_from_a_streaming_engine(
     )
     assert ledger["generated_tokens"] == streamed_tokens > 0
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
+
+
+@pytest.mark.parametrize("keepalive_s", [1.0, 400.0], ids=["keepalive", "none"])
+def test_real_claude_code_waits_through_an_engine_stall_only_while_kept_alive(
+    claude_exe: Path, tokenizer, tmp_path: Path, keepalive_s: float
+) -> None:
+    """`benches/keepalive_stall.py` scaled down: the engine waits 11 s before its first token
+    and Claude Code's byte-level stream watchdog is at its least, 10 s
+    (`CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS`, armed for a first-party base URL only), with no
+    retries and a 2 s timeout for its non-streamed fallback. Kept alive (a `ping` a second) it
+    takes the reply on its one request; with no keepalive before the first token it gives up."""
+    reply = "The plan is sound."
+    fake = FakeSGLang(scripted_reply([[{"type": "text", "text": reply}]]), first_token_s=11.0)
+    env = {
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+        "_CLAUDE_CODE_ASSUME_FIRST_PARTY_BASE_URL": "1",
+        "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": "10000",
+        "API_TIMEOUT_MS": "2000",
+    }
+    with engine_in_thread(fake) as stand_in:
+        client = SGLangEngine(stand_in.url, stream=True)
+        adapter = Adapter(
+            engine=client,
+            tokenizer=tokenizer,
+            config=AdapterConfig(live_stream=True, keepalive_s=keepalive_s),
+        )
+        with serving_in_thread(adapter) as (url, loop):
+            debug = tmp_path / "claude-debug.txt"
+            run = run_claude(
+                claude_exe, "Check the plan.", base_url=url, session_id="cc-stall",
+                cwd=tmp_path, env=env, timeout=60, extra_args=["--debug-file", str(debug)],
+            )  # fmt: skip
+            if keepalive_s < 11.0:
+                assert run.returncode == 0, run.stderr[-2000:]
+                trajectory = asyncio.run_coroutine_threadsafe(
+                    adapter.finish_trajectory("cc-stall", reward=1.0), loop
+                ).result(60)
+
+    watchdog_fired = "[byte-watchdog] firing: idle=10000ms" in debug.read_text(errors="replace")
+    if keepalive_s < 11.0:
+        assert len(fake.bodies("/generate")) == 1  # no retry, no fallback
+        assert run.result is not None and run.result["result"] == reply
+        assert trajectory.ledger.trained_tokens == trajectory.ledger.generated_tokens > 0
+        assert not watchdog_fired
+    else:
+        assert run.returncode != 0
+        assert run.result is None or run.result.get("result") != reply
+        assert watchdog_fired
 
 
 @pytest.mark.parametrize("wire", ["sglang", "vllm"])

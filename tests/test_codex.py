@@ -169,6 +169,50 @@ def test_real_codex_over_a_streaming_engine(
     assert seen == DELTAS  # Codex's free-form apply_patch streams its input too
 
 
+@pytest.mark.parametrize("keepalive_s", [0.5, 400.0], ids=["keepalive", "none"])
+def test_real_codex_waits_through_an_engine_stall_only_while_kept_alive(
+    codex_exe: Path, tokenizer, tmp_path: Path, keepalive_s: float
+) -> None:
+    """`benches/keepalive_stall.py` scaled down: the engine waits 4 s before its first token,
+    Codex's stream idle timeout is 2 s and it may not retry. Kept alive (every 0.5 s, as
+    Responses events: Codex's timeout counts events, not bytes) it takes the reply on its one
+    request and the turn is trained; with no keepalive before the first token (an interval
+    longer than the stall) it gives up at its idle timeout."""
+    reply = "The plan is sound."
+    fake = FakeSGLang(scripted_reply([[{"type": "text", "text": reply}]]), first_token_s=4.0)
+    with engine_in_thread(fake) as stand_in:
+        client = SGLangEngine(stand_in.url, stream=True)
+        adapter = Adapter(
+            engine=client,
+            tokenizer=tokenizer,
+            config=AdapterConfig(live_stream=True, keepalive_s=keepalive_s),
+        )
+        with serving_in_thread(adapter) as (url, loop):
+            home = write_home(tmp_path / "codex-home", url)
+            config = (home / "config.toml").read_text()
+            assert "stream_idle_timeout_ms = 30000" in config
+            config = config.replace(
+                "stream_idle_timeout_ms = 30000", "stream_idle_timeout_ms = 2000"
+            )
+            (home / "config.toml").write_text(config)
+            run = run_codex(codex_exe, "Check the plan.", home=home, session_id="cxk", cwd=tmp_path)
+            if keepalive_s < 4.0:
+                assert run.returncode == 0, run.stderr[-3000:]
+                trajectory = asyncio.run_coroutine_threadsafe(
+                    adapter.finish_trajectory("cxk", reward=1.0), loop
+                ).result(60)
+
+    assert len(fake.bodies("/generate")) == 1  # no retry either way
+    if keepalive_s < 4.0:
+        assert [m["text"] for m in run.items("agent_message")] == [reply]
+        assert trajectory.ledger.trained_tokens == trajectory.ledger.generated_tokens > 0
+    else:
+        assert run.returncode != 0
+        (failed,) = [e for e in run.events if e.get("type") == "turn.failed"]
+        assert "idle timeout" in failed["error"]["message"]
+        assert not run.items("agent_message")
+
+
 def test_real_codex_view_image_becomes_vision_tokens(codex_exe: Path, tmp_path: Path) -> None:
     """Codex's `view_image` answers with the file as an `input_image` data URL; for Qwen3-VL
     the prompt holds its vision tokens and the sample carries the image."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -378,11 +379,22 @@ async def start_server(
     return runner, f"http://{bound_host}:{bound_port}"
 
 
+def freeze_startup_heap() -> None:
+    """Keep what the adapter loaded at startup (tokenizer tables, templates, parsers) out of
+    every later garbage collection. A full collection walks every tracked object; over that
+    heap it took 45-85 ms (a loaded 2-core machine), a pause in whatever stream it lands in:
+    the p99 of the first streamed byte. Frozen objects are still freed by reference counting.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def serve_forever(adapter: Adapter, host: str, port: int, announce: Callable[[str], None]) -> None:
     """Serve until SIGINT or SIGTERM, then shut down cleanly (`tokentrail serve`)."""
 
     async def main() -> None:
         runner, url = await start_server(adapter, host, port)
+        freeze_startup_heap()
         announce(url)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -397,4 +409,4 @@ def serve_forever(adapter: Adapter, host: str, port: int, announce: Callable[[st
     asyncio.run(main())
 
 
-__all__ = ["Adapter", "AdapterConfig", "serve_forever", "start_server"]
+__all__ = ["Adapter", "AdapterConfig", "freeze_startup_heap", "serve_forever", "start_server"]

@@ -173,6 +173,7 @@ class HTTPEngine:
                     raw = await read_bounded(resp, ERROR_BODY_BYTES)
                     message = error_message(raw) if raw is not None else "error answer too long"
                     raise EngineError(f"{self.name} at {url}: {message}", status)
+                first = True
                 try:
                     async for event in sse_events(resp, max_event_bytes):
                         try:
@@ -187,6 +188,13 @@ class HTTPEngine:
                                 _status_of(obj["error"]),
                             )
                         on_event(obj)
+                        if first:
+                            # Let what the first event woke (a streamed reply's writer) run
+                            # before the events that arrived with it are taken: else the
+                            # harness hears the first token only after all of them. Later
+                            # ones that arrive together go out together, in one write.
+                            first = False
+                            await asyncio.sleep(0)
                 except EventTooLong:
                     resp.close()  # drop the connection (vLLM aborts the request on it)
                     raise EngineOutputError(

@@ -135,20 +135,18 @@ def output_items(outcome: Outcome, tools: ToolTable) -> list[dict[str, Any]]:
     return items
 
 
-def response_object(
-    outcome: Outcome, body: Mapping[str, Any], output: list[dict[str, Any]], status: str
-) -> dict[str, Any]:
-    length = outcome.finish_reason == "length"
+def response_head(body: Mapping[str, Any], reply_id: str, model: str) -> dict[str, Any]:
+    """The response object before any output: what `response.created` carries."""
     return {
-        "id": outcome.reply_id,
+        "id": reply_id,
         "object": "response",
         "created_at": int(time.time()),
-        "status": status,
+        "status": "in_progress",
         "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if length else None,
+        "incomplete_details": None,
         "instructions": body.get("instructions"),
-        "model": outcome.model,
-        "output": output,
+        "model": model,
+        "output": [],
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "tool_choice": body.get("tool_choice", "auto"),
         "tools": body.get("tools") or [],
@@ -158,6 +156,19 @@ def response_object(
         "previous_response_id": body.get("previous_response_id"),
         "store": body.get("store", True),
         "metadata": body.get("metadata") or {},
+        "usage": None,
+    }
+
+
+def response_object(
+    outcome: Outcome, body: Mapping[str, Any], output: list[dict[str, Any]], status: str
+) -> dict[str, Any]:
+    length = outcome.finish_reason == "length"
+    return {
+        **response_head(body, outcome.reply_id, outcome.model),
+        "status": status,
+        "incomplete_details": {"reason": "max_output_tokens"} if length else None,
+        "output": output,
         "usage": {
             "input_tokens": outcome.prompt_tokens,
             "input_tokens_details": {"cached_tokens": outcome.cached_tokens},
@@ -239,8 +250,14 @@ class ResponsesLive(LiveStream):
     a message of `response.output_text.delta`s, a `function_call` of
     `response.function_call_arguments.delta`s, a free-form tool's `custom_tool_call` of
     `response.custom_tool_call_input.delta`s), each item's `done` events when the next begins,
-    and `response.completed` with the reply; SSE comments keep it alive. The item ids and
-    output indexes are the reply's (`item_id`), the sequence numbers one run."""
+    and `response.completed` with the reply. The item ids and output indexes are the reply's
+    (`item_id`), the sequence numbers one run.
+
+    The keepalive is another `response.in_progress` event, not an SSE comment: Codex's stream
+    idle timeout (`stream_idle_timeout_ms`) waits for the next *event* (codex-rs `process_sse`
+    wraps `eventsource().next()` in `tokio::time::timeout`, and its parser swallows comments),
+    so a comment every 15 s lets a 60 s idle timeout fire through a long engine stall. Codex
+    ignores an event type it does not act on."""
 
     def __init__(
         self, proto: WireProtocol, body: Mapping[str, Any], reply_id: str, model: str, prompt: int
@@ -265,6 +282,9 @@ class ResponsesLive(LiveStream):
         return self.event("response.created", response=self.head) + self.event(
             "response.in_progress", response=self.head
         )
+
+    def keepalive(self) -> bytes:
+        return self.event("response.in_progress", response=self.head)
 
     def _at(self) -> dict[str, Any]:
         assert self.key is not None
