@@ -40,10 +40,13 @@ class Recording(ScriptedEngine):
 
 
 def session(
-    tokenizer, turns: Callable[[str], Awaitable[Any]], script: list = SCRIPT
+    tokenizer,
+    turns: Callable[[str], Awaitable[Any]],
+    script: list = SCRIPT,
+    config: AdapterConfig | None = None,
 ) -> tuple[Recording, Any, Any]:
     engine = Recording(tokenizer, script)
-    adapter = Adapter(engine=engine, tokenizer=tokenizer, config=AdapterConfig())
+    adapter = Adapter(engine=engine, tokenizer=tokenizer, config=config or AdapterConfig())
 
     async def go() -> tuple[Any, Any]:
         runner, url = await start_server(adapter)
@@ -83,6 +86,56 @@ def test_an_anthropic_prefill_is_continued_not_closed(tokenizer) -> None:
     assert ledger.trained_tokens == ledger.generated_tokens == len(trained)
     leaf = trajectory.samples[0].metadata
     assert leaf["turns"] == [1]
+
+
+READ = {
+    "name": "Read",
+    "description": "Read a file",
+    "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}},
+}
+
+
+@pytest.mark.parametrize(
+    ("prefill", "script"),
+    [
+        ("Hello", [{"type": "text", "text": " world."}]),
+        # The prefill's trailing newline is one a call start would strip: the parser holds it.
+        ("I will read it.\n", [{"type": "text", "text": "Reading:"}]),
+        (
+            "Let me",
+            [
+                {"type": "text", "text": " look."},
+                {"type": "tool_use", "name": "Read", "input": {"file_path": "a.py"}},
+            ],
+        ),
+    ],
+    ids=["text", "held-newline", "text-then-call"],
+)
+def test_a_prefill_streams_its_continuation_as_sampled(
+    tokenizer, prefill: str, script: list
+) -> None:
+    # The live reply (`--engine-stream`) of a prefill: the deltas hold the continuation alone,
+    # and the streamed message is the one the whole reply gives.
+    async def turns(url: str) -> Any:
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="s", max_retries=0)
+        messages = [USER, {"role": "assistant", "content": prefill}]
+        async with client.messages.stream(
+            model="m", max_tokens=64, tools=[READ], messages=messages
+        ) as stream:
+            deltas = [e.text async for e in stream if e.type == "text"]
+            return deltas, await stream.get_final_message()
+
+    def blocks(message: Any) -> list[Any]:
+        return [
+            (b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in message.content
+        ]
+
+    live = AdapterConfig(live_stream=True)
+    _, (deltas, streamed), trajectory = session(tokenizer, turns, [script], config=live)
+    _, (_, whole), _ = session(tokenizer, turns, [script])
+    assert blocks(streamed) == blocks(whole)
+    assert "".join(deltas) == streamed.content[0].text == script[0]["text"]
+    assert trajectory.ledger.trained_tokens == trajectory.ledger.generated_tokens > 0
 
 
 def test_the_next_turn_builds_on_prefill_and_continuation(tokenizer) -> None:

@@ -25,8 +25,9 @@ from tokentrail.adapter.connections import GuardedHandler
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import KEEPALIVE_S, LiveStream
 from tokentrail.messages import Message, ToolSchema
-from tokentrail.text.stream_parsing import StreamDecoder, StreamParser
+from tokentrail.text.stream_parsing import StreamDecoder, StreamDeltas, StreamParser
 from tokentrail.text.tokenizer import LoadedTokenizer
+from tokentrail.trajectory.prefill import Prefill
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class LiveReply:
         tools: Sequence[ToolSchema] | None = None,
         keepalive_s: float = KEEPALIVE_S,
         on_mismatch: Callable[[], None] | None = None,
+        prefill: Prefill | None = None,
     ) -> None:
         self.request = request
         self.reply_id = proto.mint_reply_id()
@@ -62,6 +64,17 @@ class LiveReply:
             tool_parser, reasoning_parser, prompt_opens=prompt_opens_reasoning, tools=tools
         )
         self.on_mismatch = on_mismatch
+        # A prefill's reply is its continuation: the parser reads the prefill's text first, as
+        # the whole parse does, and of what it hands out the prefill's own reasoning and content
+        # (the harness holds them) are left out, however the parser splits them.
+        self._skip = [0, 0]
+        if prefill is not None:
+            message = prefill.message
+            self._skip = [
+                len(str(message.get("reasoning_content") or "")),
+                len(str(message.get("content") or "")),
+            ]
+            self._beyond_prefill(self.parser.feed(prefill.text))
         self.keepalive_s = keepalive_s
         self.response: web.StreamResponse | None = None
         self._pending = bytearray()
@@ -77,7 +90,7 @@ class LiveReply:
         self.keepalives = 0
         # False when what went out is not a prefix of the whole parse (ill-formed output).
         self.matched = True
-        # The reply message the whole parse gave (set once the turn is parsed).
+        # The message the whole parse gave, a prefill's included (set once the turn is parsed).
         self.parsed_reply: Message = {"role": "assistant", "content": ""}
 
     @property
@@ -104,10 +117,18 @@ class LiveReply:
         text = self.decoder.feed(ids)
         if not text:
             return
-        out = self.parser.feed(text)
+        out = self._beyond_prefill(self.parser.feed(text))
         if out:
             self._pending += self.stream.delta(out)
             self._wake.set()
+
+    def _beyond_prefill(self, out: StreamDeltas) -> StreamDeltas:
+        """`out` less what is still the prefill's own reasoning and content."""
+        r, c = self._skip
+        if not (r or c):
+            return out
+        self._skip = [max(0, r - len(out.reasoning)), max(0, c - len(out.content))]
+        return StreamDeltas(out.reasoning[r:], out.content[c:], out.calls)
 
     async def _write_loop(self) -> None:
         assert self.response is not None
@@ -146,8 +167,9 @@ class LiveReply:
         await self._stop_writer()
         tail = self.decoder.finish()
         if tail:
-            self._pending += self.stream.delta(self.parser.feed(tail))
+            self._pending += self.stream.delta(self._beyond_prefill(self.parser.feed(tail)))
         rest, self.matched = self.parser.finish(message)
+        rest = self._beyond_prefill(rest)
         if not self.matched:
             logger.debug(
                 "reply %s: what was streamed is not a prefix of the parsed message "

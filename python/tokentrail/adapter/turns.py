@@ -242,7 +242,7 @@ class Turns:
             self._answer, proto, prepared, generation, turn.body, live
         )
         if live is not None:
-            live.parsed_reply = parsed.reply
+            live.parsed_reply = parsed.message
         metadata = dataclasses.replace(
             prepared.tags,
             protocol=proto.name,
@@ -391,8 +391,8 @@ def live_reply(
     prepared: PreparedTurn,
 ) -> LiveReply | None:
     """A reply streamed as sampled, for a streamed request when `live_stream` is on (a
-    prefill's reply is the continuation of a parse that spans it: written whole)."""
-    if not (turn.stream and turns.settings.live_stream) or prepared.prefill is not None:
+    prefill's reply streams its continuation)."""
+    if not (turn.stream and turns.settings.live_stream):
         return None
     tool_choice = prepared.conversation.tool_choice
     family = turns.pipeline.family
@@ -410,6 +410,7 @@ def live_reply(
         tools=prepared.tools,
         keepalive_s=turns.settings.keepalive_s,
         on_mismatch=turns.metrics.stream_mismatched,
+        prefill=prepared.prefill,
     )
 
 
