@@ -31,6 +31,7 @@ from tokentrail.engines.vllm_generate import (
     placed_features,
     render_body,
     render_limit,
+    sampling_params,
 )
 from tokentrail.engines.wire_rows import Base64, decode_npy_base64
 from tokentrail.errors import EngineError, EngineOutputError
@@ -94,32 +95,14 @@ class VLLMEngine(HTTPEngine):
         return self.model
 
     def request_body(self, req: GenerateRequest, model: str) -> dict[str, Any]:
-        s = req.sampling
-        body: dict[str, Any] = {
+        return {
             "model": model,
             "prompt": token_list(req.input_ids),
-            "max_tokens": s.max_new_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "stop": list(s.stop),
-            # 0 top alternatives: vLLM still returns the sampled token's own logprob.
-            "logprobs": 0,
+            **sampling_params(req),
             "return_token_ids": True,
-            "skip_special_tokens": False,
-            "include_stop_str_in_output": True,
             "return_weight_versions": True,
             "stream": False,
         }
-        if s.seed is not None:
-            body["seed"] = s.seed
-        if req.constraint is not None:
-            body["structured_outputs"] = {"regex": req.constraint.regex}
-        if req.replay.routed_start is not None:
-            # Routing itself is server-wide (`--enable-return-routed-experts`); this only says
-            # from where (clamped to the prompt by vLLM).
-            body["routed_experts_prompt_start"] = req.replay.routed_start
-        return body
 
     async def generate(self, req: GenerateRequest) -> Generation:
         if self.stream:

@@ -33,6 +33,7 @@ __all__ = [
     "placed_features",
     "render_body",
     "render_limit",
+    "sampling_params",
 ]
 
 RENDER_PATH = "/v1/chat/completions/render"
@@ -106,9 +107,9 @@ def _per_image(features: dict[str, Any], key: str) -> list[Any]:
     return items
 
 
-def generate_body(req: GenerateRequest, model: str, features: dict[str, Any]) -> dict[str, Any]:
-    """`GenerateRequest` of `/inference/v1/generate`: the ids, the placed images and vLLM's
-    own `SamplingParams` (the keys `/v1/completions` would have made of its fields)."""
+def sampling_params(req: GenerateRequest) -> dict[str, Any]:
+    """vLLM's `SamplingParams` of a request: the keys both routes take, top level in
+    `/v1/completions`, under `sampling_params` in `/inference/v1/generate`."""
     s = req.sampling
     params: dict[str, Any] = {
         "max_tokens": s.max_new_tokens,
@@ -126,13 +127,21 @@ def generate_body(req: GenerateRequest, model: str, features: dict[str, Any]) ->
     if req.constraint is not None:
         params["structured_outputs"] = {"regex": req.constraint.regex}
     if req.replay.routed_start is not None:
+        # Routing itself is server-wide (`--enable-return-routed-experts`); this only says
+        # from where (clamped to the prompt by vLLM).
         params["routed_experts_prompt_start"] = req.replay.routed_start
+    return params
+
+
+def generate_body(req: GenerateRequest, model: str, features: dict[str, Any]) -> dict[str, Any]:
+    """`GenerateRequest` of `/inference/v1/generate`: the ids, the placed images and vLLM's
+    own `SamplingParams`."""
     return {
         "request_id": req.request_id,
         "model": model,
         "token_ids": token_list(req.input_ids),
         "features": features,
-        "sampling_params": params,
+        "sampling_params": sampling_params(req),
         "stream": False,
     }
 
