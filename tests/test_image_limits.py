@@ -7,16 +7,13 @@ the configured limit gets a 400 in its protocol's shape and one at it is served,
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 from pathlib import Path
 from typing import Any
 
 import anthropic
-import numpy as np
 import pytest
-from PIL import Image
 
+from support.images import image_block, png
 from tokentrail import cli
 from tokentrail.adapter.server import start_server
 from tokentrail.cli import settings
@@ -24,19 +21,6 @@ from tokentrail.cli.serve import ServeSettings, build_adapter
 from tokentrail.text.vision import ImageLimits
 
 SID = {"X-Session-Id": "s"}
-
-
-def png(width: int, height: int, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def image_block(data: bytes) -> dict[str, Any]:
-    encoded = base64.b64encode(data).decode()
-    source = {"type": "base64", "media_type": "image/png", "data": encoded}
-    return {"type": "image", "source": source}
 
 
 def resolved(argv: list[str], environ: dict[str, str] | None = None) -> settings.Resolved:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from support.images import image_block, png
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import ImageError
@@ -28,21 +29,6 @@ READ = {
     "description": "Read a file",
     "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}},
 }
-
-
-def png(width: int, height: int, seed: int = 0, fmt: str = "PNG") -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, fmt)
-    return buf.getvalue()
-
-
-def image_block(data: bytes, media_type: str = "image/png") -> dict[str, Any]:
-    encoded = base64.b64encode(data).decode()
-    return {
-        "type": "image",
-        "source": {"type": "base64", "media_type": media_type, "data": encoded},
-    }
 
 
 @pytest.fixture(scope="module")

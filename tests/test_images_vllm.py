@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import anthropic
-import numpy as np
 import pytest
 from aiohttp import web
-from PIL import Image
 
 from support.fake_engines import IMAGE_PAD, VISION_END, VISION_START, FakeVLLM
+from support.images import image_block, png
 from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.engines.base import GenerateRequest, SamplingParams
 from tokentrail.engines.vllm import VLLMEngine
@@ -31,18 +29,6 @@ from tokentrail.text.vision import vision_spec
 
 SID = {"X-Session-Id": "s"}
 RENDER, GENERATE = "/v1/chat/completions/render", "/inference/v1/generate"
-
-
-def png(width: int, height: int, seed: int = 0, fmt: str = "PNG") -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, fmt)
-    return buf.getvalue()
-
-
-def image_block(data: bytes, media_type: str = "image/png") -> dict[str, Any]:
-    source = {"type": "base64", "media_type": media_type, "data": base64.b64encode(data).decode()}
-    return {"type": "image", "source": source}
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -23,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import numpy as np
 import pytest
-from PIL import Image
 
+from support.images import image_block, png
 from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.kinds import JournalEvent
@@ -40,19 +38,6 @@ from tokentrail.text.tokenizer import load_tokenizer
 from tokentrail.trajectory.tree import iter_nodes
 
 SUPPORT = Path(__file__).parent / "support"
-
-
-def png(width: int, height: int, seed: int) -> bytes:
-    """Noise, so the PNG is as large as its pixels (a screenshot's worst case)."""
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def image_block(data: bytes) -> dict[str, Any]:
-    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
-    return {"type": "image", "source": source}
 
 
 def digest_of(data: bytes) -> str:

@@ -14,7 +14,6 @@ import asyncio
 import base64
 import copy
 import dataclasses
-import io
 import json
 import os
 import shutil
@@ -26,9 +25,9 @@ from typing import Any
 import anthropic
 import numpy as np
 import pytest
-from PIL import Image
 
 from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
+from support.images import image_block, png
 from support.serve import serving
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main as cli_main
@@ -83,18 +82,6 @@ def path(name: str) -> Path:
 @pytest.fixture(scope="module")
 def lm(path: Path) -> CausalLM:
     return CausalLM(path)
-
-
-def png(width: int, height: int, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def image_block(data: bytes) -> dict[str, Any]:
-    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
-    return {"type": "image", "source": source}
 
 
 def image_input(lm: CausalLM, data: bytes, width: int, height: int) -> ImageInput:
