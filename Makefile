@@ -1,11 +1,16 @@
 # The two quickstart commands: `make demo` (the main job) and `make test` (the whole suite).
 PYTHON ?= python3
 PIP_FLAGS ?= --quiet --disable-pip-version-check
+# The exact versions the suite last passed with; `make test-latest` proposes the next ones.
+CONSTRAINTS ?= .ci/constraints.txt
 
-.PHONY: install demo test test-rust test-python lint package bench bench-quick
+.PHONY: install demo test test-rust test-python test-latest lint package bench bench-quick
 
+# The build backend comes from the constraints too (no build isolation), so the extension is
+# built by the same maturin every time.
 install:
-	$(PYTHON) -m pip install $(PIP_FLAGS) -e ".[test]"
+	$(PYTHON) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) maturin
+	$(PYTHON) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) --no-build-isolation -e ".[test]"
 
 demo: install
 	$(PYTHON) -m tokentrail demo
@@ -17,6 +22,11 @@ test-rust:
 
 test-python:
 	HYPOTHESIS_PROFILE=ci $(PYTHON) -m pytest -q
+
+# Not in CI: the suite against the newest releases, in a virtual environment of its own, then
+# what changed against the constraints (.ci/test-latest).
+test-latest:
+	PYTHON=$(PYTHON) bash .ci/test-latest
 
 lint:
 	ruff check python tests benches examples

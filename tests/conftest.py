@@ -9,6 +9,14 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# The run's peak memory, printed at the end and held to a budget (support/memory_budget.py).
+from support.memory_budget import (  # noqa: E402, F401
+    pytest_configure,
+    pytest_runtest_setup,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
 settings.register_profile(
     "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
