@@ -4,7 +4,7 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 # The exact versions the suite last passed with; `make test-latest` proposes the next ones.
 CONSTRAINTS ?= .ci/constraints.txt
 
-.PHONY: install demo test test-rust test-python test-latest lint package bench bench-quick
+.PHONY: install demo test test-rust test-python test-latest lint package bench bench-quick docs docs-serve
 
 # The build backend comes from the constraints too (no build isolation), so the extension is
 # built by the same maturin every time.
@@ -49,3 +49,18 @@ bench: install
 
 bench-quick: install
 	$(PYTHON) benches/run_all.py --quick
+
+# The docs site, offline, strict: a broken link, a missing page or a stale include fails it.
+# The settings reference is checked to be current first (python -m tokentrail.cli.settings_doc
+# writes it). DOCS_PYTHON: a Python that has the `docs` extra already (skips the install).
+DOCS_PYTHON ?= $(PYTHON)
+
+docs:
+ifeq ($(DOCS_PYTHON),$(PYTHON))
+	$(PYTHON) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) -e ".[docs]" --no-build-isolation
+endif
+	PYTHONPATH=python $(DOCS_PYTHON) -m tokentrail.cli.settings_doc --check
+	$(DOCS_PYTHON) -m mkdocs build --strict --site-dir site
+
+docs-serve:
+	$(DOCS_PYTHON) -m mkdocs serve

@@ -74,7 +74,12 @@ class ServeSettings:
         into="config",
     )
     workers: int = setting(
-        DEFAULT_WORKERS, SERVER, "threads for CPU-heavy steps; 0: on the event loop", into="config"
+        DEFAULT_WORKERS,
+        SERVER,
+        "threads for CPU-heavy steps; 0: on the event loop",
+        # The machine's: the settings reference is the same wherever it is written.
+        default_text="one per core, up to 4",
+        into="config",
     )
     # -- engine and model
     engine: str = setting(

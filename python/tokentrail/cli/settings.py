@@ -113,17 +113,26 @@ class Field:
             return {"s": "SECONDS", "": "N"}.get(self.info.unit, self.info.unit.upper())
         return None
 
-    def help_line(self) -> str:
+    def default_shown(self) -> str:
+        """The default as `--help` and the settings reference show it, without its unit."""
         if self.info.default_text is not None:
-            shown = self.info.default_text
-        elif self.default is None:
-            shown = "none"
-        elif self.kind is bool:
-            shown = "on" if self.default else "off"
-        elif self.listed:
-            shown = "none" if not self.default else ", ".join(map(str, self.default))
-        else:
-            shown = f"{_plain(self.default)}{' ' + self.info.unit if self.info.unit else ''}"
+            return self.info.default_text
+        if self.default is None:
+            return "none"
+        if self.kind is bool:
+            return "on" if self.default else "off"
+        if self.listed:
+            return "none" if not self.default else ", ".join(map(str, self.default))
+        return _plain(self.default)
+
+    def has_unit(self) -> bool:
+        """Whether the shown default is a value the unit applies to (not a text or none)."""
+        return bool(self.info.unit) and self.info.default_text is None and not (
+            self.default is None or self.kind is bool or self.listed
+        )
+
+    def help_line(self) -> str:
+        shown = self.default_shown() + (f" {self.info.unit}" if self.has_unit() else "")
         return f"{self.info.help} (default: {shown}; {self.env})"
 
     def from_flag(self, raw: str) -> Any:
