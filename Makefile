@@ -60,7 +60,7 @@ ifeq ($(DOCS_PYTHON),$(PYTHON))
 	$(PYTHON) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) -e ".[docs]" --no-build-isolation
 endif
 	PYTHONPATH=python $(DOCS_PYTHON) -m tokentrail.cli.settings_doc --check
-	$(DOCS_PYTHON) -m mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(DOCS_PYTHON) -m mkdocs build --strict --site-dir site
 
 docs-serve:
-	$(DOCS_PYTHON) -m mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(DOCS_PYTHON) -m mkdocs serve

@@ -1,22 +1,30 @@
 """Run every benchmark in this folder, one after another, each printing its own table.
 
-    python benches/run_all.py [--quick]
+    python benches/run_all.py [--quick] [--only NAME ...] [--out DIR]
 
 `--quick` passes each bench its smallest setting (a smoke run that checks they all work);
-without it each runs its defaults, the settings the README's tables were measured with (the
+without it each runs its defaults, the settings the docs' tables were measured with (the
 kill sweep then takes about half an hour and the recovery bench writes a 1 GB journal under
 /tmp). The Criterion bench of the Rust core runs with `cargo bench --bench core`.
+
+A full run writes each bench's output to `docs/benchmarks/NAME.md`, with the command, the
+machine, the date and the commit, which the docs pages include: a number in the docs is the
+output of a named run. A `--quick` run writes nothing unless `--out` names a folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
+DOCS = HERE.parent / "docs" / "benchmarks"
 
 # Each bench and the arguments of its smallest run.
 BENCHES: list[tuple[str, list[str]]] = [
@@ -48,17 +56,78 @@ BENCHES: list[tuple[str, list[str]]] = [
 ]
 
 
+def machine() -> str:
+    """The machine a run was measured on, in one line."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
+        f"{platform.python_implementation()} {platform.python_version()}, "
+        f"load average {load:.1f} at the start"
+    )
+
+
+def commit() -> str:
+    """The commit measured, `+dirty` when the tree had changes."""
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True)
+        return out.stdout.strip()
+
+    head = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def data_file(name: str, args: list[str], output: str, code: int, seconds: float) -> str:
+    """A bench's output as the Markdown a docs page includes (pymdownx.snippets)."""
+    command = " ".join(["python", f"benches/{name}", *args])
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    fence = "````" if "```" in output else "```"
+    return (
+        f"<!-- Written by benches/run_all.py; do not edit: run it again. -->\n"
+        f"`{command}`: exit {code} after {seconds:.1f} s, {when}, commit `{commit()}`, "
+        f"on {machine()}.\n\n{fence}text\n{output.rstrip()}\n{fence}\n"
+    )
+
+
+def run(name: str, args: list[str]) -> tuple[int, str, float]:
+    """Run one bench, its output shown as it comes and kept."""
+    argv = [sys.executable, str(HERE / name), *args]
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+    return proc.wait(), "".join(lines), time.perf_counter() - start
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smallest settings: a smoke run")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these benches (file names)")
+    parser.add_argument(
+        "--out", type=Path, help="write each bench's output here (default: docs/benchmarks, "
+        "for a full run; nowhere for --quick)",
+    )  # fmt: skip
     args = parser.parse_args()
+    known = {name for name, _ in BENCHES}
+    unknown = sorted(set(args.only or ()) - known)
+    if unknown:
+        parser.error(f"unknown bench {', '.join(unknown)}; one of {', '.join(sorted(known))}")
+    out = args.out if args.out is not None else (None if args.quick else DOCS)
     failed = []
     for name, quick_args in BENCHES:
-        argv = [sys.executable, str(HERE / name), *(quick_args if args.quick else [])]
-        print(f"== {name} {' '.join(argv[2:])}".rstrip(), flush=True)
-        start = time.perf_counter()
-        code = subprocess.call(argv)
-        print(f"== {name}: exit {code} after {time.perf_counter() - start:.1f} s\n", flush=True)
+        if args.only and name not in args.only:
+            continue
+        bench_args = quick_args if args.quick else []
+        print(f"== {name} {' '.join(bench_args)}".rstrip(), flush=True)
+        code, output, seconds = run(name, bench_args)
+        print(f"== {name}: exit {code} after {seconds:.1f} s\n", flush=True)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            page = data_file(name, bench_args, output, code, seconds)
+            (out / name.replace(".py", ".md")).write_text(page, "utf-8")
         if code:
             failed.append(name)
     if failed:

@@ -127,8 +127,10 @@ class Field:
 
     def has_unit(self) -> bool:
         """Whether the shown default is a value the unit applies to (not a text or none)."""
-        return bool(self.info.unit) and self.info.default_text is None and not (
-            self.default is None or self.kind is bool or self.listed
+        return (
+            bool(self.info.unit)
+            and self.info.default_text is None
+            and not (self.default is None or self.kind is bool or self.listed)
         )
 
     def help_line(self) -> str:
