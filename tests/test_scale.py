@@ -49,13 +49,13 @@ from tokentrail.sim.harness import (  # noqa: E402
 OBJECT_STORE = 80 * 1024 * 1024
 SPEC = ActorSpec(engine="scripted")
 TASK = "Fix the spacing in calc.py, add util.py with mul(), and write NOTES.md."
-README = Path(__file__).parent.parent / "README.md"
+RAY_PAGE = Path(__file__).parent.parent / "docs" / "integrations" / "ray.md"
 EXAMPLE = Path(__file__).parent.parent / "examples" / "ray_trainer_loop.py"
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    # CPUs for the module's pool (one actor per node), the README example's (the same) and,
+    # CPUs for the module's pool (one actor per node), the docs example's (the same) and,
     # on the second node, the one-actor pool of the node that dies.
     cluster = Cluster(
         initialize_head=True,
@@ -403,9 +403,9 @@ def test_sessions_that_cannot_come_back_are_reported_lost(pool: AdapterPool) -> 
     assert metric(families, "tokentrail_pool_actors", state="dead") == 1
 
 
-def test_the_readme_example_is_the_script_and_runs(cluster, capsys) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert EXAMPLE.read_text() in blocks, "README shows examples/ray_trainer_loop.py verbatim"
+def test_the_docs_example_is_the_script_and_runs(cluster, capsys) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", RAY_PAGE.read_text(), flags=re.S)
+    assert EXAMPLE.read_text() in blocks, "docs/integrations/ray.md shows the example verbatim"
     example = runpy.run_path(str(EXAMPLE), run_name="example")
     example["main"](steps=1, sessions_per_step=4)
     out = capsys.readouterr().out

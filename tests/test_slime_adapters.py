@@ -8,7 +8,7 @@ vocabulary), so the model's replies are token ids that decode to what the assert
 slime's cases that read its private helpers (`_translate_messages`, `_request_session_id`,
 `parse_xml_tool_uses`) are checked through what those helpers decide: the messages the turn is
 recorded with, the session a request lands in. Where tokentrail differs on purpose the test
-asserts tokentrail's behaviour and says so (README, "Coming from slime").
+asserts tokentrail's behaviour and says so (docs/integrations/slime.md).
 """
 
 from __future__ import annotations
@@ -501,7 +501,7 @@ def test_model_output_parsing() -> None:
         "name": "lookup",
         "arguments": {"q": "slime"},
     }
-    # Deliberate differences (README, "Coming from slime"): text after the calls makes the
+    # Deliberate differences (docs/integrations/slime.md): text after the calls makes the
     # turn ill-formed text; a call to a tool the request did not list is still a call.
     after = parse_output(f"lead {call} tail", "qwen3_coder", None, tools=lookup)
     assert after.ill_formed and "tool_calls" not in after.message

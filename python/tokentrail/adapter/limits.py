@@ -1,7 +1,7 @@
 """The adapter's admission limits: how big, deep, long and many a request may be, how many turns
 and connections run at once, and the sampling values an engine can take.
 
-Each limit is a `tokentrail serve` flag (README, "Operating it"). A request past a limit that is
+Each limit is a `tokentrail serve` flag (docs/operating/limits.md). A request past a limit that is
 its own fault is a 4xx in its protocol's shape (413 for bytes, 400 for the rest); a server-wide
 limit that frees up as other work finishes is a 503 with `Retry-After`. `max_tokens` above what
 fits is clamped, as an engine would stop at the context length anyway.

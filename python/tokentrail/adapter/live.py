@@ -84,7 +84,7 @@ class LiveReply:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         # When the first token arrived and when its frame was written (perf_counter), and how
-        # many keepalives went out: what the README's figures are measured from.
+        # many keepalives went out: what the docs' figures are measured from.
         self.first_token_at: float | None = None
         self.first_write_at: float | None = None
         self.keepalives = 0

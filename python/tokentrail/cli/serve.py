@@ -216,7 +216,7 @@ class ServeSettings:
         "(context summarizer) and opencode/kilo (title generator) from training",
         into="config.exclude_known_side_requests",
     )
-    # -- limits (README: Operating it)
+    # -- limits (docs/operating/limits.md)
     max_body_bytes: int = setting(
         _L.max_body_bytes, LIMITS, "one request body (413 past it)", unit="bytes", into="limits"
     )
@@ -306,7 +306,7 @@ class ServeSettings:
         None, REPLAY, "the indexer top-k's shape, over the model config's",
         metavar="LAYERS,TOP_K", default_text="the model config's",
     )  # fmt: skip
-    # -- streaming (README: Streaming)
+    # -- streaming (docs/concepts/streaming.md)
     engine_stream: bool = setting(
         False,
         STREAMING,

@@ -26,7 +26,7 @@ from tokentrail.trajectory.sample import Sample
 
 # The largest |recomputed - rollout| logprob a float32 CPU rollout may show against a float32
 # recompute of the same model: incremental (KV-cached, chunked) and one-pass forwards differ
-# in summation order only, a few 1e-6 on the tiny models (README: "A real model in the loop").
+# in summation order only, a few 1e-6 on the tiny models (docs/audit.md).
 DEFAULT_TOLERANCE = 1e-4
 
 
