@@ -6,7 +6,9 @@ restored in the tree but their prompts are the harness's bytes, so their turns' 
 realigned (masked) and the page has a masked turn to click into. While the adapter runs, its
 `/tokentrail/ui` is checked behind the admin token against the ledger `/finish` then answers;
 afterwards `tokentrail view JOURNAL` is checked against the journal's ledger, and a masked
-turn's tokens against the ledger's counts. Screenshots go to `artifacts/viewer/`.
+turn's tokens against the ledger's counts. Screenshots go to `artifacts/viewer/`; with
+`TOKENTRAIL_DOCS_SCREENSHOTS=1` the ones the docs show are written into `docs/images/viewer/`
+too (the viewer page includes them).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from tokentrail.storage.replay import as_recorded
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "viewer"
+DOCS_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images" / "viewer"
+# The screenshots docs/operating/viewer.md shows.
+DOCS_SHOWS = {"sessions.png", "session.png", "masked_turn.png", "exported_sample.png"}
 SID = "cc-viewer"
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
 
@@ -217,7 +222,7 @@ def test_viewer_numbers_are_the_ledger_s_live_and_from_the_journal(
         driver.find_element(By.CSS_SELECTOR, "#login button").click()
         _wait(driver, f"tr[data-sid='{SID}']").click()
         live = _page_numbers(driver)
-        driver.save_screenshot(str(ARTIFACTS / "live_session.png"))
+        _screenshot(driver, "live_session.png")
         # Live: the sessions list drops the session by itself (polling) once it is finished.
         driver.get(f"{served.url}/tokentrail/ui/#/")
         _wait(driver, f"tr[data-sid='{SID}']")
@@ -242,10 +247,10 @@ def test_viewer_numbers_are_the_ledger_s_live_and_from_the_journal(
             _num(row.find_element(By.CSS_SELECTOR, "[data-field=trained]").text)
             == (ledger["trained_tokens"])
         )
-        driver.save_screenshot(str(ARTIFACTS / "sessions.png"))
+        _screenshot(driver, "sessions.png")
         row.click()
         assert _page_numbers(driver) == _ledger_numbers(ledger)
-        driver.save_screenshot(str(ARTIFACTS / "session.png"))
+        _screenshot(driver, "session.png")
 
         # Into a masked turn, from its node in the tree.
         masked = masked_turns[0]
@@ -267,7 +272,7 @@ def test_viewer_numbers_are_the_ledger_s_live_and_from_the_journal(
         ActionChains(driver).move_to_element(token).perform()
         tip = _wait(driver, "#tip").text
         assert "id " in tip and "fate " in tip and "logprob " in tip and "weights " in tip
-        driver.save_screenshot(str(ARTIFACTS / "masked_turn.png"))
+        _screenshot(driver, "masked_turn.png")
 
     # The same session's exported samples: what each sample's loss mask trains.
     trajectory = as_recorded(read_journal(journal))[SID]
@@ -284,7 +289,15 @@ def test_viewer_numbers_are_the_ledger_s_live_and_from_the_journal(
         driver.execute_script("document.querySelector('#tokens .more').scrollIntoView()")
         _rendered(driver, 4000)
         assert "not_trained" in _text(driver, ".legend")
-        driver.save_screenshot(str(ARTIFACTS / "exported_sample.png"))
+        _screenshot(driver, "exported_sample.png")
+
+
+def _screenshot(driver, name: str) -> None:
+    """Save a screenshot under artifacts/, and into the docs when they show it and are asked."""
+    driver.save_screenshot(str(ARTIFACTS / name))
+    if name in DOCS_SHOWS and os.environ.get("TOKENTRAIL_DOCS_SCREENSHOTS") == "1":
+        DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(DOCS_IMAGES / name))
 
 
 def _rendered(driver, n: int, timeout: float = 20) -> None:
