@@ -1,0 +1,46 @@
+"""The benchmark tables the docs include are bench output that `benches/run_all.py` wrote,
+each naming its command, machine, date and commit."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+DOCS = ROOT / "docs"
+HEADER = re.compile(
+    r"^`python benches/(\w+\.py)[^`]*`: exit 0 after [\d.]+ s, \d{4}-\d\d-\d\d \d\d:\d\d UTC, "
+    r"commit `[0-9a-f]{7,40}(\+dirty)?`, on .+ cores, .+\.$",
+    re.M,
+)
+
+
+def _run_all():
+    spec = importlib.util.spec_from_file_location("run_all", ROOT / "benches" / "run_all.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_data_file_names_its_run() -> None:
+    run_all = _run_all()
+    page = run_all.data_file("echo_restore_table.py", [], "a | b\n1 | 2\n", 0, 8.25)
+    assert HEADER.search(page), page
+    assert "```text\na | b\n1 | 2\n```" in page
+
+
+def test_every_included_table_is_a_written_run() -> None:
+    included = {
+        m.group(1)
+        for page in DOCS.rglob("*.md")
+        for m in re.finditer(r'^--8<-- "benchmarks/([\w.]+)"', page.read_text("utf-8"), re.M)
+    }
+    assert included, "no page includes a generated table"
+    benches = {name for name, _ in _run_all().BENCHES}
+    for name in included:
+        text = (DOCS / "benchmarks" / name).read_text("utf-8")
+        header = HEADER.search(text)
+        assert header, f"docs/benchmarks/{name} does not name its run"
+        assert header.group(1) in benches and name == header.group(1).replace(".py", ".md")
