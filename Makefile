@@ -10,7 +10,7 @@ CONSTRAINTS ?= .ci/constraints.txt
 # built by the same maturin every time.
 install:
 	$(PYTHON) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) maturin
-	$(PYTHON) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) --no-build-isolation -e ".[test]"
+	$(PYTHON) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) --no-build-isolation -e ".[test,docs]"
 
 demo: install
 	$(PYTHON) -m tokentrail demo
@@ -52,13 +52,10 @@ bench-quick: install
 
 # The docs site, offline, strict: a broken link, a missing page or a stale include fails it.
 # The settings reference is checked to be current first (python -m tokentrail.cli.settings_doc
-# writes it). DOCS_PYTHON: a Python that has the `docs` extra already (skips the install).
+# writes it). `install` brings the `docs` extra; DOCS_PYTHON: another Python that has it.
 DOCS_PYTHON ?= $(PYTHON)
 
-docs:
-ifeq ($(DOCS_PYTHON),$(PYTHON))
-	$(PYTHON) -m pip install $(PIP_FLAGS) -c $(CONSTRAINTS) -e ".[docs]" --no-build-isolation
-endif
+docs: install
 	PYTHONPATH=python $(DOCS_PYTHON) -m tokentrail.cli.settings_doc --check
 	NO_MKDOCS_2_WARNING=1 $(DOCS_PYTHON) -m mkdocs build --strict --site-dir site
 
