@@ -87,6 +87,7 @@ def test_session_finished_adds_the_ledger() -> None:
         "truncated": 2,
         "superseded": 0,
         "client_disconnected": 0,
+        "constrained": 0,
         "unaccounted": 0,
     }
     assert labelled(s, "tokentrail_drift_decisions_total", "kind") == {

@@ -164,6 +164,7 @@ class PreparedTurn:
             tool_choice=c.tool_choice.value if forced else None,
             forced_tool=c.forced_tool if forced else None,
             prefill=self.prefill is not None,
+            constrained=self.constraint is not None,
             images=tuple(self.image_tags()) if c.images else (),
         )
 
