@@ -203,7 +203,8 @@ class ResumeCheck(StrEnum):
 class Fallback(StrEnum):
     """Why a turn that could have been spliced was rendered in full instead."""
 
-    # The sampled output was cut by the length limit: no end-of-turn token to splice after.
+    # The sampled output was cut by the length limit and the end the template writes after
+    # the turn is not one added token, so the sampled ids cannot be continued exactly.
     LENGTH = "length"
     # The output does not end with an added token (the turn's stop token).
     NO_END_TOKEN = "no_end_token"
