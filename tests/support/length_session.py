@@ -83,22 +83,29 @@ async def length_session(
     messages: list[Any] = [{"role": "user", "content": "go"}]
     stops = []
     try:
-        for _ in LENGTH_SCRIPT:
-            reply = await client.messages.create(
-                model="m", max_tokens=max_tokens, tools=[READ], messages=messages
-            )
-            stops.append(str(reply.stop_reason))
-            content = [b.model_dump(exclude_none=True) for b in reply.content]
-            messages.append({"role": "assistant", "content": content})
-            calls = [b for b in reply.content if b.type == "tool_use"]
-            if calls:
-                results = [
-                    {"type": "tool_result", "tool_use_id": b.id, "content": "x = 1"} for b in calls
-                ]
-                messages.append({"role": "user", "content": results})
-            else:
-                messages.append({"role": "user", "content": "continue"})
+        async with client:
+            await _turns(client, messages, stops, max_tokens)
         trajectory = await adapter.finish_trajectory("s")
     finally:
         await runner.cleanup()
     return trajectory, stops
+
+
+async def _turns(
+    client: anthropic.AsyncAnthropic, messages: list[Any], stops: list[str], max_tokens: int
+) -> None:
+    for _ in LENGTH_SCRIPT:
+        reply = await client.messages.create(
+            model="m", max_tokens=max_tokens, tools=[READ], messages=messages
+        )
+        stops.append(str(reply.stop_reason))
+        content = [b.model_dump(exclude_none=True) for b in reply.content]
+        messages.append({"role": "assistant", "content": content})
+        calls = [b for b in reply.content if b.type == "tool_use"]
+        if calls:
+            results = [
+                {"type": "tool_result", "tool_use_id": b.id, "content": "x = 1"} for b in calls
+            ]
+            messages.append({"role": "user", "content": results})
+        else:
+            messages.append({"role": "user", "content": "continue"})
