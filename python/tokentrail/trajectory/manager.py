@@ -39,7 +39,7 @@ from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, vali
 logger = logging.getLogger(__name__)
 # A generated turn's conversation (prompt messages, then its response) and its metadata.
 FoundTurn = tuple[list[Message], dict[str, Any]]
-P = TypeVar("P", DriftPolicy, RewritePolicy)
+P = TypeVar("P", DriftPolicy, RewritePolicy, ConstrainedPolicy)
 
 T = TypeVar("T")
 # What reads a session as it stands: its tree, its turn store and its linearization.
