@@ -167,6 +167,26 @@ def test_output_cut_by_the_length_limit_is_spliced_as_sampled(qwen, text) -> Non
     assert exact.prompt_ids.tolist() == qwen.encode(full)
 
 
+def test_a_cut_output_that_ends_on_its_end_token_is_not_closed_twice(qwen) -> None:
+    splicer = Splicer(qwen)
+    msgs = [{"role": "user", "content": "hi"}]
+    last = {"role": "assistant", "content": "Done."}
+    new = [{"role": "user", "content": "more"}]
+    prompt = qwen.encode(splicer.render(msgs, None, True))
+    output = [*qwen.encode("Done."), qwen.added_tokens["<|im_end|>"]]
+    full = splicer.render([*msgs, last, *new], None, True)
+    result = splicer.splice(
+        held_prompt=prompt,
+        held_output=output,
+        finish_reason="length",
+        last_assistant=last,
+        new_messages=new,
+        tools=None,
+        full_text=full,
+    )
+    assert result.prompt_ids.tolist() == qwen.encode(full)
+
+
 def test_a_cut_output_falls_back_only_without_an_added_end_token(qwen) -> None:
     # A family whose end of a text turn is plain text: tokenization would not split there.
     family = dataclasses.replace(Splicer(qwen).family, end_after_text="END")

@@ -203,6 +203,15 @@ class Splicer:
             return Fallback.NO_BOUNDARY
         return full[cut + len(end) :]
 
+    def _ends_turn(self, output: Sequence[int] | npt.NDArray[np.uint32]) -> bool:
+        """Whether `output` ends with a stop token of the family (an engine may report a turn
+        whose last token, at the budget, was its end as cut by the length limit)."""
+        if not len(output):
+            return False
+        last = self.tokenizer.decode([int(output[-1])])
+        ends = {*self.family.stop_tokens, self.family.end_after_text, self.family.end_after_calls}
+        return last in ends and self.tokenizer.added_tokens.get(last) == int(output[-1])
+
     def splice(
         self,
         *,
@@ -224,7 +233,7 @@ class Splicer:
         `encode` tokenizes the new text (the tokenizer's own `encode` by default; the prompt
         builder passes the Rust core's, which gives the same ids).
         """
-        cut = finish_reason == FinishReason.LENGTH
+        cut = finish_reason == FinishReason.LENGTH and not self._ends_turn(held_output)
         if cut:
             # No end token was sampled: the template's end of the turn follows the sampled ids.
             end_token = self.family.end_token(last_assistant)
