@@ -226,6 +226,15 @@ def test_warning_threshold_is_strict() -> None:
     assert masked_tool_turn_warning("s", tool_session(0, 5), threshold=0.0) is None
 
 
+def test_a_forced_call_masked_by_its_policy_is_no_lost_signal() -> None:
+    forced = Ledger(turns=[turn(1, ["Read"], 10, 0, constrained=10), turn(2, ["Read"], 8, 8)])
+    assert masked_tool_turn_warning("s", forced) is None
+    both = Ledger(turns=[turn(1, ["Read"], 10, 0, constrained=6, realigned=4)])
+    assert masked_tool_turn_warning("s", both) == (
+        "session s: 1/1 tool-call turns (100.0%) lost training signal: Read (realigned=1)"
+    )
+
+
 def test_no_tool_calls_no_warning() -> None:
     ledger = Ledger(turns=[turn(1, [], 5, 0, truncated=5)])
     assert masked_tool_turn_warning("s", ledger) is None
