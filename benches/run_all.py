@@ -31,6 +31,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("echo_restore_table.py", []),
     ("harness_behaviours.py", ["--sessions", "1", "--steps", "4"]),
     ("splice_vs_render.py", ["--sessions", "1", "--steps", "4"]),
+    ("length_cut.py", ["--max-tokens", "24"]),
     ("journal_durability.py", ["--turns", "10", "--contexts", "16000"]),
     ("journal_damage.py", []),
     ("journal_recovery.py", ["--gb", "0.02", "--path", "/tmp/tokentrail-recovery-quick.db"]),

@@ -548,7 +548,7 @@ def test_request_ids_are_unique_by_default() -> None:
 
 # --- forced tool calls: structured-output constraints ------------------------------------------
 
-FORCED = forced_tool_call("hermes", ["Read", "Bash"], reasoning=True)
+FORCED = forced_tool_call("hermes", ["Read", "Bash"], reasoning="qwen3")
 
 
 def test_sglang_sends_a_forced_call_as_one_regex_string() -> None:

@@ -87,6 +87,7 @@ def test_session_finished_adds_the_ledger() -> None:
         "truncated": 2,
         "superseded": 0,
         "client_disconnected": 0,
+        "constrained": 0,
         "unaccounted": 0,
     }
     assert labelled(s, "tokentrail_drift_decisions_total", "kind") == {
@@ -223,6 +224,15 @@ def test_warning_threshold_is_strict() -> None:
     )
     assert masked_tool_turn_warning("s", tool_session(2, 18), threshold=0.1) is None
     assert masked_tool_turn_warning("s", tool_session(0, 5), threshold=0.0) is None
+
+
+def test_a_forced_call_masked_by_its_policy_is_no_lost_signal() -> None:
+    forced = Ledger(turns=[turn(1, ["Read"], 10, 0, constrained=10), turn(2, ["Read"], 8, 8)])
+    assert masked_tool_turn_warning("s", forced) is None
+    both = Ledger(turns=[turn(1, ["Read"], 10, 0, constrained=6, realigned=4)])
+    assert masked_tool_turn_warning("s", both) == (
+        "session s: 1/1 tool-call turns (100.0%) lost training signal: Read (realigned=1)"
+    )
 
 
 def test_no_tool_calls_no_warning() -> None:

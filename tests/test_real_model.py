@@ -449,6 +449,26 @@ def test_routing_shifted_by_one_position_fails_the_audit(recorded) -> None:
         assert report.routing_share < 0.5 and not report.ok
 
 
+def test_constrained_tokens_are_audited_apart(recorded) -> None:
+    """A grammar's renormalized logprobs (a forced call's) are not the model's: marked, they
+    are reported on their own and held to no tolerance; unmarked, they fail the audit."""
+    engine, _, samples = recorded
+    sample = max(samples, key=lambda s: s.trained_tokens)
+    (trained,) = np.nonzero(sample.loss_mask)
+    lo, hi = int(trained[0]), int(trained[0]) + 8
+    rollout = sample.rollout_log_probs.copy()
+    rollout[lo:hi] += 0.5  # what a mask over the other tokens does to a logprob
+    shifted = dataclasses.replace(sample, rollout_log_probs=rollout)
+    assert not recompute_samples(engine.lm, [shifted]).ok
+    marked = dataclasses.replace(shifted, metadata={**sample.metadata, "constrained": [[lo, hi]]})
+    report = recompute_samples(engine.lm, [marked])
+    assert report.ok and report.max_error <= DEFAULT_TOLERANCE
+    (audit,) = report.samples
+    assert audit.constrained == 8 and audit.trained == sample.trained_tokens - 8
+    assert abs(report.constrained_max_error - 0.5) < 1e-3
+    assert "constrained tokens" in report.table()
+
+
 def test_a_replay_with_rendered_history_fails_the_audit(recorded, tmp_path: Path, capsys) -> None:
     """The journal replayed under `--history render --restore off`: the history is rendered from
     the harness's re-rendered echoes, not what the model sampled, so the trained tokens sit in a

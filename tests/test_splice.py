@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -119,23 +120,90 @@ def test_position_dependent_template_falls_back_visibly(qwen) -> None:
     assert ledger.trained_tokens == ledger.generated_tokens  # a fallback is not a loss
 
 
-def test_output_cut_by_the_length_limit_falls_back(qwen) -> None:
+CUT_OUTPUTS = [
+    "Hello there, wor",  # mid-word
+    '<tool_call>\n{"name": "Read", "argu',  # mid-call
+    "<think>\nI need to",  # mid-thought
+    "Trailing space ",
+]
+
+
+@pytest.mark.parametrize("text", CUT_OUTPUTS)
+def test_output_cut_by_the_length_limit_is_spliced_as_sampled(qwen, text) -> None:
     splicer = Splicer(qwen)
     msgs = [{"role": "user", "content": "hi"}]
-    out = qwen.encode("Hello there")
+    last = {"role": "assistant", "content": text}
+    new = [{"role": "user", "content": "more"}]
+    prompt = qwen.encode(splicer.render(msgs, None, True))
+    full = splicer.render([*msgs, last, *new], None, True)
+    # Sampled in pieces, as a model may: the same text, not the ids encoding it gives.
+    sampled = [t for i in range(0, len(text), 3) for t in qwen.encode(text[i : i + 3])]
+    for output in (qwen.encode(text), sampled):
+        result = splicer.splice(
+            held_prompt=prompt,
+            held_output=output,
+            finish_reason="length",
+            last_assistant=last,
+            new_messages=new,
+            tools=None,
+            full_text=full,
+        )
+        assert result.fallback is None and result.end == "<|im_end|>"
+        ids = result.prompt_ids.tolist()
+        # The sampled ids as sampled, then the template's end of the turn and the new messages.
+        assert ids[: len(prompt) + len(output)] == [*prompt, *output]
+        assert qwen.decode(ids) == full
+        assert ids[len(prompt) + len(output)] == qwen.added_tokens["<|im_end|>"]
+    # The slow path agrees where it can: ids that re-encode as sampled give the full render's.
+    exact = splicer.splice(
+        held_prompt=prompt,
+        held_output=qwen.encode(text),
+        finish_reason="length",
+        last_assistant=last,
+        new_messages=new,
+        tools=None,
+        full_text=full,
+    )
+    assert exact.prompt_ids.tolist() == qwen.encode(full)
+
+
+def test_a_cut_output_that_ends_on_its_end_token_is_not_closed_twice(qwen) -> None:
+    splicer = Splicer(qwen)
+    msgs = [{"role": "user", "content": "hi"}]
+    last = {"role": "assistant", "content": "Done."}
+    new = [{"role": "user", "content": "more"}]
+    prompt = qwen.encode(splicer.render(msgs, None, True))
+    output = [*qwen.encode("Done."), qwen.added_tokens["<|im_end|>"]]
+    full = splicer.render([*msgs, last, *new], None, True)
     result = splicer.splice(
-        held_prompt=qwen.encode(splicer.render(msgs, None, True)),
-        held_output=out,
+        held_prompt=prompt,
+        held_output=output,
+        finish_reason="length",
+        last_assistant=last,
+        new_messages=new,
+        tools=None,
+        full_text=full,
+    )
+    assert result.prompt_ids.tolist() == qwen.encode(full)
+
+
+def test_a_cut_output_falls_back_only_without_an_added_end_token(qwen) -> None:
+    # A family whose end of a text turn is plain text: tokenization would not split there.
+    family = dataclasses.replace(Splicer(qwen).family, end_after_text="END")
+    splicer = Splicer(qwen, family=family)
+    result = splicer.splice(
+        held_prompt=[1],
+        held_output=qwen.encode("Hello there"),
         finish_reason="length",
         last_assistant={"role": "assistant", "content": "Hello there"},
         new_messages=[{"role": "user", "content": "more"}],
         tools=None,
-        full_text="",
+        full_text=None,
     )
     assert result.prompt_ids is None and result.fallback is Fallback.LENGTH
-    no_end = splicer.splice(
+    no_end = Splicer(qwen).splice(
         held_prompt=[1],
-        held_output=out,
+        held_output=qwen.encode("Hello there"),
         finish_reason="stop",
         last_assistant={"role": "assistant", "content": "Hello there"},
         new_messages=[],

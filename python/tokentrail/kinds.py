@@ -83,8 +83,22 @@ class MaskReason(StrEnum):
     # Cut short by a harness that went away mid-stream: the tokens sampled until the engine
     # was stopped are recorded, and never trained (the harness never saw the whole turn).
     CLIENT_DISCONNECTED = "client_disconnected"
+    # Sampled under a structured-output grammar (a forced tool call): the engine computed its
+    # logprob after the grammar's mask, so it is not the policy's (`ConstrainedPolicy.MASK`).
+    CONSTRAINED = "constrained"
     # Never expected: a token no reason accounts for. Logged as an error when it happens.
     UNACCOUNTED = "unaccounted"
+
+
+class ConstrainedPolicy(StrEnum):
+    """What training does with tokens sampled under a structured-output grammar (a forced tool
+    call): the engine reports their logprobs after the grammar's mask, renormalized over the
+    tokens it allowed, so they are not the unconstrained policy's a trainer recomputes."""
+
+    # Masked as `constrained` (the default): an importance ratio against them means nothing.
+    MASK = "mask"
+    # Trained as any other token (their `constrained` mark still says what they are).
+    YES = "yes"
 
 
 class ToolChoice(StrEnum):
@@ -189,7 +203,8 @@ class ResumeCheck(StrEnum):
 class Fallback(StrEnum):
     """Why a turn that could have been spliced was rendered in full instead."""
 
-    # The sampled output was cut by the length limit: no end-of-turn token to splice after.
+    # The sampled output was cut by the length limit and the end the template writes after
+    # the turn is not one added token, so the sampled ids cannot be continued exactly.
     LENGTH = "length"
     # The output does not end with an added token (the turn's stop token).
     NO_END_TOKEN = "no_end_token"

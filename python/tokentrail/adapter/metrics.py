@@ -338,16 +338,18 @@ def masked_tool_turn_warning(sid: str, ledger: Ledger, threshold: float = 0.05) 
     """
     if not 0.0 <= threshold <= 1.0:
         raise PolicyError(f"threshold must be in [0, 1], got {threshold}")
-    # A superseded turn is a dead end the harness discarded, not lost signal.
+    # A superseded turn is a dead end the harness discarded, not lost signal; tokens masked
+    # `constrained` (a forced call) were masked by the policy the trainer chose.
     tool_turns = [t for t in ledger.turns if t.tools and not t.superseded]
-    lost = [t for t in tool_turns if t.masked_total > 0]
+    chosen = MaskReason.CONSTRAINED.value
+    lost = [t for t in tool_turns if any(n > 0 for r, n in t.masked.items() if r != chosen)]
     if not tool_turns or len(lost) / len(tool_turns) <= threshold:
         return None
     by_tool: dict[str, _Tally[str]] = {}
     for t in lost:
         for tool in dict.fromkeys(t.tools):
             tally = by_tool.setdefault(tool, _Tally())
-            tally.update(reason for reason, n in t.masked.items() if n > 0)
+            tally.update(reason for reason, n in t.masked.items() if n > 0 and reason != chosen)
     parts = [
         f"{tool} ({', '.join(f'{r}={n}' for r, n in sorted(by_tool[tool].items()))})"
         for tool in sorted(by_tool)

@@ -180,6 +180,7 @@ class Adapter:
                 drift_policy=str(self.manager.drift_policy),
                 rewrite_policy=str(self.manager.rewrite_policy),
                 fork_threshold=str(self.manager.fork_threshold_tokens),
+                train_constrained=str(self.manager.train_constrained),
                 routing=str(self.manager.routing or ""),
                 indexer=str(self.manager.indexer or ""),
             )

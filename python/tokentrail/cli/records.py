@@ -86,6 +86,7 @@ def _replay(args: argparse.Namespace) -> int:
             PolicyError,
         ),
         fork_threshold=recorded.fork_threshold,
+        train_constrained=recorded.train_constrained,
         routing=recorded.routing,
         indexer=recorded.indexer,
     )

@@ -27,6 +27,7 @@ from tokentrail.cli.settings import setting
 from tokentrail.errors import SettingError, TokentrailError
 from tokentrail.kinds import (
     Backend,
+    ConstrainedPolicy,
     DriftPolicy,
     History,
     Restore,
@@ -163,6 +164,13 @@ class ServeSettings:
         RewritePolicy.FORK,
         HISTORY,
         "what a harness's rewrite of a short answer does to the generated turn",
+        into="manager",
+    )
+    train_constrained: ConstrainedPolicy = setting(
+        ConstrainedPolicy.MASK,
+        HISTORY,
+        "tokens sampled under a grammar (a forced tool call), whose logprobs are the "
+        "grammar's, not the policy's: mask them as `constrained` or train them (yes)",
         into="manager",
     )
     # -- sessions and retries

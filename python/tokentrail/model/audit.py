@@ -8,6 +8,10 @@ experts the model's routers choose for it. A sample whose context is not what wa
 that passes carries, for the trainer, what the model computed. A sample with images
 (`Sample.multimodal_inputs`) is fed with them to a vision-language model, so an image that is
 not the one sampled (another of the same size: the same tokens) shows too.
+
+Tokens sampled under a structured-output grammar (`Sample.constrained`, a forced tool call)
+carry the grammar's renormalized logprobs, not the model's: they are recomputed and reported
+on their own (how many, how far), and held to no tolerance.
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ class SampleAudit:
     # The first positions whose recorded experts differ from the recomputed ones.
     routing_mismatches: list[int] = field(default_factory=list)
     worst: list[Position] = field(default_factory=list)
+    # Response tokens sampled under a grammar (left out of the figures above), and the
+    # largest and mean |recomputed - rollout| over them.
+    constrained: int = 0
+    constrained_max_error: float = 0.0
+    constrained_mean_error: float = 0.0
 
     @property
     def routing_share(self) -> float:
@@ -98,6 +107,15 @@ class AuditReport:
     @property
     def routed_positions(self) -> int:
         return sum(s.routed_positions for s in self.samples)
+
+    @property
+    def constrained(self) -> int:
+        """Response tokens sampled under a grammar, audited apart."""
+        return sum(s.constrained for s in self.samples)
+
+    @property
+    def constrained_max_error(self) -> float:
+        return max((s.constrained_max_error for s in self.samples), default=0.0)
 
     @property
     def routing_share(self) -> float:
@@ -140,6 +158,12 @@ class AuditReport:
                 else ""
             )
         )
+        if self.constrained:
+            lines.append(
+                f"constrained tokens (sampled under a grammar, their logprobs the grammar's; "
+                f"not held to the tolerance): {self.constrained}, max abs err "
+                f"{self.constrained_max_error:.2e}"
+            )
         worst = self.worst()
         if worst:
             lines.append("worst positions (sample, position, token: rollout vs recomputed):")
@@ -190,11 +214,20 @@ def _audit_one(
             f"sample {index}: loss_mask ({len(mask)}) and rollout_log_probs ({len(rollout)}) "
             f"must cover the response ({response} of {n} tokens)"
         )
-    audit = SampleAudit(index, n, int(np.count_nonzero(mask)))
+    constrained = sample.constrained.astype(bool)
+    audit = SampleAudit(index, n, int(np.count_nonzero(mask & ~constrained)))
     images = _images(lm, index, sample)
     hidden, rows = lm.forward(tokens[:-1].tolist(), images=images)
     # Response token i sits at position n - response + i and is predicted from the one before.
-    trained = np.flatnonzero(mask)
+    held = np.flatnonzero(constrained)
+    if len(held):
+        at = n - response + held
+        apart = lm.logprobs(hidden[at - 1], tokens[at].tolist(), temperature)
+        apart_errors = np.abs(apart - rollout[held])
+        audit.constrained = len(held)
+        audit.constrained_max_error = float(apart_errors.max())
+        audit.constrained_mean_error = float(apart_errors.mean())
+    trained = np.flatnonzero(mask & ~constrained)
     positions = n - response + trained
     if len(trained):
         recomputed = lm.logprobs(hidden[positions - 1], tokens[positions].tolist(), temperature)

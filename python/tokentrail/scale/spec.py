@@ -18,7 +18,14 @@ from tokentrail.core.replay import IndexerShape, RoutingShape
 from tokentrail.engines.base import Engine
 from tokentrail.engines.registry import DEFAULT_TIMEOUT_S, create_engine, engine_names
 from tokentrail.errors import EngineSpecError, JournalError
-from tokentrail.kinds import Backend, DriftPolicy, RewritePolicy, SyncMode, parse_kind
+from tokentrail.kinds import (
+    Backend,
+    ConstrainedPolicy,
+    DriftPolicy,
+    RewritePolicy,
+    SyncMode,
+    parse_kind,
+)
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import DEFAULT_SPEC, LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
@@ -50,6 +57,8 @@ class ActorSpec:
     indexer: IndexerShape | None = None
     # Train a superseded generation as a dead-end sample instead of masking it.
     train_superseded: bool = False
+    # Train tokens sampled under a grammar (a forced tool call) or mask them (the default).
+    train_constrained: ConstrainedPolicy = ConstrainedPolicy.MASK
     journal_sync: SyncMode | str = SyncMode.NORMAL
     host: str | None = None
     engine_timeout_s: float = DEFAULT_TIMEOUT_S
@@ -87,6 +96,7 @@ class ActorSpec:
             routing=self.routing,
             indexer=self.indexer,
             train_superseded=self.train_superseded,
+            train_constrained=self.train_constrained,
         )
         # Behind a pool, a session exists only once the pool opened it on this adapter.
         config = dataclasses.replace(self.config, open_sessions_only=True)

@@ -17,7 +17,15 @@ import numpy as np
 
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import PolicyError
-from tokentrail.kinds import DriftPolicy, History, ReplayGap, Restore, RewritePolicy, parse_kind
+from tokentrail.kinds import (
+    ConstrainedPolicy,
+    DriftPolicy,
+    History,
+    ReplayGap,
+    Restore,
+    RewritePolicy,
+    parse_kind,
+)
 from tokentrail.messages import Conversation
 from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.journal.read import JournalContents
@@ -39,6 +47,7 @@ class Settings:
     drift_policy: DriftPolicy = DriftPolicy.MINIMAL
     rewrite_policy: RewritePolicy = RewritePolicy.FORK
     fork_threshold: int = 1024
+    train_constrained: ConstrainedPolicy = ConstrainedPolicy.MASK
     # The replay shapes the run kept (None: not kept); not a knob, what the journal holds.
     routing: RoutingShape | None = None
     indexer: IndexerShape | None = None
@@ -61,6 +70,12 @@ class Settings:
                 PolicyError,
             ),
             fork_threshold=int(meta.get("fork_threshold", d.fork_threshold)),
+            train_constrained=parse_kind(
+                ConstrainedPolicy,
+                meta.get("train_constrained", d.train_constrained),
+                "constrained-token policy",
+                PolicyError,
+            ),
             routing=RoutingShape.parse(routing) if routing else None,
             indexer=IndexerShape.parse(indexer) if indexer else None,
         )
@@ -76,6 +91,7 @@ class Settings:
             fork_threshold_tokens=self.fork_threshold,
             drift_policy=self.drift_policy,
             rewrite_policy=self.rewrite_policy,
+            train_constrained=self.train_constrained,
             routing=self.routing,
             indexer=self.indexer,
         )

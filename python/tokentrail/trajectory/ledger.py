@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from tokentrail.core.backend import LinearizedLike
-from tokentrail.kinds import FALLBACK_PREFIX, Fallback, History, MaskReason, parse_kind
+from tokentrail.kinds import (
+    FALLBACK_PREFIX,
+    Fallback,
+    FinishReason,
+    History,
+    MaskReason,
+    parse_kind,
+)
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.layout_stats import TreeStats
 from tokentrail.trajectory.loss import LostSpan, lost_events, lost_turns
@@ -49,6 +56,11 @@ class TurnLedger:
     superseded: bool = False
     # Retried requests answered with this turn's recorded reply instead of a new generation.
     retries: int = 0
+    # Output tokens sampled under a structured-output grammar (a forced tool call): all of
+    # the turn's when it was, trained or masked `constrained` as the policy says.
+    constrained: int = 0
+    # The turn was cut by its `max_tokens` (finish reason `length`).
+    length_truncated: bool = False
 
     @property
     def masked_total(self) -> int:
@@ -74,6 +86,8 @@ class TurnLedger:
             "dropped_media": dict(self.dropped_media),
             "superseded": self.superseded,
             "retries": self.retries,
+            "constrained": self.constrained,
+            "length_truncated": self.length_truncated,
         }
 
 
@@ -195,6 +209,16 @@ class Ledger:
         return sum(t.retries for t in self.turns)
 
     @property
+    def constrained_tokens(self) -> int:
+        """Generated tokens sampled under a grammar, trained or not."""
+        return sum(t.constrained for t in self.turns)
+
+    @property
+    def length_truncated_turns(self) -> int:
+        """Turns cut by their `max_tokens`."""
+        return sum(1 for t in self.turns if t.length_truncated)
+
+    @property
     def splice_fallbacks(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for t in self.turns:
@@ -235,6 +259,8 @@ class Ledger:
                     dropped_media={k: int(v) for k, v in (t.get("dropped_media") or {}).items()},
                     superseded=bool(t.get("superseded", False)),
                     retries=int(t.get("retries", 0)),
+                    constrained=int(t.get("constrained", 0)),
+                    length_truncated=bool(t.get("length_truncated", False)),
                 )
             )
         return cls(
@@ -260,6 +286,8 @@ class Ledger:
             "trained_tokens": self.trained_tokens,
             "masked_tokens": self.masked_tokens,
             "excluded_turns": self.excluded_turns,
+            "constrained_tokens": self.constrained_tokens,
+            "length_truncated_turns": self.length_truncated_turns,
             "dropped_media": self.dropped_media,
             "restored_echoes": self.restored_echoes,
             "restored_by_tool": dict(sorted(self.restored_by_tool.items())),
@@ -293,6 +321,7 @@ def build_ledger(
     samples: Sequence[Mapping[str, Any]] = (),
     replays: Sequence[str] = (),
     mask_superseded: bool = True,
+    constrained_masked: Mapping[int, int] | None = None,
 ) -> Ledger:
     """Every generated turn of a session's tree, with its tokens trained or masked.
 
@@ -302,7 +331,10 @@ def build_ledger(
     linearization (unless `mask_superseded` is off), is masked whole as `superseded`. From the
     samples' metadata: the coverage of each replay channel kept (`replays`) and the trained
     tokens per weight version; the tokens each version generated come from every turn.
+    `constrained_masked`: the trained tokens the constrained policy took out, by store id
+    (masked `constrained`).
     """
+    constrained_masked = constrained_masked or {}
     rows: list[TurnLedger] = []
     coverage = {str(channel): ReplayCoverage() for channel in replays}
     trained: dict[str, int] = {}
@@ -324,7 +356,8 @@ def build_ledger(
             excluded = tags.excluded
             disconnected = tags.client_disconnected
             superseded = is_superseded(node)
-            trained_k = 0 if excluded or disconnected else lin.trained.get(k, 0)
+            constrained = constrained_masked.get(k, 0)
+            trained_k = 0 if excluded or disconnected else lin.trained.get(k, 0) - constrained
             masked: dict[MaskReason, int]
             if excluded:
                 masked = {MaskReason.EXCLUDED: turn.output_len}
@@ -334,6 +367,7 @@ def build_ledger(
                 masked = {
                     MaskReason.REALIGNED: lin.realigned.get(k, 0),
                     MaskReason.TRUNCATED: lin.truncated.get(k, 0),
+                    MaskReason.CONSTRAINED: constrained,
                 }
             if superseded and mask_superseded and not excluded and not disconnected:
                 # Left out of every sample: whatever no other reason took.
@@ -345,6 +379,8 @@ def build_ledger(
             row.excluded = str(excluded) if excluded else None
             row.dropped_media = dict(tags.dropped_media)
             row.superseded, row.retries = superseded, turn.retries
+            row.constrained = turn.output_len if tags.constrained else 0
+            row.length_truncated = turn.finish_reason == FinishReason.LENGTH
             rows.append(row)
         for demoted in node.demoted:
             row = turn_fate(
@@ -354,7 +390,10 @@ def build_ledger(
                 0,
                 {MaskReason.MERGED_REWRITE: demoted.turn.output_len},
             )
-            row.dropped_media = dict(TurnTags.read(demoted.metadata).dropped_media)
+            demoted_tags = TurnTags.read(demoted.metadata)
+            row.dropped_media = dict(demoted_tags.dropped_media)
+            row.constrained = demoted.turn.output_len if demoted_tags.constrained else 0
+            row.length_truncated = demoted.turn.finish_reason == FinishReason.LENGTH
             rows.append(row)
     rows.sort(key=lambda r: r.turn_index)
     return Ledger(

@@ -10,9 +10,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
 from tokentrail.errors import TreeError
-from tokentrail.kinds import DriftKind, DriftPolicy, Replay, parse_kind
+from tokentrail.kinds import (
+    ConstrainedPolicy,
+    DriftKind,
+    DriftPolicy,
+    FinishReason,
+    Replay,
+    parse_kind,
+)
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
 from tokentrail.trajectory.loss import LostSpan
@@ -89,8 +98,12 @@ def linearize_session(
     replays: tuple[Replay, ...],
     status: Any,
     train_superseded: bool = False,
+    train_constrained: ConstrainedPolicy = ConstrainedPolicy.MASK,
 ) -> Trajectory:
-    """Every sample of the session's chains, the ledger of every generated token, the drifts."""
+    """Every sample of the session's chains, the ledger of every generated token, the drifts.
+
+    Tokens of a turn sampled under a grammar are marked in their sample's metadata
+    (`constrained`) and, under `ConstrainedPolicy.MASK`, masked as `constrained`."""
     # Store ids are turn indices - 1: a turn is pushed when it is recorded.
     generated: dict[int, Node] = {n.turn.id: n for n in iter_nodes(root) if n.turn is not None}
     lin = store.linearize(
@@ -100,11 +113,18 @@ def linearize_session(
         max_sample_tokens=max_sample_tokens,
     )
     prompts = subagent_prompts(root)
+    # Trained tokens the constrained policy masked, by store id.
+    constrained_masked: dict[int, int] = {}
     samples = [
         _sample(sid, built, generated, reward, extra_metadata, root, prompts)
         for built in lin.samples
     ]
     for sample, built in zip(samples, lin.samples, strict=True):
+        mark_constrained(sample, built, generated, train_constrained, constrained_masked)
+        versions = trained_versions(built, sample.loss_mask, [generated[t] for t in built.turns])
+        if versions:
+            sample.metadata["weight_versions"] = versions
+        sample.metadata.update(extra_metadata or {})
         replay_rows(sample, built, store, replays, status)
     ledger = build_ledger(
         root,
@@ -114,6 +134,7 @@ def linearize_session(
         samples=[s.metadata for s in samples],
         replays=replays,
         mask_superseded=not train_superseded,
+        constrained_masked=constrained_masked,
     )
     try:
         ledger.layout = tree_stats(samples)
@@ -137,6 +158,36 @@ def linearize_session(
         for built in lin.samples
     ]
     return Trajectory(samples, ledger, drifts, placements)
+
+
+def mark_constrained(
+    sample: Sample,
+    built: BuiltSampleLike,
+    generated: Mapping[int, Node],
+    policy: ConstrainedPolicy,
+    masked: dict[int, int],
+) -> None:
+    """Mark the stretches of `sample`'s response sampled under a grammar (its turns tagged
+    `constrained`) in `metadata["constrained"]`; under `ConstrainedPolicy.MASK`, take them out
+    of its loss mask, adding the trained tokens that took out to `masked` (by store id)."""
+    response_start = len(built.tokens) - len(built.loss_mask)
+    stretches = []
+    for span in built.spans:
+        node = generated.get(span.turn)
+        if node is None or not TurnTags.read(node.metadata).constrained:
+            continue
+        start, end = max(span.start - response_start, 0), span.end - response_start
+        if start >= end:
+            continue
+        stretches.append([start, end])
+        if policy is ConstrainedPolicy.MASK:
+            trained = int(np.count_nonzero(sample.loss_mask[start:end]))
+            if trained:
+                sample.loss_mask[start:end] = 0
+                masked[span.turn] = masked.get(span.turn, 0) + trained
+    if stretches:
+        sample.metadata["constrained"] = stretches
+        sample.metadata["constrained_tokens"] = sum(end - start for start, end in stretches)
 
 
 def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
@@ -199,13 +250,12 @@ def _sample(
         # The images of the last turn's prompt, which the sample's tokens begin with: each
         # one's bytes, processor grid and where its placeholder tokens start.
         metadata["images"] = [dict(i) for i in last_images]
-    versions = trained_versions(built, nodes)
-    if versions:
-        metadata["weight_versions"] = versions
-    metadata.update(extra_metadata or {})
+    if any(t.finish_reason == FinishReason.LENGTH for t in turns):
+        # A turn cut by its `max_tokens` (spliced as sampled): for a trainer's overlong policy.
+        metadata["length_truncated"] = True
     return Sample(
         tokens=built.tokens,
-        loss_mask=built.loss_mask,
+        loss_mask=np.array(built.loss_mask, dtype=np.uint8),
         rollout_log_probs=built.logprobs,
         response_length=len(built.loss_mask),
         reward=reward,

@@ -17,7 +17,14 @@ import numpy as np
 from tokentrail.core.backend import TurnStoreLike, load_backend
 from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
-from tokentrail.kinds import Backend, DriftPolicy, Replay, RewritePolicy, parse_kind
+from tokentrail.kinds import (
+    Backend,
+    ConstrainedPolicy,
+    DriftPolicy,
+    Replay,
+    RewritePolicy,
+    parse_kind,
+)
 from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
@@ -32,7 +39,7 @@ from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, vali
 logger = logging.getLogger(__name__)
 # A generated turn's conversation (prompt messages, then its response) and its metadata.
 FoundTurn = tuple[list[Message], dict[str, Any]]
-P = TypeVar("P", DriftPolicy, RewritePolicy)
+P = TypeVar("P", DriftPolicy, RewritePolicy, ConstrainedPolicy)
 
 T = TypeVar("T")
 # What reads a session as it stands: its tree, its turn store and its linearization.
@@ -113,6 +120,7 @@ class TrajectoryManager:
         routing: RoutingShape | None = None,
         indexer: IndexerShape | None = None,
         train_superseded: bool = False,
+        train_constrained: ConstrainedPolicy | str = ConstrainedPolicy.MASK,
     ) -> None:
         self.drift_policy = _policy(DriftPolicy, drift_policy, "drift policy")
         self.rewrite_policy = _policy(RewritePolicy, rewrite_policy, "rewrite policy")
@@ -122,6 +130,11 @@ class TrajectoryManager:
         # A superseded generation (see `record_turn`) is masked as `superseded` unless this is
         # set: then it trains as a dead-end sample of its own, as any other leaf would.
         self.train_superseded = bool(train_superseded)
+        # Tokens sampled under a grammar (a forced tool call) are masked as `constrained`
+        # unless this is `yes`; they are marked in their samples either way.
+        self.train_constrained = _policy(
+            ConstrainedPolicy, train_constrained, "constrained-token policy"
+        )
         self.core = load_backend(backend)
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
@@ -415,6 +428,7 @@ def _linearize(
         replays=manager.replay_channels,
         status=manager.core.REPLAY_STATUS,
         train_superseded=manager.train_superseded,
+        train_constrained=manager.train_constrained,
     )
 
 

@@ -59,6 +59,8 @@ __all__ = [
 
 # A parser argument that means "the family's": the tokenizer's, or the one the template matches.
 AUTO = "auto"
+# The prompt's last tokens a forced call's constraint reads (an opened or closed `<think>`).
+PROMPT_END_TOKENS = 8
 
 
 class Generated(Protocol):
@@ -164,6 +166,7 @@ class PreparedTurn:
             tool_choice=c.tool_choice.value if forced else None,
             forced_tool=c.forced_tool if forced else None,
             prefill=self.prefill is not None,
+            constrained=self.constraint is not None,
             images=tuple(self.image_tags()) if c.images else (),
         )
 
@@ -184,8 +187,10 @@ def forced_constraint(
     prefill: Message | None,
     tool_parser: str | None,
     reasoning_parser: str | None,
+    prompt_end: str = "",
 ) -> OutputConstraint | None:
-    """The constraint a forced tool choice puts on sampling; None when nothing is forced."""
+    """The constraint a forced tool choice puts on sampling; None when nothing is forced.
+    `prompt_end`: the prompt's last text (whether it opened or closed a reasoning block)."""
     if conversation.tool_choice is not ToolChoice.REQUIRED:
         return None
     if prefill is not None:
@@ -197,7 +202,7 @@ def forced_constraint(
         if conversation.forced_tool is not None
         else [t["function"]["name"] for t in conversation.tools or ()]
     )
-    return forced_tool_call(tool_parser, names, reasoning=reasoning_parser is not None)
+    return forced_tool_call(tool_parser, names, reasoning=reasoning_parser, prompt_end=prompt_end)
 
 
 def check_family_template(
@@ -364,6 +369,12 @@ class TurnPipeline:
                 anchor = self.manager.splice_anchor(sid, render_messages, keys if same else None)
             built = self.prompts.build(sid, render_messages, conversation.tools, anchor, timing)
             ids, used, fallback, held = built.ids, built.history, built.fallback, built.held
+        if constraint is not None and self._tokenizer is not None:
+            # Whether the prompt opened or closed a reasoning block decides the call's head.
+            end = self.tokenizer.decode([int(t) for t in ids[-PROMPT_END_TOKENS:]])
+            constraint = forced_constraint(
+                conversation, prefill, self.tool_parser, self.reasoning_parser, end
+            )
         replay_start = 0
         if self.manager.replay_channels:
             replay_start = self.manager.replay_start(sid, record_messages, ids, keys)

@@ -125,8 +125,7 @@ class PromptBuilder:
             checks.verified.add(shape)
             checks.due = checks.every
         elif periodic:
-            end = self.splicer.tokenizer.decode([int(anchor.output_ids[-1])])
-            suffix = self.splicer.history_end(end) + spliced.glue + spliced.tail
+            suffix = spliced.end + spliced.glue + spliced.tail
             checks.deferred = _Deferred(list(messages), tools, suffix)
             checks.due = checks.every
         checks.due -= 1

@@ -4,7 +4,10 @@
 last `response_length` tokens, so a slime/TRL-style trainer can use it as is. `routed_experts`
 and `indexer_topk`, when kept, hold one row `[layers, k]` per token; `metadata["replay"]` says
 how many rows are present and why the others are not, `metadata["weight_versions"]` which
-weights sampled the trained tokens.
+weights sampled the trained tokens. `metadata["constrained"]` holds the response's stretches
+`[start, end)` (response positions, as `loss_mask`'s) sampled under a structured-output
+grammar, `constrained` the same as a per-token mask; `metadata["length_truncated"]` says a
+turn of the sample was cut by its `max_tokens`.
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ class Sample:
             "image_grid_thw": np.asarray([i["image_grid_thw"] for i in images], dtype=np.int64),
             "image_offsets": [int(i["offset"]) for i in images],
         }
+
+    @property
+    def constrained(self) -> np.ndarray:
+        """`[response_length]` uint8: 1 where the token was sampled under a structured-output
+        grammar (a forced tool call), its logprob the grammar's, not the policy's."""
+        mask = np.zeros(self.response_length, dtype=np.uint8)
+        for start, end in self.metadata.get("constrained") or ():
+            mask[int(start) : int(end)] = 1
+        return mask
 
     @property
     def trained_tokens(self) -> int:
@@ -108,6 +120,7 @@ class Sample:
             "rollout_log_probs": torch.from_numpy(self.rollout_log_probs),
             "response_length": self.response_length,
             "reward": self.reward,
+            "constrained": torch.from_numpy(self.constrained.astype(np.int32)),
         }
         for name in REPLAY_FIELDS:
             rows = getattr(self, name)
@@ -141,10 +154,13 @@ def replay_rows(
     sample.metadata["replay"] = coverage
 
 
-def trained_versions(built: BuiltSampleLike, nodes: Sequence[Node]) -> list[dict[str, Any]]:
-    """The weight version of every trained stretch of `built`, in `tokens` positions:
-    `{"version", "start", "end", "trained"}`, the last the trained tokens it holds."""
-    response_start = len(built.tokens) - len(built.loss_mask)
+def trained_versions(
+    built: BuiltSampleLike, loss_mask: np.ndarray, nodes: Sequence[Node]
+) -> list[dict[str, Any]]:
+    """The weight version of every trained stretch of `built` (whose sample trains
+    `loss_mask`), in `tokens` positions: `{"version", "start", "end", "trained"}`, the last the
+    trained tokens it holds."""
+    response_start = len(built.tokens) - len(loss_mask)
     by_turn = {n.turn.id: n.turn for n in nodes if n.turn is not None}
     out = []
     for span in built.spans:
@@ -156,7 +172,7 @@ def trained_versions(built: BuiltSampleLike, nodes: Sequence[Node]) -> list[dict
             end = min(span.start + version.end, span.end)
             if start >= end:
                 continue
-            trained = int(built.loss_mask[start - response_start : end - response_start].sum())
+            trained = int(loss_mask[start - response_start : end - response_start].sum())
             if trained:
                 out.append(
                     {"version": version.version, "start": start, "end": end, "trained": trained}

@@ -9,6 +9,12 @@ its reasoning), and are checked against the full render; any check that fails fa
 full render with a named reason. The end token may be one the template writes after the turn
 (`<|im_end|>`), the next message's own start (GLM's `<|observation|>`), or one the template
 writes differently in history (gpt-oss samples `<|return|>`, history has `<|end|>`).
+
+A turn cut by its `max_tokens` (finish reason `length`) sampled no end token: its ids are kept
+as sampled and the template's end of that turn (the end token the family's model samples after
+such a message, as the template writes it in history) follows them, so the next prompt still
+continues the sampled ids exactly. That end must be one added token, where tokenization always
+splits; otherwise the turn falls back (`Fallback.LENGTH`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokentrail.errors import TemplateError
-from tokentrail.kinds import Fallback
+from tokentrail.kinds import Fallback, FinishReason
 from tokentrail.messages import Message, ToolCall, ToolSchema
 from tokentrail.text.chat_template import ChatTemplate
 from tokentrail.text.families import Family, resolve_family
@@ -39,6 +45,10 @@ class Spliced:
     fallback: Fallback | None = None
     glue: str = ""
     tail: str = ""
+    # The text the template writes where the turn ended (the end token as history has it):
+    # the full render ends with `end + glue + tail`. For a turn cut by its `max_tokens` it is
+    # also in `prompt_ids`, after the sampled ids.
+    end: str = ""
 
 
 def _stub(message: Message) -> Message:
@@ -193,6 +203,15 @@ class Splicer:
             return Fallback.NO_BOUNDARY
         return full[cut + len(end) :]
 
+    def _ends_turn(self, output: Sequence[int] | npt.NDArray[np.uint32]) -> bool:
+        """Whether `output` ends with a stop token of the family (an engine may report a turn
+        whose last token, at the budget, was its end as cut by the length limit)."""
+        if not len(output):
+            return False
+        last = self.tokenizer.decode([int(output[-1])])
+        ends = {*self.family.stop_tokens, self.family.end_after_text, self.family.end_after_calls}
+        return last in ends and self.tokenizer.added_tokens.get(last) == int(output[-1])
+
     def splice(
         self,
         *,
@@ -214,14 +233,20 @@ class Splicer:
         `encode` tokenizes the new text (the tokenizer's own `encode` by default; the prompt
         builder passes the Rust core's, which gives the same ids).
         """
-        if finish_reason == "length":
-            return Spliced(None, Fallback.LENGTH)
-        if not len(held_output):
-            return Spliced(None, Fallback.NO_END_TOKEN)
-        end_id = int(held_output[-1])
-        end_token = self.tokenizer.decode([end_id])
-        if self.tokenizer.added_tokens.get(end_token) != end_id:
-            return Spliced(None, Fallback.NO_END_TOKEN)
+        cut = finish_reason == FinishReason.LENGTH and not self._ends_turn(held_output)
+        if cut:
+            # No end token was sampled: the template's end of the turn follows the sampled ids.
+            end_token = self.family.end_token(last_assistant)
+            if self.history_end(end_token) not in self.tokenizer.added_tokens:
+                return Spliced(None, Fallback.LENGTH)
+        else:
+            if not len(held_output):
+                return Spliced(None, Fallback.NO_END_TOKEN)
+            end_id = int(held_output[-1])
+            end_token = self.tokenizer.decode([end_id])
+            if self.tokenizer.added_tokens.get(end_token) != end_id:
+                return Spliced(None, Fallback.NO_END_TOKEN)
+        end = self.history_end(end_token)
         derived = self.glue_and_tail(
             last_assistant,
             end_token,
@@ -233,17 +258,18 @@ class Splicer:
         if isinstance(derived, Fallback):
             return Spliced(None, derived)
         glue, tail = derived
-        if full_text is not None and not full_text.endswith(
-            self.history_end(end_token) + glue + tail
-        ):
-            return Spliced(None, Fallback.TAIL_MISMATCH, glue, tail)
-        # The held tokens end with a special token, where tokenization always splits, so the
-        # glue and tail tokenize the same here as inside the full text.
-        new = np.asarray((encode or self.tokenizer.encode)(glue + tail), dtype=np.uint32)
+        if full_text is not None and not full_text.endswith(end + glue + tail):
+            return Spliced(None, Fallback.TAIL_MISMATCH, glue, tail, end)
+        # The held tokens end with a special token (sampled, or the end appended to a cut
+        # turn), where tokenization always splits, so the glue and tail tokenize the same here
+        # as inside the full text.
+        new = np.asarray(
+            (encode or self.tokenizer.encode)((end if cut else "") + glue + tail), dtype=np.uint32
+        )
         ids = np.concatenate(
             [np.asarray(held_prompt, np.uint32), np.asarray(held_output, np.uint32), new]
         )
-        return Spliced(ids, None, glue, tail)
+        return Spliced(ids, None, glue, tail, end)
 
 
 # -- checking a template ---------------------------------------------------------------------

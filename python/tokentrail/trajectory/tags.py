@@ -38,6 +38,9 @@ class TurnTags:
     prefill: bool = False
     # Cut short by a client gone mid-stream: recorded, masked `client_disconnected`.
     client_disconnected: bool = False
+    # Sampled under a structured-output grammar (a forced tool call): every output token's
+    # logprob is the constrained one (`ConstrainedPolicy`).
+    constrained: bool = False
     # The prompt's images, in token order (`PreparedTurn.image_tags`): each one's digest,
     # type, size, processor grid, token count, first pad token's offset and base64 bytes
     # (one text per image, shared by the turns that hold it; the journal stores the bytes
@@ -78,6 +81,8 @@ class TurnTags:
             out["prefill"] = True
         if self.client_disconnected:
             out["client_disconnected"] = True
+        if self.constrained:
+            out["constrained"] = True
         if self.images:
             out["images"] = [dict(i) for i in self.images]
         out.update(self.extra)
@@ -102,6 +107,7 @@ class TurnTags:
             forced_tool=get("forced_tool"),
             prefill=bool(get("prefill")),
             client_disconnected=bool(get("client_disconnected")),
+            constrained=bool(get("constrained")),
             images=tuple(get("images") or ()),
             extra={k: v for k, v in metadata.items() if k not in known},
         )

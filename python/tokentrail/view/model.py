@@ -34,6 +34,7 @@ _FATE = {name: i for i, name in enumerate(FATES)}
 _REASON_ORDER = (
     MaskReason.TRUNCATED,
     MaskReason.REALIGNED,
+    MaskReason.CONSTRAINED,
     MaskReason.EXCLUDED,
     MaskReason.MERGED_REWRITE,
     MaskReason.SUPERSEDED,

@@ -73,6 +73,10 @@ def sample_class() -> type[Any]:
     return types.Sample
 
 
+def _cut(sample: TrailSample) -> bool:
+    return sample.metadata.get("finish_reason") == "length"
+
+
 def to_slime(sample: TrailSample, base_sample: Any) -> Any:
     """One tokentrail sample as slime's `Sample`, filled from `base_sample` as slime does."""
     cls = sample_class()
@@ -88,7 +92,9 @@ def to_slime(sample: TrailSample, base_sample: Any) -> Any:
         loss_mask=[int(m) for m in sample.loss_mask],
         rollout_log_probs=[float(lp) for lp in sample.rollout_log_probs],
         reward=sample.reward,
-        status=cls.Status.COMPLETED,
+        # slime's overlong status: the sample's last turn was cut by its `max_tokens`
+        # (`metadata["length_truncated"]` says whether any of its turns was).
+        status=cls.Status.TRUNCATED if _cut(sample) else cls.Status.COMPLETED,
         metadata=dict(sample.metadata),
     )
     if sample.routed_experts is not None:

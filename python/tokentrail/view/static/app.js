@@ -120,7 +120,7 @@ function sessionsPage(body) {
   });
   put(
     el("h2", {text: `${body.sessions.length} session${body.sessions.length === 1 ? "" : "s"}`}),
-    legend(["trained", "realigned", "truncated", "excluded", "merged_rewrite", "superseded"]),
+    legend(["trained", "realigned", "truncated", "excluded", "merged_rewrite", "superseded", "constrained"]),
     el("table", {id: "sessions"},
       el("thead", {}, el("tr", {}, ...["session", "state", "turns", "samples", "generated", "trained",
         "masked", "generated tokens"].map((h, i) => el("th", {class: i > 1 && i < 7 ? "num" : null, text: h})))),
