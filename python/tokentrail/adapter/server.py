@@ -142,6 +142,7 @@ class Adapter:
             default_max_tokens=config.default_max_tokens,
             resume_checks=self.metrics if config.verify_resume else None,
             image_limits=config.image_limits,
+            metrics=self.metrics,
         )
         # Per-stage seconds of the latest turns (benchmarks read them).
         self.timings = self.turns.timings
