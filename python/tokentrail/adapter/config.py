@@ -41,6 +41,9 @@ class AdapterConfig:
     # How long a finished session's samples stay to answer a repeated finish.
     finish_retention_s: float = 300.0
     restore: Restore = Restore.ON
+    # Restore an echo whose tool calls carry the ids we minted (and name the same tools),
+    # whatever the harness did to their arguments; off: the coarse comparison alone.
+    restore_by_id: bool = True
     history: History = History.SPLICE
     # What a retried request gets (a session's own rule and the request's header come first).
     retry: Retry = Retry.REPLAY

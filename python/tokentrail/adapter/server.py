@@ -91,6 +91,7 @@ class Adapter:
             tokenizer,
             chat_template,
             restore=config.restore,
+            restore_by_id=config.restore_by_id,
             history=config.history,
             splice_verify_every=config.splice_verify_every,
             tool_parser=config.tool_parser,

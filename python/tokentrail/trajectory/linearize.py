@@ -89,6 +89,7 @@ def linearize_session(
     replays: tuple[Replay, ...],
     status: Any,
     train_superseded: bool = False,
+    restored_by_id: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Trajectory:
     """Every sample of the session's chains, the ledger of every generated token, the drifts."""
     # Store ids are turn indices - 1: a turn is pushed when it is recorded.
@@ -111,6 +112,7 @@ def linearize_session(
         lin,
         restored_echoes=restored,
         restored_by_tool=restored_by_tool,
+        restored_by_id=restored_by_id or {},
         samples=[s.metadata for s in samples],
         replays=replays,
         mask_superseded=not train_superseded,

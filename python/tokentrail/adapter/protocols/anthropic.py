@@ -223,6 +223,7 @@ def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int
             msg, ids = assistant_message(m["content"], where)
             results.open(ids)
             messages.append(msg)
+            fold.note_calls(ids)
         elif role == "user":
             messages.extend(_user_messages(m["content"], where, results, reader))
             results.close_all()
