@@ -53,7 +53,6 @@ from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
 from tokentrail.trajectory.sample import Sample
-from tokentrail.trajectory.side import SideRules
 from tokentrail.view.app import UI_PREFIX, Viewer
 from tokentrail.view.sources import LiveSource
 
@@ -96,7 +95,7 @@ class Adapter:
             splice_verify_every=config.splice_verify_every,
             tool_parser=config.tool_parser,
             reasoning_parser=config.reasoning_parser,
-            side_rules=SideRules.compile(config.side_patterns()),
+            side_rules=config.side_rules(),
             template_name=template_name,
         )
         probe_template(self.pipeline.render, template_name or "the chat template")

@@ -216,7 +216,8 @@ class ServeSettings:
         False,
         SESSIONS,
         "exclude the known side requests of Qwen Code (memory extraction), hermes-agent "
-        "(context summarizer) and opencode/kilo (title generator) from training",
+        "(context summarizer), opencode/kilo (title generator) and Claude Code (session "
+        "title) from training; the ledger names the rule that fired",
         into="config.exclude_known_side_requests",
     )
     # -- limits (README: Operating it)
