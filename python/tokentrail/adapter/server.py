@@ -45,6 +45,7 @@ from tokentrail.adapter.validation import (
     session_key,
 )
 from tokentrail.engines.base import Engine
+from tokentrail.errors import NotFound
 from tokentrail.kinds import Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.hf import HFTokenizer, as_loaded
@@ -157,6 +158,8 @@ class Adapter:
         admin = Admin(config.admin_token, self.sessions, self.offload, limits)
         routes = [
             web.get("/v1/models", self._models),
+            # A model id may hold slashes ("Qwen/Qwen3-8B").
+            web.get("/v1/models/{model:.+}", self._model),
             web.get("/healthz", self._healthz),
             web.get("/metrics", self._metrics),
             web.get("/", self._root),
@@ -226,6 +229,14 @@ class Adapter:
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(models_list(self.config.model_name))
+
+    async def _model(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's `GET /v1/models/{model}` (hermes-agent probes it at start): the served
+        model; any other id is a 404 in OpenAI's error shape."""
+        wanted, served = request.match_info["model"], self.config.model_name
+        if wanted != served:
+            raise NotFound(f"The model {wanted!r} does not exist; this server serves {served!r}")
+        return web.json_response(model_object(served))
 
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(
@@ -335,9 +346,9 @@ class Adapter:
             self.sessions.release(turn.sid, session)
 
 
-def models_list(name: str) -> dict[str, Any]:
-    """`GET /v1/models` in a shape both SDKs read: the one served model."""
-    model = {
+def model_object(name: str) -> dict[str, Any]:
+    """The served model in a shape both SDKs read (OpenAI's `Model`, Anthropic's `ModelInfo`)."""
+    return {
         "id": name,
         "object": "model",
         "type": "model",
@@ -346,6 +357,11 @@ def models_list(name: str) -> dict[str, Any]:
         "created": 0,
         "created_at": "1970-01-01T00:00:00Z",
     }
+
+
+def models_list(name: str) -> dict[str, Any]:
+    """`GET /v1/models` in a shape both SDKs read: the one served model."""
+    model = model_object(name)
     return {"object": "list", "data": [model], "has_more": False, "first_id": name, "last_id": name}
 
 
