@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 
-.PHONY: install demo test test-rust test-python lint package bench bench-quick
+.PHONY: install demo test test-rust test-python lint package bench bench-quick bump-harnesses
 
 install:
 	$(PYTHON) -m pip install $(PIP_FLAGS) -e ".[test]"
@@ -39,3 +39,8 @@ bench: install
 
 bench-quick: install
 	$(PYTHON) benches/run_all.py --quick
+
+# Every real harness's newest release: look them up, rewrite the pins in
+# tests/support/harness_versions.py and run the harness tests against them.
+bump-harnesses:
+	$(PYTHON) scripts/bump-harnesses

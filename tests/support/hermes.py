@@ -21,11 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.harness_versions import LATEST
 from support.headless import run_headless
 from support.npm import default_cache_dir
 
-HERMES_VERSION = "0.19.0"
-PACKAGE = "hermes-agent"
+HERMES_VERSION = LATEST["hermes-agent"].version
+PACKAGE = LATEST["hermes-agent"].package
 
 CONFIG = """\
 model:
