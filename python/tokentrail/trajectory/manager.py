@@ -264,8 +264,7 @@ class TrajectoryManager:
     ) -> list[Message]:
         """Every recognized echo of a generated message replaced with the message we stored
         (see `tokentrail.trajectory.restore`), in a new list; the caller's are left alone."""
-        restored, _, _ = self.restore_keyed(sid, messages, tools)
-        # The restored dicts are the tree's own: hand out copies.
+        restored, _, _ = self.restore_keyed(sid, messages, tools)  # the tree's own dicts: copy
         return [
             m if m is given else copy.deepcopy(m)
             for m, given in zip(restored, messages, strict=True)
@@ -279,13 +278,9 @@ class TrajectoryManager:
         unchanged: int = 0,
         call_ids: Mapping[int, tuple[str, ...]] | None = None,
     ) -> tuple[list[Message], list[MessageKey], dict[int, tuple[str, ...]]]:
-        """`restore_generated_messages`, also returning the routing keys of the result, which
-        `splice_anchor` and `record_turn` accept so a turn computes them once, and the call
-        ids of the echoes first restored by identity, by index (a replay of the turn needs
-        them: `TurnTags.echo_ids`).
-
-        `call_ids` are the ids the harness sent with each message's calls
-        (`Conversation.call_ids`); None: no restore by identity.
+        """`restore_generated_messages`, also returning the routing keys of the result (which
+        `splice_anchor` and `record_turn` accept) and `Restored.echo_ids`. `call_ids`: the
+        harness's call ids (`Conversation.call_ids`; None: no restore by identity).
 
         Of the first `unchanged` messages, those that are the very objects of the session's
         previous call take its keys and restores (`Conversation.unchanged`). A restored
@@ -305,8 +300,7 @@ class TrajectoryManager:
             )
             session.seen = Seen(list(messages), keys, restored.messages)
             session.note_restored(restored.newly, restored.by_id)
-        echo_ids = {found.index: found.call_ids for found in restored.by_id}
-        return restored.messages, restored.keys, echo_ids
+        return restored.messages, restored.keys, restored.echo_ids
 
     def splice_anchor(
         self,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -255,8 +255,7 @@ class TurnPipeline:
         restore_by_id: bool = True,
     ) -> None:
         self.manager = manager
-        # An echo whose calls carry the ids we minted (and name the same tools) is restored
-        # whatever the harness did to it; off: only the coarse comparison recognizes echoes.
+        # Off: echoes are recognized by the coarse comparison alone (`trajectory.restore`).
         self.restore_by_id = bool(restore_by_id)
         # Side conversations every session excludes (a session may add its own).
         self.side_rules = side_rules or SideRules()
@@ -338,15 +337,7 @@ class TurnPipeline:
             conversation, prefill, self.tool_parser, self.reasoning_parser
         )
         restored_before = self.manager.restored_by_tool(sid)
-        restored = self.restored(
-            sid,
-            Conversation(
-                context,
-                conversation.tools,
-                unchanged=conversation.unchanged,
-                call_ids=conversation.call_ids,
-            ),
-        )
+        restored = self.restored(sid, replace(conversation, messages=context))
         render_messages, record_messages, keys = restored.render, restored.record, restored.keys
         restored_tools = [
             tool
@@ -417,16 +408,10 @@ class TurnPipeline:
         messages = conversation.messages
         if self.restore is Restore.OFF:
             return TurnMessages(list(messages), list(messages))
-        restored, keys, echo_ids = self.manager.restore_keyed(
-            sid,
-            messages,
-            conversation.tools,
-            conversation.unchanged,
-            conversation.call_ids if self.restore_by_id else None,
-        )
-        if self.restore is Restore.TREE_ONLY:
-            return TurnMessages(list(messages), restored, keys, echo_ids)
-        return TurnMessages(restored, restored, keys, echo_ids)
+        c, ids = conversation, conversation.call_ids if self.restore_by_id else None
+        restored, keys, echo = self.manager.restore_keyed(sid, messages, c.tools, c.unchanged, ids)
+        render = list(messages) if self.restore is Restore.TREE_ONLY else restored
+        return TurnMessages(render, restored, keys, echo)
 
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None) -> str:
         """The full prompt text of a conversation, generation prompt included."""

@@ -42,6 +42,12 @@ class Restored:
     # Of `newly`, those recognized by identity only.
     by_id: list[ByIdRestore] = field(default_factory=list)
 
+    @property
+    def echo_ids(self) -> dict[int, tuple[str, ...]]:
+        """The call ids of `by_id`, by message index: what a replay of the turn needs to
+        restore them again (`TurnTags.echo_ids`)."""
+        return {found.index: found.call_ids for found in self.by_id}
+
 
 @dataclass(frozen=True)
 class ByIdRestore:
