@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,6 +19,9 @@ from tokentrail import TrajectoryManager
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.messages import Conversation
+from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal.read import read_journal
+from tokentrail.storage.replay import Settings, as_recorded, replay
 from tokentrail.trajectory.pipeline import TurnPipeline
 from tokentrail.trajectory.turn import TurnRecord
 
@@ -217,11 +221,12 @@ WIRES = {
 }
 
 
-def _session(tokenizer, path: str, by_id: bool) -> Any:
+def _session(tokenizer, path: str, by_id: bool, journal: Path | None = None) -> Any:
     adapter = Adapter(
         engine=ScriptedEngine(tokenizer, SCRIPT),
         tokenizer=tokenizer,
         config=AdapterConfig(restore_by_id=by_id, verify_resume=True),
+        journal=Journal(journal) if journal is not None else None,
     )
     body = WIRES[path]
 
@@ -239,6 +244,8 @@ def _session(tokenizer, path: str, by_id: bool) -> Any:
             return await adapter.finish_trajectory("s")
         finally:
             await runner.cleanup()
+            if adapter.journal is not None:
+                adapter.journal.close()
 
     return asyncio.run(main())
 
@@ -258,3 +265,17 @@ def test_a_bash_echo_without_its_cd_restores_by_id_over_every_protocol(tokenizer
         # Off, the same session forks at the rewritten echo.
         off = _session(tokenizer, path, by_id=False)
         assert len(off.samples) == 2 and off.ledger.restored_by_id == {}, path
+
+
+def test_a_journaled_restore_by_id_replays_to_the_same_samples(tokenizer, tmp_path: Path) -> None:
+    # The ids are not in the journaled messages: the turn's tags keep them (`echo_ids`), so
+    # recovery and `tokentrail replay` restore the same echo again.
+    journal = tmp_path / "run.db"
+    live = _session(tokenizer, "/v1/messages", by_id=True, journal=journal)
+    contents = read_journal(journal)
+    for again in (
+        as_recorded(contents)["s"],
+        replay(contents, Settings.recorded(contents.meta), tokenizer)["s"],
+    ):
+        assert [s.to_dict() for s in again.samples] == [s.to_dict() for s in live.samples]
+        assert again.ledger.restored_by_id == {"Bash": {"arguments": 1}}
