@@ -79,8 +79,9 @@ def restore_echoes(
     call_ids: Mapping[int, tuple[str, ...]] | None = None,
 ) -> Restored:
     """Walk from `root`: exact matches advance; where nothing matches exactly, a generated
-    assistant child that the incoming message is an echo of (`echo.is_echo`) is substituted,
-    and the walk goes on. `keys` are the incoming messages' routing keys.
+    assistant child that the incoming message is an echo of is substituted (by identity: its
+    calls carry the ids minted for that child, to the same tools; else `echo.is_echo`), and
+    the walk goes on. `keys` are the incoming messages' routing keys.
 
     An exact match of a generated message is substituted too: routing keys ignore key order,
     templates do not (`tojson` writes arguments in dict order), so a harness that sorts the
