@@ -18,7 +18,7 @@ class Pin(NamedTuple):
 # one where a test asks for it). `scripts/bump-harnesses` rewrites the versions.
 LATEST: dict[str, Pin] = {
     "claude-code": Pin("npm", "@anthropic-ai/claude-code", "2.1.332"),
-    "codex": Pin("npm", "@openai/codex", "0.169.0"),
+    "codex": Pin("npm", "@openai/codex", "0.171.0"),
     "qwen-code": Pin("npm", "@qwen-code/qwen-code", "0.24.4"),
     "hermes-agent": Pin("pip", "hermes-agent", "0.19.0"),
 }
