@@ -22,6 +22,7 @@ LATEST: dict[str, Pin] = {
     "qwen-code": Pin("npm", "@qwen-code/qwen-code", "0.24.4"),
     "hermes-agent": Pin("pip", "hermes-agent", "0.19.0"),
     "opencode": Pin("npm", "opencode-ai", "1.18.33"),
+    "mini-swe-agent": Pin("pip", "mini-swe-agent", "2.4.6"),
 }
 
 # Older releases tests keep on purpose, which the bump leaves alone: Claude Code 2.1.197 is
