@@ -4,7 +4,8 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 # The exact versions the suite last passed with; `make test-latest` proposes the next ones.
 CONSTRAINTS ?= .ci/constraints.txt
 
-.PHONY: install demo test test-rust test-python test-latest lint package bench bench-quick docs docs-serve
+.PHONY: install demo test test-rust test-python test-latest lint package bench bench-quick docs \
+	docs-serve bump-harnesses
 
 # The build backend comes from the constraints too (no build isolation), so the extension is
 # built by the same maturin every time.
@@ -61,3 +62,7 @@ docs: install
 
 docs-serve:
 	NO_MKDOCS_2_WARNING=1 $(DOCS_PYTHON) -m mkdocs serve
+# Every real harness's newest release: look them up, rewrite the pins in
+# tests/support/harness_versions.py and run the harness tests against them.
+bump-harnesses:
+	$(PYTHON) scripts/bump-harnesses

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from support.capture import capture, write_corpus
 from support.claude_code import (
     CLAUDE_CODE_COMPLETION_ORDER_VERSION,
     CLAUDE_CODE_VERSION,
@@ -33,6 +34,7 @@ from support.engine_thread import engine_in_thread
 from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import resume_checks, serving, serving_in_thread
 from support.stand_in import scripted_reply
+from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest
@@ -296,6 +298,111 @@ def test_real_claude_code_in_its_default_configuration_gives_one_sample_per_conv
         list(main_sample.tokens)
     )
     # Every request was translated resumed and in full, and the two were the same.
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)
+
+
+def _bash(repo: Path, command: str) -> dict:
+    return {
+        "type": "tool_use",
+        "name": "Bash",
+        "input": {"command": f"cd {repo} && {command}", "description": command[:40]},
+    }
+
+
+@pytest.mark.parametrize("configuration", ["default", "quiet"])
+def test_real_claude_code_with_cd_prefixed_bash_and_a_sub_agent(
+    claude_exe_completion_order: Path, tmp_path: Path, configuration: str
+) -> None:
+    # The latest release as a new user runs it (and with the two quieting switches): with no
+    # CLAUDE_CODE_DISABLE_* switch its first request of every conversation sends
+    # `thinking.display: "updates"` and its sub-agents run in the background; either way it
+    # echoes each `cd <its own directory> && ...` Bash command without the `cd`. With the
+    # known side requests excluded: one sample for the main conversation and one for the
+    # sub-agent, no 4xx, every generated token of theirs trained, the rewritten echoes
+    # restored by id. Under TOKENTRAIL_RECORD_CORPUS the bodies join tests/fixtures/requests.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("x = 1  # TODO: name it\n")
+    main = [
+        [_bash(repo, "echo HI > hi.txt")],
+        [
+            {"type": "text", "text": "Delegating the search."},
+            {
+                "type": "tool_use",
+                "name": "Agent",
+                "input": {
+                    "description": "Find TODOs",
+                    "prompt": SUBAGENT_PROMPT,
+                    "subagent_type": "general-purpose",
+                },
+            },
+        ],
+        [_bash(repo, "cat hi.txt")],
+        [{"type": "text", "text": "hi.txt holds HI; one TODO, in a.py."}],
+    ]
+    sub = [
+        [_bash(repo, "grep -rn TODO .")],
+        [{"type": "tool_use", "name": "Read", "input": {"file_path": str(repo / "a.py")}}],
+        [{"type": "text", "text": "a.py line 1: TODO: name it"}],
+    ]
+    tokenizer = load_tokenizer()
+    log = tmp_path / "access.log"
+    adapter = Adapter(
+        engine=_TwoConversations(tokenizer, main, sub),
+        tokenizer=tokenizer,
+        config=AdapterConfig(
+            verify_resume=True,
+            exclude_known_side_requests=True,
+            access_log=AccessLog(str(log), json=True),
+        ),
+    )
+    seen = capture(adapter)
+    with serving_in_thread(adapter) as (url, loop):
+        run = run_claude(
+            claude_exe_completion_order,
+            "Write HI into hi.txt, find the TODOs with a sub-agent, then show hi.txt.",
+            base_url=url,
+            session_id="cc-cd",
+            cwd=repo,
+            timeout=240,
+            quiet=configuration == "quiet",
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        trajectory = asyncio.run_coroutine_threadsafe(
+            adapter.finish_trajectory("cc-cd", reward=1.0), loop
+        ).result(60)
+        metrics = adapter.metrics.render()[0].decode()
+    if os.environ.get("TOKENTRAIL_RECORD_CORPUS"):
+        write_corpus(
+            f"claude_code_{CLAUDE_CODE_COMPLETION_ORDER_VERSION}_{configuration}_cd_bash_subagent",
+            "claude-code",
+            CLAUDE_CODE_COMPLETION_ORDER_VERSION,
+            configuration,
+            seen,
+        )
+    assert (repo / "hi.txt").read_text() == "HI\n"
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entries and not [e for e in entries if 400 <= e["status"] < 500], entries
+    posted = [c for c in seen if c.method == "POST"]
+    if configuration == "default":
+        displays = {(c.body.get("thinking") or {}).get("display") for c in posted}
+        assert "updates" in displays, "the default configuration no longer sends it"
+        assert 'tokentrail_unknown_field_values_total{field="thinking.display"}' in metrics
+
+    ledger = trajectory.ledger
+    tags = sorted(s.metadata["conversation"]["subagent"] for s in trajectory.samples)
+    assert tags == [False, True], [s.metadata["turns"] for s in trajectory.samples]
+    assert "fork" not in trajectory.drift_counts
+    excluded = sum(t.generated for t in ledger.turns if t.excluded is not None)
+    assert ledger.trained_tokens == ledger.generated_tokens - excluded > 0
+    assert all(t.excluded.startswith("known:") for t in ledger.turns if t.excluded)
+    # Claude Code dropped the `cd` from the Bash echoes: restored by the ids we minted.
+    assert ledger.restored_by_id.get("Bash", {}).get("arguments", 0) >= 1, ledger.restored_by_id
+    (sub_sample,) = [s for s in trajectory.samples if s.metadata["conversation"]["subagent"]]
+    main_sample = next(s for s in trajectory.samples if s is not sub_sample)
+    text = tokenizer.decode(list(main_sample.tokens))
+    assert f"cd {repo} && echo HI > hi.txt" in text and f"cd {repo} && cat hi.txt" in text
+    checks = resume_checks(metrics)
     assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)
 
 

@@ -1,4 +1,5 @@
-"""The real Codex CLI (0.169.0, from npm) driven headless against the adapter's Responses API.
+"""The real Codex CLI (the release `support.harness_versions` pins, from npm) driven headless
+against the adapter's Responses API.
 
 The scripted model reads a file, runs two commands in parallel, sends an `apply_patch` that does
 not apply, then one that does, runs the test and answers; a second `codex exec resume` process

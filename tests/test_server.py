@@ -251,6 +251,19 @@ def test_health_and_models(tokenizer) -> None:
                     assert resp.status == 200 and (await resp.json())["status"] == "ok"
             models = await openai_client(url, "s").models.list()
             assert [m.id for m in models.data] == ["qwen3-test"]
+            # One model by id (hermes-agent probes it at start): the served one, as the SDK
+            # reads it; any other id is a 404 in OpenAI's error shape.
+            model = await openai_client(url, "s").models.retrieve("qwen3-test")
+            assert (model.id, model.object) == ("qwen3-test", "model")
+            with pytest.raises(openai.NotFoundError) as missing:
+                await openai_client(url, "s").models.retrieve("gpt-unknown")
+            assert missing.value.status_code == 404
+            error = missing.value.body
+            assert error["type"] == "not_found_error" and "gpt-unknown" in error["message"]
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{url}/v1/models/Qwen/Qwen3-8B") as resp:
+                    assert resp.status == 404
+                    assert "Qwen/Qwen3-8B" in (await resp.json())["error"]["message"]
 
     run(body)
 

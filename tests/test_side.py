@@ -22,10 +22,10 @@ from tokentrail.errors import PolicyError
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import read_journal
 from tokentrail.text.tokenizer import load_tokenizer
-from tokentrail.trajectory.side import SideRules, system_fingerprint
+from tokentrail.trajectory.side import KNOWN_SIDE_REQUESTS, SideRules, system_fingerprint
 
 # The first words of the real side requests (captured from Qwen Code 0.24.4 and hermes-agent
-# 0.19.0 against a stub; see `side.KNOWN_SIDE_PROMPTS`).
+# 0.19.0 against a stub; see `side.KNOWN_SIDE_REQUESTS`).
 QWEN_MEMORY = (
     "You are now acting as the managed memory extraction subagent for an AI coding assistant."
     "\n\nThe recent conversation history is already in your context."
@@ -38,6 +38,21 @@ HERMES_SUMMARY = (
 TITLE = (
     "You are a title generator. You output ONLY a thread title. Nothing else.\n\n<task>\n"
     "Generate a brief title that would help the user find this conversation later.\n</task>"
+)
+# Claude Code 2.1.332's session title request: its system prompt as the binary holds it (the
+# middle shortened), after the billing header and the SDK line it sends first, and the
+# wording reported for the same release.
+CLAUDE_TITLE = (
+    "x-anthropic-billing-header: cc_version=2.1.332.90f; cc_entrypoint=sdk-cli;\n"
+    "You are a Claude agent, built on Anthropic's Claude Agent SDK.\n"
+    "You are naming a coding session so the user can pick it out of a long list of sessions. "
+    "The title is a name for what the session is about, not a sentence describing the task.\n\n"
+    "The session content is provided inside <session> tags.\n\n"
+    'Return JSON with a single "title" field. Capitalize the first letter of the title.'
+)
+CLAUDE_TITLE_REPORTED = (
+    "Generate a concise, sentence-case title (3-7 words) that captures the main topic or goal "
+    'of this coding session.\n\nReturn JSON with a single "title" field.'
 )
 MAIN_SYSTEM = "You are Qwen Code, a non-interactive CLI agent."
 AGENT_PROMPT = "Find every TODO comment in the repository and list the files that hold them."
@@ -141,6 +156,23 @@ MAIN = [{"role": "system", "content": MAIN_SYSTEM}, {"role": "user", "content": 
 MEMORY = [{"role": "system", "content": QWEN_MEMORY}, {"role": "user", "content": "extract"}]
 SUMMARY = [{"role": "user", "content": HERMES_SUMMARY}]
 TITLE_REQUEST = [{"role": "system", "content": TITLE}, {"role": "user", "content": "fix it"}]
+CC_TITLE = [
+    {"role": "system", "content": CLAUDE_TITLE},
+    {"role": "user", "content": "<session>\nfix calc.py\n</session>"},
+]
+CC_TITLE_REPORTED = [
+    {"role": "system", "content": CLAUDE_TITLE_REPORTED},
+    {"role": "user", "content": "<session>\nfix calc.py\n</session>"},
+]
+# Claude Code's main conversation: the same system message holds none of it.
+CC_MAIN = [
+    {
+        "role": "system",
+        "content": CLAUDE_TITLE.split("You are naming")[0]
+        + "You are an agent working with the user. Return JSON when asked.",
+    },
+    {"role": "user", "content": 'Name it: return JSON with a single "title" field.'},
+]
 # A provider header may come first in the same system message.
 HEADED_TITLE = [{"role": "system", "content": f"You are a helpful assistant.\n{TITLE}"},
                 {"role": "user", "content": "fix it"}]  # fmt: skip
@@ -152,30 +184,47 @@ def test_known_side_requests_are_served_journaled_and_masked_as_excluded(
     path = tmp_path / "run.db"
     trajectory, statuses, metrics = run_session(
         tokenizer,
-        [(MAIN, {}), (MEMORY, {}), (SUMMARY, {}), (TITLE_REQUEST, {}), (HEADED_TITLE, {})],
+        [(MAIN, {}), (MEMORY, {}), (SUMMARY, {}), (TITLE_REQUEST, {}), (HEADED_TITLE, {}),
+         (CC_TITLE, {}), (CC_TITLE_REPORTED, {})],
         journal=path,
         exclude_known_side_requests=True,
-    )
-    assert statuses == [200] * 5
+    )  # fmt: skip
+    assert statuses == [200] * 7
     ledger = trajectory.ledger
-    title = "pattern:" + r"(?m)^You are a title generator\. You output ONLY a thread title\."
+    # Each reason names the rule that fired: the harness and the release it was seen in.
+    title = "known:opencode 1.18.33 title generator"
+    cc_title = "known:claude-code 2.1.332 session title"
     assert [t.excluded for t in ledger.turns] == [
         None,
-        "pattern:" + r"\AYou are now acting as the managed memory extraction subagent",
-        "pattern:" + r"\AYou are a summarization agent creating a context checkpoint",
+        "known:qwen-code 0.24.4 memory extraction",
+        "known:hermes-agent 0.19.0 summarizer",
         title,
         title,
+        cc_title,
+        cc_title,
     ]
     side = [t.generated for t in ledger.turns[1:]]
     assert ledger.masked_tokens == {"excluded": sum(side)}
     assert ledger.trained_tokens == ledger.turns[0].generated
-    assert ledger.to_dict()["excluded_turns"] == 4
+    assert ledger.to_dict()["excluded_turns"] == 6
     (sample,) = trajectory.samples
     assert sample.metadata["turns"] == [1]
     assert f'tokentrail_masked_tokens_total{{reason="excluded"}} {float(sum(side))}' in metrics
     # Journaled like any other turn, with the reason kept for recovery and replay.
     turns = read_journal(path).served_turns()
-    assert [t.metadata.get("excluded") is not None for t in turns] == [False] + [True] * 4
+    assert [t.metadata.get("excluded") is not None for t in turns] == [False] + [True] * 6
+
+
+def test_each_known_rule_fires_on_its_side_request_only() -> None:
+    rules = SideRules.compile([], KNOWN_SIDE_REQUESTS)
+    assert rules.match(CC_TITLE) == "known:claude-code 2.1.332 session title"
+    assert rules.match(CC_TITLE_REPORTED) == "known:claude-code 2.1.332 session title"
+    # The main conversation's system prompt, and a user asking for a title there, are not.
+    assert rules.match(CC_MAIN) is None
+    assert rules.match(MAIN) is None
+    names = [rule.name for rule in KNOWN_SIDE_REQUESTS]
+    assert len(set(names)) == len(names)
+    assert all(rule.version[0].isdigit() for rule in KNOWN_SIDE_REQUESTS)
 
 
 def test_a_header_or_a_pattern_excludes_and_nothing_else_does(tokenizer) -> None:

@@ -65,3 +65,44 @@ def test_each_bad_field_is_a_400_naming_it_and_the_good_ones_pass(tokenizer) -> 
         h.get("x-api-key", f"good-{i}") for i, (_, _, h) in enumerate(SERVED)
     }  # the case with two equal credentials runs in their session
     assert set(adapter.sessions.open_ids()) == expected
+
+
+def test_an_unknown_display_preference_is_served_and_counted_not_refused(tokenizer) -> None:
+    # Claude Code 2.1.332's first request of every conversation, in its default configuration.
+    # The value changes how reasoning is shown, not what is sampled: served, and counted so an
+    # operator sees a harness sending what this adapter does not know.
+    adapter = Adapter(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, config=AdapterConfig())
+    body = {
+        "model": "m",
+        "max_tokens": 64,
+        "thinking": {"type": "adaptive", "display": "updates"},
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    known = {**body, "thinking": {"type": "adaptive", "display": "omitted"}}
+    changes_sampling = {**body, "thinking": {"type": "sometimes", "display": "updates"}}
+
+    async def main():
+        runner, url = await start_server(adapter)
+        try:
+            async with aiohttp.ClientSession() as http:
+                out = []
+                for sent in (body, body, known, changes_sampling):
+                    headers = {"Authorization": "Bearer cc", "Content-Type": "application/json"}
+                    async with http.post(f"{url}{M}", json=sent, headers=headers) as resp:
+                        out.append((resp.status, await resp.json()))
+                count = f"{M}/count_tokens"
+                async with http.post(f"{url}{count}", json=body, headers=headers) as resp:
+                    out.append((resp.status, await resp.json()))
+                async with http.get(f"{url}/metrics") as resp:
+                    metrics = await resp.text()
+            return out, metrics
+        finally:
+            await runner.cleanup()
+
+    replies, metrics = asyncio.run(main())
+    assert [status for status, _ in replies] == [200, 200, 200, 400, 200]
+    assert replies[0][1]["type"] == "message"
+    assert "thinking.type" in replies[3][1]["error"]["message"]
+    # Three requests sent "updates" (two turns and a count); "omitted" is known.
+    line = 'tokentrail_unknown_field_values_total{field="thinking.display"} 3.0'
+    assert line in metrics.splitlines()

@@ -182,6 +182,20 @@ class Restore(StrEnum):
     OFF = "off"
 
 
+class EchoDifference(StrEnum):
+    """What a harness changed in an echo that was restored by identity (its calls' ids are the
+    ones we minted, their tools the same) and that the coarse comparison did not recognize."""
+
+    # A tool call's arguments (Claude Code drops a `cd <its own directory> && ` from Bash).
+    ARGUMENTS = "arguments"
+    # The message's text.
+    CONTENT = "content"
+    # The reasoning.
+    REASONING = "reasoning"
+    # Anything else (a key of a call or of the message).
+    OTHER = "other"
+
+
 class History(StrEnum):
     """How a turn's prompt ids are built from the conversation."""
 

@@ -144,6 +144,12 @@ class Conversation:
     images: list[ImageInput] = field(default_factory=list)
     # The image parts translation found, by digest, where `content` holds their marks.
     image_sources: dict[str, ImageSource] = field(default_factory=dict)
+    # The ids the harness sent with an assistant message's tool calls (Anthropic `tool_use.id`,
+    # Chat `tool_calls[].id`, Responses `call_id`), by the message's index, in call order;
+    # only for messages whose every call had one. Messages do not carry them: templates mint
+    # their own, and routing keys must not see them. The restore stage reads them
+    # (`trajectory.restore`: an echo of a call whose id we minted is our call).
+    call_ids: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def function_tool(name: str, description: object, parameters: dict[str, Any]) -> ToolSchema:

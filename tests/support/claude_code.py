@@ -19,14 +19,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.harness_versions import KEPT, LATEST
 from support.headless import run_headless
 from support.npm import npm_install
 
-CLAUDE_CODE_VERSION = "2.1.197"
-# The release that answers parallel tool calls in the order they finished (errors and fast
-# tools first); 2.1.197 still answers them in call order.
-CLAUDE_CODE_COMPLETION_ORDER_VERSION = "2.1.332"
-PACKAGE = "@anthropic-ai/claude-code"
+# The release the recorded fixture and the quiet-configuration tests use.
+CLAUDE_CODE_VERSION = KEPT["claude-code"].version
+# The latest release (`support.harness_versions`): it answers parallel tool calls in the order
+# they finished (errors and fast tools first), where 2.1.197 answers them in call order, and
+# the default-configuration tests run it.
+CLAUDE_CODE_LATEST = LATEST["claude-code"].version
+CLAUDE_CODE_COMPLETION_ORDER_VERSION = CLAUDE_CODE_LATEST
+PACKAGE = LATEST["claude-code"].package
 
 # Environment of every run; nothing else is inherited from the caller but PATH, so a developer's
 # own API key or proxy settings never reach the CLI. What a headless run needs:

@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.harness_versions import LATEST
 from support.npm import npm_install
 
-CODEX_VERSION = "0.169.0"
-PACKAGE = "@openai/codex"
+CODEX_VERSION = LATEST["codex"].version
+PACKAGE = LATEST["codex"].package
 # The slug for which Codex offers `apply_patch` as a free-form custom tool.
 MODEL = "gpt-5.5"
 

@@ -66,6 +66,9 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, str], str]] = [
      "thinking.budget_tokens: must be less than max_tokens"),
     (M, {**ANTHROPIC, "thinking": {"type": "sometimes"}}, {}, "thinking.type"),
     (M, {**ANTHROPIC, "thinking": "on"}, {}, "thinking: expected an object"),
+    # A display preference of an unknown name passes (counted); one of another type does not.
+    (M, {**ANTHROPIC, "thinking": {"type": "adaptive", "display": 5}}, {},
+     "thinking.display: expected a string"),
     (M, {**ANTHROPIC, "tools": [TOOL, TOOL]}, {}, "tools[1].name: 'Read' is the name of tools[0]"),
     (M, {**ANTHROPIC, "tools": [{**TOOL, "name": 5}]}, {}, "tools[0].name: expected a string"),
     (M, ANTHROPIC, TEXT_PLAIN, "Content-Type"),
@@ -123,6 +126,7 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, str], str]] = [
 # What the SDKs and harnesses send, nulls included: all still served.
 SERVED: list[tuple[str, dict[str, Any], dict[str, str]]] = [
     (M, {**ANTHROPIC, "thinking": {"type": "adaptive"}}, {}),
+    (M, {**ANTHROPIC, "thinking": {"type": "adaptive", "display": "updates"}}, {}),
     (M, {**ANTHROPIC, "thinking": {"type": "enabled", "budget_tokens": 1024}}, {}),
     (M, {**ANTHROPIC, "thinking": {"type": "disabled"}, "temperature": None}, {}),
     (M, {**ANTHROPIC, "metadata": {"user_id": "u1"}, "service_tier": "auto"}, {}),

@@ -12,20 +12,18 @@ hermes session id never reaches the server.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import re
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.harness_versions import LATEST
 from support.headless import run_headless
-from support.npm import default_cache_dir
+from support.pip import pip_install
 
-HERMES_VERSION = "0.19.0"
-PACKAGE = "hermes-agent"
+HERMES_VERSION = LATEST["hermes-agent"].version
+PACKAGE = LATEST["hermes-agent"].package
 
 CONFIG = """\
 model:
@@ -47,36 +45,10 @@ skills:
 """
 
 
-def _cache_dir() -> Path:
-    return default_cache_dir().parent / "pip" / f"hermes-agent-{HERMES_VERSION}"
-
-
 def install_hermes(cache_dir: Path | None = None) -> Path:
-    """Install the pinned release once (a venv and `pip install`, under a lock, with a marker
-    written last) and return its `hermes` executable. Raises on a failed install."""
-    root = cache_dir or _cache_dir()
-    exe, marker = root / "venv" / "bin" / "hermes", root / "installed"
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.exists() and exe.exists():
-            return exe
-        # A venv cannot be moved once made, so it is made in place; the marker says it is whole.
-        # Made without pip (a system Python may lack ensurepip), and filled by this Python's
-        # pip, which installs into another interpreter's environment with `--python`.
-        venv = root / "venv"
-        subprocess.run(
-            [sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)], check=True
-        )
-        pip = subprocess.run(
-            [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-             "--quiet", "--disable-pip-version-check", f"{PACKAGE}=={HERMES_VERSION}"],
-            capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        if pip.returncode != 0 or not exe.exists():
-            raise RuntimeError(f"pip install {PACKAGE}=={HERMES_VERSION}: {pip.stderr[-3000:]}")
-        marker.write_text(HERMES_VERSION)
-    return exe
+    """Install the pinned release once (`support.pip`) and return its `hermes` executable.
+    Raises on a failed install."""
+    return pip_install(PACKAGE, HERMES_VERSION, "hermes", cache_dir)
 
 
 @dataclass

@@ -15,11 +15,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.harness_versions import LATEST
 from support.headless import run_headless
 from support.npm import npm_install
 
-QWEN_CODE_VERSION = "0.24.4"
-PACKAGE = "@qwen-code/qwen-code"
+QWEN_CODE_VERSION = LATEST["qwen-code"].version
+PACKAGE = LATEST["qwen-code"].package
 
 # `~/.qwen/settings.json` for a CI run: with it, one run makes one loopback connection and no
 # side request (measured with Qwen Code 0.24.4). Memory extraction is the one that matters: it

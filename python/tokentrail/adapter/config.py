@@ -13,7 +13,7 @@ from tokentrail.adapter.offload import DEFAULT_WORKERS
 from tokentrail.adapter.protocols.common import KEEPALIVE_S
 from tokentrail.kinds import History, Restore, Retry, parse_kind
 from tokentrail.text.vision import ImageLimits
-from tokentrail.trajectory.side import KNOWN_SIDE_PROMPTS
+from tokentrail.trajectory.side import KNOWN_SIDE_REQUESTS, SideRules
 
 
 @dataclass
@@ -41,6 +41,9 @@ class AdapterConfig:
     # How long a finished session's samples stay to answer a repeated finish.
     finish_retention_s: float = 300.0
     restore: Restore = Restore.ON
+    # Restore an echo whose tool calls carry the ids we minted (and name the same tools),
+    # whatever the harness did to their arguments; off: the coarse comparison alone.
+    restore_by_id: bool = True
     history: History = History.SPLICE
     # What a retried request gets (a session's own rule and the request's header come first).
     retry: Retry = Retry.REPLAY
@@ -51,7 +54,8 @@ class AdapterConfig:
     masked_warning_threshold: float = 0.05
     # Side conversations excluded from training in every session: regular expressions searched
     # in a conversation's first message; `exclude_known_side_requests` adds
-    # `side.KNOWN_SIDE_PROMPTS` (the side requests of Qwen Code, hermes-agent and opencode/kilo).
+    # `side.KNOWN_SIDE_REQUESTS` (the side requests of Qwen Code, hermes-agent, opencode/kilo
+    # and Claude Code), each excluded under its rule's name.
     exclude_patterns: tuple[str, ...] = ()
     exclude_known_side_requests: bool = False
     # Ask the engine for every turn's MoE routed experts / sparse-attention indexer top-k
@@ -73,9 +77,9 @@ class AdapterConfig:
     # One line per request (`serve --access-log`); None: off.
     access_log: AccessLog | None = None
 
-    def side_patterns(self) -> list[str]:
-        known = list(KNOWN_SIDE_PROMPTS.values()) if self.exclude_known_side_requests else []
-        return [*self.exclude_patterns, *known]
+    def side_rules(self) -> SideRules:
+        known = KNOWN_SIDE_REQUESTS if self.exclude_known_side_requests else ()
+        return SideRules.compile(self.exclude_patterns, known)
 
 
 @dataclass(frozen=True)

@@ -216,6 +216,14 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.unknown_field_values = Counter(
+            "tokentrail_unknown_field_values_total",
+            "Requests that sent a value this adapter does not know in a field that does not "
+            "change what is generated (a display preference, a context-management hint): "
+            "accepted, not refused; a harness's new release sends one.",
+            ["field"],
+            registry=r,
+        )
         self.in_flight_requests = Gauge(
             "tokentrail_requests_in_flight",
             "Requests the adapter is serving now.",
@@ -280,6 +288,11 @@ class Metrics:
 
     def resume_checked(self, result: ResumeCheck) -> None:
         self.resume_checks.labels(result=result.value).inc()
+
+    def unknown_values(self, fields: list[str]) -> None:
+        """Count the fields whose values a request's check accepted without knowing them."""
+        for name in fields:
+            self.unknown_field_values.labels(field=name).inc()
 
     def splice_fallback(self, reason: Fallback) -> None:
         self.splice_fallbacks.labels(reason=reason.value).inc()

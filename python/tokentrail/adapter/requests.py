@@ -70,10 +70,13 @@ class RequestReader:
         default_max_tokens: int,
         resume_checks: Metrics | None = None,
         image_limits: ImageLimits | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """`resume_checks`: translate every request both resumed and in full, and count what
-        that found there (`serve --verify-resume`); None: no check."""
+        that found there (`serve --verify-resume`); None: no check. `metrics`: where the
+        field values accepted unknown are counted."""
         self.limits = limits
+        self.metrics = metrics
         self.resume_checks = resume_checks
         self.sessions = sessions
         self.pipeline = pipeline
@@ -86,6 +89,11 @@ class RequestReader:
         body = parse_body(raw, self.limits.max_json_depth)
         self.limits.check_shape(body)
         return body
+
+    def noted(self, fields: list[str]) -> None:
+        if fields and self.metrics is not None:
+            self.metrics.unknown_values(fields)
+            logger.debug("accepted unknown values of %s", ", ".join(fields))
 
     def translate(
         self, proto: WireProtocol, body: dict[str, Any], sid: str | None = None
@@ -110,7 +118,7 @@ class RequestReader:
     def count(self, proto: WireProtocol, raw: bytes) -> int:
         """count_tokens: the full render's length; nothing is recorded or opened."""
         body = self.parse(raw)
-        proto.check_fields(body, counting=True)
+        self.noted(proto.check_fields(body, counting=True))
         return self.pipeline.count_tokens(self.with_images(self.translate(proto, body)))
 
     def request(
@@ -127,7 +135,7 @@ class RequestReader:
             sid = session_key(proto.session_id(headers, body, trust_body=True), "the session id")
         opened = self.sessions.get(sid)
         defaults = opened.sampling_defaults if opened is not None else {}
-        proto.check_fields(body, defaults=defaults)
+        self.noted(proto.check_fields(body, defaults=defaults))
         translated = self._translate(proto, parsed, sid)
         if remember and parsed.index is not None:
             known = KnownRequest(proto.name, raw, parsed.index, body, translated)

@@ -174,6 +174,7 @@ def first_difference(resumed: Conversation, full: Conversation) -> str | None:
         "forced_tool": (resumed.forced_tool, full.forced_tool),
         "withheld_tools": (resumed.withheld_tools, full.withheld_tools),
         "dropped_media": (resumed.dropped_media, full.dropped_media),
+        "call_ids": (resumed.call_ids, full.call_ids),
     }
     return next((name for name, (a, b) in fields.items() if a != b), None)
 

@@ -45,6 +45,7 @@ from tokentrail.adapter.validation import (
     session_key,
 )
 from tokentrail.engines.base import Engine
+from tokentrail.errors import NotFound
 from tokentrail.kinds import Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.hf import HFTokenizer, as_loaded
@@ -53,7 +54,6 @@ from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
 from tokentrail.trajectory.sample import Sample
-from tokentrail.trajectory.side import SideRules
 from tokentrail.view.app import UI_PREFIX, Viewer
 from tokentrail.view.sources import LiveSource
 
@@ -91,11 +91,12 @@ class Adapter:
             tokenizer,
             chat_template,
             restore=config.restore,
+            restore_by_id=config.restore_by_id,
             history=config.history,
             splice_verify_every=config.splice_verify_every,
             tool_parser=config.tool_parser,
             reasoning_parser=config.reasoning_parser,
-            side_rules=SideRules.compile(config.side_patterns()),
+            side_rules=config.side_rules(),
             template_name=template_name,
         )
         probe_template(self.pipeline.render, template_name or "the chat template")
@@ -142,6 +143,7 @@ class Adapter:
             default_max_tokens=config.default_max_tokens,
             resume_checks=self.metrics if config.verify_resume else None,
             image_limits=config.image_limits,
+            metrics=self.metrics,
         )
         # Per-stage seconds of the latest turns (benchmarks read them).
         self.timings = self.turns.timings
@@ -156,6 +158,8 @@ class Adapter:
         admin = Admin(config.admin_token, self.sessions, self.offload, limits)
         routes = [
             web.get("/v1/models", self._models),
+            # A model id may hold slashes ("Qwen/Qwen3-8B").
+            web.get("/v1/models/{model:.+}", self._model),
             web.get("/healthz", self._healthz),
             web.get("/metrics", self._metrics),
             web.get("/", self._root),
@@ -226,6 +230,14 @@ class Adapter:
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(models_list(self.config.model_name))
+
+    async def _model(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's `GET /v1/models/{model}` (hermes-agent probes it at start): the served
+        model; any other id is a 404 in OpenAI's error shape."""
+        wanted, served = request.match_info["model"], self.config.model_name
+        if wanted != served:
+            raise NotFound(f"The model {wanted!r} does not exist; this server serves {served!r}")
+        return web.json_response(model_object(served))
 
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(
@@ -335,9 +347,9 @@ class Adapter:
             self.sessions.release(turn.sid, session)
 
 
-def models_list(name: str) -> dict[str, Any]:
-    """`GET /v1/models` in a shape both SDKs read: the one served model."""
-    model = {
+def model_object(name: str) -> dict[str, Any]:
+    """The served model in a shape both SDKs read (OpenAI's `Model`, Anthropic's `ModelInfo`)."""
+    return {
         "id": name,
         "object": "model",
         "type": "model",
@@ -346,6 +358,11 @@ def models_list(name: str) -> dict[str, Any]:
         "created": 0,
         "created_at": "1970-01-01T00:00:00Z",
     }
+
+
+def models_list(name: str) -> dict[str, Any]:
+    """`GET /v1/models` in a shape both SDKs read: the one served model."""
+    model = model_object(name)
     return {"object": "list", "data": [model], "has_more": False, "first_id": name, "last_id": name}
 
 

@@ -153,6 +153,14 @@ class ServeSettings:
         "restore harness-re-rendered echoes before rendering (on), in the tree only, or off",
         into="config",
     )
+    restore_by_id: bool = setting(
+        _C.restore_by_id,
+        HISTORY,
+        "restore an echo whose tool calls carry the ids tokentrail minted (and name the same "
+        "tools) whatever the harness changed in their arguments; --no-restore-by-id leaves "
+        "echoes to the coarse comparison (declared defaults, trailing whitespace) alone",
+        into="config",
+    )
     fork_threshold: int = setting(
         1024, HISTORY, "a drift longer than this starts a new sample", unit="tokens",
         into="manager.fork_threshold_tokens",
@@ -221,7 +229,8 @@ class ServeSettings:
         False,
         SESSIONS,
         "exclude the known side requests of Qwen Code (memory extraction), hermes-agent "
-        "(context summarizer) and opencode/kilo (title generator) from training",
+        "(context summarizer), opencode/kilo (title generator) and Claude Code (session "
+        "title) from training; the ledger names the rule that fired",
         into="config.exclude_known_side_requests",
     )
     # -- limits (docs/operating/limits.md)

@@ -132,8 +132,10 @@ def replay_turn(pipeline: TurnPipeline, turn: JournaledTurn, *, as_recorded: boo
     recorded = None
     if as_recorded:
         recorded = RecordedPrompt(turn.prompt_ids, turn.history, turn.fallback)
+    # The ids that restored an echo by identity live only in the turn's tags.
+    echo_ids = dict(TurnTags.read(turn.metadata).echo_ids)
     prepared = pipeline.prepare(
-        turn.sid, Conversation(turn.translated, turn.tools), recorded=recorded
+        turn.sid, Conversation(turn.translated, turn.tools, call_ids=echo_ids), recorded=recorded
     )
     metadata = dict(turn.metadata)
     generated = fit_replay(turn, pipeline.manager)

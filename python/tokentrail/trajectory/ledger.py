@@ -153,6 +153,10 @@ class Ledger:
     # The tool calls in those messages, by tool name: another unit than `restored_echoes`
     # (a restored message with two calls adds 2 here and 1 there; one with none, 0 here).
     restored_by_tool: dict[str, int] = field(default_factory=dict)
+    # Of those, the calls restored by identity only (the ids we minted, the same tools, what
+    # the coarse comparison did not recognize), by tool name and what the harness changed
+    # (`EchoDifference`): {"Bash": {"arguments": 3}}.
+    restored_by_id: dict[str, dict[str, int]] = field(default_factory=dict)
     # Per replay channel kept ("routed_experts", "indexer_topk"): the samples' coverage.
     replay: dict[str, ReplayCoverage] = field(default_factory=dict)
     # Per weight version: output tokens it sampled ("generated") and of those, trained.
@@ -267,6 +271,10 @@ class Ledger:
             turns=turns,
             restored_echoes=int(d.get("restored_echoes", 0)),
             restored_by_tool=dict(d.get("restored_by_tool") or {}),
+            restored_by_id={
+                str(tool): {str(k): int(n) for k, n in kinds.items()}
+                for tool, kinds in (d.get("restored_by_id") or {}).items()
+            },
             replay={
                 str(k): ReplayCoverage.from_dict(v) for k, v in (d.get("replay") or {}).items()
             },
@@ -291,6 +299,10 @@ class Ledger:
             "dropped_media": self.dropped_media,
             "restored_echoes": self.restored_echoes,
             "restored_by_tool": dict(sorted(self.restored_by_tool.items())),
+            "restored_by_id": {
+                tool: dict(sorted(kinds.items()))
+                for tool, kinds in sorted(self.restored_by_id.items())
+            },
             "turns": [t.to_dict() for t in self.turns],
             "by_tool": self.by_tool,
             "splice_fallbacks": self.splice_fallbacks,
@@ -318,6 +330,7 @@ def build_ledger(
     *,
     restored_echoes: int,
     restored_by_tool: Mapping[str, int],
+    restored_by_id: Mapping[str, Mapping[str, int]] | None = None,
     samples: Sequence[Mapping[str, Any]] = (),
     replays: Sequence[str] = (),
     mask_superseded: bool = True,
@@ -400,6 +413,7 @@ def build_ledger(
         turns=rows,
         restored_echoes=restored_echoes,
         restored_by_tool=dict(restored_by_tool),
+        restored_by_id={t: dict(k) for t, k in (restored_by_id or {}).items()},
         replay=coverage,
         weight_versions=versions,
     )

@@ -99,6 +99,7 @@ def linearize_session(
     status: Any,
     train_superseded: bool = False,
     train_constrained: ConstrainedPolicy = ConstrainedPolicy.MASK,
+    restored_by_id: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Trajectory:
     """Every sample of the session's chains, the ledger of every generated token, the drifts.
 
@@ -131,6 +132,7 @@ def linearize_session(
         lin,
         restored_echoes=restored,
         restored_by_tool=restored_by_tool,
+        restored_by_id=restored_by_id or {},
         samples=[s.metadata for s in samples],
         replays=replays,
         mask_superseded=not train_superseded,

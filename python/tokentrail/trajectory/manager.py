@@ -8,7 +8,7 @@ import copy
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
 from tokentrail.trajectory.linearize import Trajectory, linearize_session
-from tokentrail.trajectory.restore import Seen, restore_echoes
+from tokentrail.trajectory.restore import ByIdRestore, Seen, restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.tags import TurnTags
@@ -64,6 +64,8 @@ class _Session:
     turns: int = 0
     restored: int = 0
     restored_by_tool: Counter[str] = field(default_factory=Counter)
+    # Of those, the ones restored by identity only: tool -> what the harness changed -> count.
+    restored_by_id: dict[str, Counter[str]] = field(default_factory=dict)
     # The node holding each generated turn, by turn index.
     by_index: dict[int, Node] = field(default_factory=dict)
     # The nodes of the generated turns tagged with each reply id (one, as ids are minted per
@@ -82,11 +84,14 @@ class _Session:
         """The generated turn whose reply had this id (a turn a rewrite demoted is none)."""
         return next((n for n in self.by_reply.get(reply_id, ()) if n.turn is not None), None)
 
-    def note_restored(self, nodes: Sequence[Node]) -> None:
-        """Generated turns restored for the first time."""
+    def note_restored(self, nodes: Sequence[Node], by_id: Sequence[ByIdRestore] = ()) -> None:
+        """Generated turns restored for the first time, `by_id` those by identity only."""
         for node in nodes:
             self.restored += 1
             self.restored_by_tool.update(tool_names(node.message))
+        for found in by_id:
+            for tool in tool_names(found.node.message):
+                self.restored_by_id.setdefault(tool, Counter())[found.difference.value] += 1
 
 
 def _policy(kind: type[P], value: object, what: str) -> P:
@@ -272,8 +277,7 @@ class TrajectoryManager:
     ) -> list[Message]:
         """Every recognized echo of a generated message replaced with the message we stored
         (see `tokentrail.trajectory.restore`), in a new list; the caller's are left alone."""
-        restored, _ = self.restore_keyed(sid, messages, tools)
-        # The restored dicts are the tree's own: hand out copies.
+        restored, _, _ = self.restore_keyed(sid, messages, tools)  # the tree's own dicts: copy
         return [
             m if m is given else copy.deepcopy(m)
             for m, given in zip(restored, messages, strict=True)
@@ -285,9 +289,11 @@ class TrajectoryManager:
         messages: Sequence[Message],
         tools: Sequence[ToolSchema] | None = None,
         unchanged: int = 0,
-    ) -> tuple[list[Message], list[MessageKey]]:
-        """`restore_generated_messages`, also returning the routing keys of the result, which
-        `splice_anchor` and `record_turn` accept so a turn computes them once.
+        call_ids: Mapping[int, tuple[str, ...]] | None = None,
+    ) -> tuple[list[Message], list[MessageKey], dict[int, tuple[str, ...]]]:
+        """`restore_generated_messages`, also returning the routing keys of the result (which
+        `splice_anchor` and `record_turn` accept) and `Restored.echo_ids`. `call_ids`: the
+        harness's call ids (`Conversation.call_ids`; None: no restore by identity).
 
         Of the first `unchanged` messages, those that are the very objects of the session's
         previous call take its keys and restores (`Conversation.unchanged`). A restored
@@ -300,12 +306,14 @@ class TrajectoryManager:
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
-                return list(messages), keys
+                return list(messages), keys, {}
             seen = seen if session.seen is seen else None
-            restored = restore_echoes(session.root, messages, keys, tools, seen, unchanged)
+            restored = restore_echoes(
+                session.root, messages, keys, tools, seen, unchanged, call_ids
+            )
             session.seen = Seen(list(messages), keys, restored.messages)
-            session.note_restored(restored.newly)
-        return restored.messages, restored.keys
+            session.note_restored(restored.newly, restored.by_id)
+        return restored.messages, restored.keys, restored.echo_ids
 
     def splice_anchor(
         self,
@@ -425,6 +433,7 @@ def _linearize(
         extra_metadata=extra_metadata,
         restored=session.restored,
         restored_by_tool=session.restored_by_tool,
+        restored_by_id=session.restored_by_id,
         replays=manager.replay_channels,
         status=manager.core.REPLAY_STATUS,
         train_superseded=manager.train_superseded,

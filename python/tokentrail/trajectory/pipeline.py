@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -89,6 +89,8 @@ class TurnMessages:
     record: list[Message]
     # Routing keys of `record`, computed once for the turn; None when not computed.
     keys: list[MessageKey] | None = None
+    # The call ids of the echoes first restored by identity, by message index.
+    echo_ids: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ class PreparedTurn:
     replay_start: int = 0
     # The id of the vision encoder's pad token (-1: the family takes no images).
     image_pad_id: int = -1
+    # The call ids of the echoes this turn first restored by identity, by message index.
+    echo_ids: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def tools(self) -> list[ToolSchema] | None:
@@ -168,6 +172,7 @@ class PreparedTurn:
             prefill=self.prefill is not None,
             constrained=self.constraint is not None,
             images=tuple(self.image_tags()) if c.images else (),
+            echo_ids=dict(self.echo_ids),
         )
 
 
@@ -252,8 +257,11 @@ class TurnPipeline:
         family: str | None = None,
         side_rules: SideRules | None = None,
         template_name: str | None = None,
+        restore_by_id: bool = True,
     ) -> None:
         self.manager = manager
+        # Off: echoes are recognized by the coarse comparison alone (`trajectory.restore`).
+        self.restore_by_id = bool(restore_by_id)
         # Side conversations every session excludes (a session may add its own).
         self.side_rules = side_rules or SideRules()
         tokenizer = None if tokenizer is None else as_loaded(tokenizer)
@@ -334,9 +342,7 @@ class TurnPipeline:
             conversation, prefill, self.tool_parser, self.reasoning_parser
         )
         restored_before = self.manager.restored_by_tool(sid)
-        restored = self.restored(
-            sid, Conversation(context, conversation.tools, unchanged=conversation.unchanged)
-        )
+        restored = self.restored(sid, replace(conversation, messages=context))
         render_messages, record_messages, keys = restored.render, restored.record, restored.keys
         restored_tools = [
             tool
@@ -400,6 +406,7 @@ class TurnPipeline:
             excluded=exclusion(record_messages, rules, exclude),
             replay_start=replay_start,
             image_pad_id=pad_id,
+            echo_ids=restored.echo_ids,
         )
         if pad_id >= 0 and recorded is None:
             # Refuses a prompt whose image tokens are not its images' (text that spells them).
@@ -412,12 +419,10 @@ class TurnPipeline:
         messages = conversation.messages
         if self.restore is Restore.OFF:
             return TurnMessages(list(messages), list(messages))
-        restored, keys = self.manager.restore_keyed(
-            sid, messages, conversation.tools, conversation.unchanged
-        )
-        if self.restore is Restore.TREE_ONLY:
-            return TurnMessages(list(messages), restored, keys)
-        return TurnMessages(restored, restored, keys)
+        c, ids = conversation, conversation.call_ids if self.restore_by_id else None
+        restored, keys, echo = self.manager.restore_keyed(sid, messages, c.tools, c.unchanged, ids)
+        render = list(messages) if self.restore is Restore.TREE_ONLY else restored
+        return TurnMessages(render, restored, keys, echo)
 
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None) -> str:
         """The full prompt text of a conversation, generation prompt included."""

@@ -3,17 +3,26 @@ message we generated, before the turn is rendered, so the tree and the token pre
 
 `echo.py` decides whether two messages are the same message; this module walks a session's tree
 along an incoming message list and substitutes every recognized echo with the tree's own dict.
+
+An echo is recognized two ways. By identity: its tool calls carry the ids we minted for a
+generated turn (the harness sent them, `Conversation.call_ids`) and name the same tools, so it
+is our call whatever the harness did to the arguments (Claude Code drops a `cd` into its own
+working directory from a Bash command); what differed is recorded (`ByIdRestore`). And by the
+coarse comparison (`echo.is_echo`: declared defaults, per-line right-strip), strict, for
+echoes whose ids the harness dropped or re-minted.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tokentrail.errors import MessageError
-from tokentrail.messages import Message, ToolSchema
-from tokentrail.trajectory.echo import is_echo
+from tokentrail.kinds import REASONING_FIELDS, EchoDifference
+from tokentrail.messages import Message, ToolSchema, tool_names
+from tokentrail.trajectory.echo import echo_difference, is_echo
+from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import MessageKey, Node, message_key
 
 logger = logging.getLogger(__name__)
@@ -30,6 +39,25 @@ class Restored:
     messages: list[Message]
     keys: list[MessageKey]
     newly: list[Node] = field(default_factory=list)
+    # Of `newly`, those recognized by identity only.
+    by_id: list[ByIdRestore] = field(default_factory=list)
+
+    @property
+    def echo_ids(self) -> dict[int, tuple[str, ...]]:
+        """The call ids of `by_id`, by message index: what a replay of the turn needs to
+        restore them again (`TurnTags.echo_ids`)."""
+        return {found.index: found.call_ids for found in self.by_id}
+
+
+@dataclass(frozen=True)
+class ByIdRestore:
+    """An echo restored by identity that the coarse comparison did not recognize: the
+    incoming message's position, the call ids that proved it, and what the harness changed."""
+
+    index: int
+    node: Node
+    call_ids: tuple[str, ...]
+    difference: EchoDifference
 
 
 @dataclass(frozen=True)
@@ -48,10 +76,12 @@ def restore_echoes(
     tools: Sequence[ToolSchema] | None,
     seen: Seen | None = None,
     unchanged: int = 0,
+    call_ids: Mapping[int, tuple[str, ...]] | None = None,
 ) -> Restored:
     """Walk from `root`: exact matches advance; where nothing matches exactly, a generated
-    assistant child that the incoming message is an echo of (`echo.is_echo`) is substituted,
-    and the walk goes on. `keys` are the incoming messages' routing keys.
+    assistant child that the incoming message is an echo of is substituted (by identity: its
+    calls carry the ids minted for that child, to the same tools; else `echo.is_echo`), and
+    the walk goes on. `keys` are the incoming messages' routing keys.
 
     An exact match of a generated message is substituted too: routing keys ignore key order,
     templates do not (`tojson` writes arguments in dict order), so a harness that sorts the
@@ -60,10 +90,13 @@ def restore_echoes(
 
     `seen` is the session's previous call: a message among the first `unchanged` that is the
     very object it was given, substituted by the same generated message, was compared then.
+    `call_ids` (by message index) are the ids the harness sent with each message's calls; None
+    turns restore by identity off, leaving the coarse comparison alone.
     """
     out = list(messages)
     keys = list(keys)
     newly: list[Node] = []
+    by_id: list[ByIdRestore] = []
     node = root
     for i, key in enumerate(keys):
         nxt = node.child(key)
@@ -85,7 +118,16 @@ def restore_echoes(
             # A harness replays an echo the same way every time: recognize it once.
             nxt = node.known_echo(key)
             if nxt is None:
-                nxt = _echo_target(node, out[i], tools)
+                ids = call_ids.get(i) if call_ids is not None else None
+                found = _id_target(node, out[i], ids) if ids else None
+                if found is not None and not _coarse_echo(found, out[i], tools):
+                    kind = _difference(found, out[i], tools)
+                    if not found.metadata.get("restored"):
+                        by_id.append(ByIdRestore(i, found, ids or (), kind))
+                    logger.debug("echo restored by its call ids %s (%s differ)", ids, kind)
+                    nxt = found
+                else:
+                    nxt = _echo_target(node, out[i], tools)
                 if nxt is None:
                     break
                 node.remember_echo(key, nxt)
@@ -97,7 +139,49 @@ def restore_echoes(
                 nxt.metadata = {**nxt.metadata, "restored": True}
                 newly.append(nxt)
         node = nxt
-    return Restored(out, keys, newly)
+    return Restored(out, keys, newly, by_id)
+
+
+def _id_target(node: Node, message: Message, ids: tuple[str, ...]) -> Node | None:
+    """The generated child whose tool calls we sent with exactly these ids, to the same tools
+    in the same order; None when there is none."""
+    if message.get("role") != "assistant":
+        return None
+    names = tool_names(message)
+    for child in node.children:
+        if child.turn is None or child.message is None:
+            continue
+        if TurnTags.read(child.metadata).call_ids == ids:
+            return child if tool_names(child.message) == names else None
+    return None
+
+
+def _coarse_echo(child: Node, message: Message, tools: Sequence[ToolSchema] | None) -> bool:
+    generated = child.message
+    assert generated is not None
+    try:
+        return is_echo(generated, message, tools)
+    except MessageError:
+        return False
+
+
+def _difference(
+    child: Node, message: Message, tools: Sequence[ToolSchema] | None
+) -> EchoDifference:
+    """What the harness changed in an echo of `child`'s message (its first difference)."""
+    generated = child.message
+    assert generated is not None
+    try:
+        where = echo_difference(generated, message, tools) or ""
+    except MessageError:
+        return EchoDifference.OTHER
+    if where.startswith("tool_calls") and ".arguments" in where:
+        return EchoDifference.ARGUMENTS
+    if where.startswith("content"):
+        return EchoDifference.CONTENT
+    if where.split(":", 1)[0].split(".", 1)[0] in REASONING_FIELDS:
+        return EchoDifference.REASONING
+    return EchoDifference.OTHER
 
 
 def _echo_target(node: Node, message: Message, tools: Sequence[ToolSchema] | None) -> Node | None:

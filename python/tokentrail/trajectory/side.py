@@ -10,6 +10,9 @@ message carries the prompt of a sub-agent call made elsewhere in the session: Cl
 or the server can exclude side conversations by a pattern on their first message (the system
 prompt, or the first user message when there is none) or by a request header: excluded turns
 are served and journaled like any other, and the ledger masks their tokens as `excluded`.
+`--exclude-side-requests` adds the side requests seen from real harnesses (`KNOWN_SIDE_REQUESTS`),
+each a rule named with the harness and the release it was seen in: the ledger's `excluded`
+reason names the rule that fired (`known:claude-code 2.1.332 session title`).
 """
 
 from __future__ import annotations
@@ -25,27 +28,68 @@ from tokentrail.messages import Message
 from tokentrail.trajectory.tree import Node, iter_nodes
 
 __all__ = [
-    "KNOWN_SIDE_PROMPTS",
+    "KNOWN_SIDE_REQUESTS",
     "SUBAGENT_TOOLS",
+    "SideRule",
     "SideRules",
     "conversation_tags",
     "exclusion",
     "system_fingerprint",
 ]
 
-# The first words of side requests captured from the real harnesses (Qwen Code 0.24.4,
-# hermes-agent 0.19.0), and of opencode's title prompt (`agent/prompt/title.txt`, which kilo
-# shares; a provider header may come before it, so it is anchored at a line);
-# `--exclude-side-requests` excludes them all.
-KNOWN_SIDE_PROMPTS = {
-    "qwen-code memory extraction": (
-        r"\AYou are now acting as the managed memory extraction subagent"
+
+@dataclass(frozen=True)
+class SideRule:
+    """A side request a real harness makes, recognized by its first message: the harness,
+    the release it was seen in, what the request is for, and the pattern (searched)."""
+
+    harness: str
+    version: str
+    what: str
+    pattern: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.harness} {self.version} {self.what}"
+
+
+# The side requests captured from the real harnesses; `--exclude-side-requests` excludes
+# them all.
+KNOWN_SIDE_REQUESTS = (
+    SideRule(
+        "qwen-code",
+        "0.24.4",
+        "memory extraction",
+        r"\AYou are now acting as the managed memory extraction subagent",
     ),
-    "hermes-agent summarizer": r"\AYou are a summarization agent creating a context checkpoint",
-    "opencode/kilo title generator": (
-        r"(?m)^You are a title generator\. You output ONLY a thread title\."
+    SideRule(
+        "hermes-agent",
+        "0.19.0",
+        "summarizer",
+        r"\AYou are a summarization agent creating a context checkpoint",
     ),
-}
+    # `agent/prompt/title.txt`, which kilo shares; a provider header may come before it, so it
+    # is anchored at a line.
+    SideRule(
+        "opencode",
+        "1.18.33",
+        "title generator",
+        r"(?m)^You are a title generator\. You output ONLY a thread title\.",
+    ),
+    # Claude Code names each session in its default configuration, under a system prompt of
+    # its own (a billing header and an SDK line come first in the same system message). The
+    # 2.1.332 binary asks "You are naming a coding session ..."; the wording reported for the
+    # same release elsewhere opens "Generate a concise, sentence-case title (3-7 words)". Both
+    # end asking for JSON with one "title" field.
+    SideRule(
+        "claude-code",
+        "2.1.332",
+        "session title",
+        r"(?m)^(?:You are naming a coding session so the user can pick it out of a long list"
+        r"|Generate a concise, sentence-case title \(3-7 words\))"
+        r'[\s\S]*Return JSON with a single "title" field',
+    ),
+)
 # Tools that start a sub-agent, whose prompt (any string argument of prompt length: `prompt`
 # for most, cline's `task`) the sub-agent's first user message carries: Claude Code's `Agent`
 # (`Task` before 2.1), Qwen Code's `agent`, hermes-agent's `delegate_task`, opencode's and
@@ -64,24 +108,31 @@ def _first_text(messages: Sequence[Message]) -> str:
 
 @dataclass(frozen=True)
 class SideRules:
-    """Patterns (regular expressions, searched) on a conversation's first message."""
+    """Patterns (regular expressions, searched) on a conversation's first message, each with
+    the reason a match is excluded for (`pattern:<the pattern>`, or a known rule's name)."""
 
     patterns: tuple[re.Pattern[str], ...] = ()
+    reasons: tuple[str, ...] = ()
 
     @classmethod
-    def compile(cls, patterns: Iterable[str] | None) -> SideRules:
-        compiled = []
-        for pattern in patterns or ():
+    def compile(cls, patterns: Iterable[str] | None, known: Iterable[SideRule] = ()) -> SideRules:
+        compiled, reasons = [], []
+        named = [(p, f"pattern:{p}") for p in patterns or ()]
+        named += [(rule.pattern, f"known:{rule.name}") for rule in known]
+        for pattern, reason in named:
             try:
                 compiled.append(re.compile(pattern))
             except re.error as exc:
                 raise PolicyError(f"bad side-conversation pattern {pattern!r}: {exc}") from None
-        return cls(tuple(compiled))
+            reasons.append(reason)
+        return cls(tuple(compiled), tuple(reasons))
 
     def match(self, messages: Sequence[Message]) -> str | None:
-        """The first pattern that the conversation's first message matches, if any."""
+        """Why the conversation is excluded: the reason of the first pattern its first message
+        matches, if any."""
         text = _first_text(messages)
-        return next((p.pattern for p in self.patterns if p.search(text)), None)
+        found = (r for p, r in zip(self.patterns, self.reasons, strict=True) if p.search(text))
+        return next(found, None)
 
     def __bool__(self) -> bool:
         return bool(self.patterns)
@@ -90,14 +141,14 @@ class SideRules:
 def exclusion(
     messages: Sequence[Message], rules: Iterable[SideRules], header: str | None = None
 ) -> str | None:
-    """Why a turn is excluded from training (`header`, or `pattern:<the pattern>`); None when
-    it is not."""
+    """Why a turn is excluded from training (`header`, `pattern:<the pattern>` or
+    `known:<the rule's name>`); None when it is not."""
     if header:
         return "header"
     for ruleset in rules:
         found = ruleset.match(messages)
         if found is not None:
-            return f"pattern:{found}"
+            return found
     return None
 
 

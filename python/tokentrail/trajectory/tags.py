@@ -41,6 +41,9 @@ class TurnTags:
     # Sampled under a structured-output grammar (a forced tool call): every output token's
     # logprob is the constrained one (`ConstrainedPolicy`).
     constrained: bool = False
+    # The call ids of the prompt's echoes this turn first restored by identity, by message
+    # index (`trajectory.restore`): a replay of the turn restores them again by these.
+    echo_ids: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     # The prompt's images, in token order (`PreparedTurn.image_tags`): each one's digest,
     # type, size, processor grid, token count, first pad token's offset and base64 bytes
     # (one text per image, shared by the turns that hold it; the journal stores the bytes
@@ -83,6 +86,8 @@ class TurnTags:
             out["client_disconnected"] = True
         if self.constrained:
             out["constrained"] = True
+        if self.echo_ids:
+            out["echo_ids"] = {str(i): list(ids) for i, ids in self.echo_ids.items()}
         if self.images:
             out["images"] = [dict(i) for i in self.images]
         out.update(self.extra)
@@ -108,6 +113,7 @@ class TurnTags:
             prefill=bool(get("prefill")),
             client_disconnected=bool(get("client_disconnected")),
             constrained=bool(get("constrained")),
+            echo_ids={int(i): tuple(ids) for i, ids in (get("echo_ids") or {}).items()},
             images=tuple(get("images") or ()),
             extra={k: v for k, v in metadata.items() if k not in known},
         )

@@ -223,6 +223,7 @@ def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int
             msg, ids = assistant_message(m["content"], where)
             results.open(ids)
             messages.append(msg)
+            fold.note_calls(ids)
         elif role == "user":
             messages.extend(_user_messages(m["content"], where, results, reader))
             results.close_all()
@@ -423,12 +424,12 @@ class AnthropicMessages(ResumableProtocol):
         *,
         counting: bool = False,
         defaults: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> list[str]:
         # max_tokens is required, unless a trainer opened the session with its own limit.
         if not counting and "max_new_tokens" in (defaults or {}):
-            ANTHROPIC_DEFAULTED.check(body, "")
+            noted = ANTHROPIC_DEFAULTED.validate(body)
         else:
-            super().check_fields(body, counting=counting)
+            noted = super().check_fields(body, counting=counting)
         thinking, max_tokens = body.get("thinking"), body.get("max_tokens")
         enabled = isinstance(thinking, dict) and thinking.get("type") == "enabled"
         if not counting and enabled and isinstance(max_tokens, int):
@@ -438,6 +439,7 @@ class AnthropicMessages(ResumableProtocol):
                     f"thinking.budget_tokens: must be less than max_tokens ({max_tokens}), got "
                     f"{thinking['budget_tokens']}"
                 )
+        return noted
 
     def translate_from(
         self, body: dict[str, Any], previous: Translated | None, first_changed: int

@@ -123,13 +123,13 @@ class WireProtocol(ABC):
         *,
         counting: bool = False,
         defaults: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> list[str]:
         """Refuse a known field of the wrong type (or a required one missing) with a 400
         naming it, before anything of the body is translated. `defaults`: the sampling
-        defaults of the session (a trainer's), which fill what a request leaves out."""
+        defaults of the session (a trainer's), which fill what a request leaves out.
+        Returns the fields whose values were accepted unknown (`fields.Hint`), to be counted."""
         spec = self.count_fields if counting else self.fields
-        if spec is not None:
-            spec.check(body, "")
+        return [] if spec is None else spec.validate(body)
 
     def session_id(
         self, headers: Mapping[str, str], body: Mapping[str, Any], *, trust_body: bool = False

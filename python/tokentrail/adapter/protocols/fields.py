@@ -6,7 +6,11 @@ definitions (`anthropic.types.MessageCreateParams`, `openai.types.chat.Completio
 as the APIs answer. A field a list does not know passes (harnesses send beta fields and engine
 extensions), `null` is a field left out (the SDKs send it for every `Optional`), and values whose
 sets keep growing (reasoning efforts, service tiers, `include` names) are held to their type
-only. Messages and tools are checked where they are translated, each where it is read.
+only. A field that does not change what is generated (a display preference, a context-management
+hint) is a `Hint`: a value outside the set it knows is accepted and noted (`Spec.validate`
+returns where), never refused, since a harness's next release may send one. Fields that change
+the prompt or the sampling stay strict. Messages and tools are checked where they are
+translated, each where it is read.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ __all__ = [
     "ANTHROPIC_DEFAULTED",
     "CHAT",
     "RESPONSES",
+    "Hint",
     "Spec",
     "json_content_type",
 ]
@@ -54,9 +59,17 @@ class Spec(ABC):
     def accepts(self, value: object) -> bool:
         """Whether `value` has this spec's JSON type (its parts are checked by `check`)."""
 
-    def check(self, value: object, path: str) -> None:
+    def check(self, value: object, path: str, noted: list[str]) -> None:
+        """Refuse `value` (a RequestError naming `path`) unless it fits; append to `noted` the
+        paths of accepted values this spec does not know (see `Hint`)."""
         if not self.accepts(value):
             raise RequestError(f"{path}: expected {self.what}, got {_kind(value)}")
+
+    def validate(self, value: object) -> list[str]:
+        """`check` a whole body: the paths of the unknown values it accepted, in order."""
+        noted: list[str] = []
+        self.check(value, "", noted)
+        return noted
 
 
 class Str(Spec):
@@ -88,8 +101,8 @@ class Num(Spec):
         kinds: tuple[type, ...] = (int,) if self.integer else (int, float)
         return isinstance(value, kinds) and not isinstance(value, bool)
 
-    def check(self, value: object, path: str) -> None:
-        super().check(value, path)
+    def check(self, value: object, path: str, noted: list[str]) -> None:
+        super().check(value, path, noted)
         assert isinstance(value, int | float)
         if self.lo is not None and value < self.lo:
             raise RequestError(f"{path}: must be >= {self.lo:g}, got {value}")
@@ -111,9 +124,28 @@ class Enum(Spec):
     def accepts(self, value: object) -> bool:
         return isinstance(value, str) and value in self.values
 
-    def check(self, value: object, path: str) -> None:
+    def check(self, value: object, path: str, noted: list[str]) -> None:
         if not self.accepts(value):
             raise RequestError(f"{path}: expected {self.what}, got {json.dumps(value)[:80]}")
+
+
+@dataclass
+class Hint(Spec):
+    """A string from a set that keeps growing, of a field that does not change what is
+    generated (how reasoning is displayed, say): a value outside `known` is accepted and noted,
+    not refused. Claude Code 2.1.332 sends `thinking.display: "updates"`, which the API's own
+    types did not list; refusing it cost every conversation two failed round trips."""
+
+    known: tuple[str, ...]
+    what: str = "a string"
+
+    def accepts(self, value: object) -> bool:
+        return isinstance(value, str)
+
+    def check(self, value: object, path: str, noted: list[str]) -> None:
+        super().check(value, path, noted)
+        if value not in self.known:
+            noted.append(path)
 
 
 @dataclass
@@ -125,14 +157,14 @@ class Arr(Spec):
     def accepts(self, value: object) -> bool:
         return isinstance(value, list)
 
-    def check(self, value: object, path: str) -> None:
-        super().check(value, path)
+    def check(self, value: object, path: str, noted: list[str]) -> None:
+        super().check(value, path, noted)
         assert isinstance(value, list)
         if self.max_items is not None and len(value) > self.max_items:
             raise RequestError(f"{path}: at most {self.max_items} items, got {len(value)}")
         if self.item is not None:
             for pos, item in enumerate(value):
-                self.item.check(item, f"{path}[{pos}]")
+                self.item.check(item, f"{path}[{pos}]", noted)
 
 
 @dataclass
@@ -147,8 +179,8 @@ class Obj(Spec):
     def accepts(self, value: object) -> bool:
         return isinstance(value, dict)
 
-    def check(self, value: object, path: str) -> None:
-        super().check(value, path)
+    def check(self, value: object, path: str, noted: list[str]) -> None:
+        super().check(value, path, noted)
         assert isinstance(value, dict)
         for key in self.required:
             if value.get(key) is None:
@@ -156,7 +188,7 @@ class Obj(Spec):
         for key, spec in self.fields.items():
             item = value.get(key)
             if item is not None:
-                spec.check(item, _join(path, key))
+                spec.check(item, _join(path, key), noted)
 
 
 @dataclass
@@ -169,11 +201,11 @@ class Map(Spec):
     def accepts(self, value: object) -> bool:
         return isinstance(value, dict)
 
-    def check(self, value: object, path: str) -> None:
-        super().check(value, path)
+    def check(self, value: object, path: str, noted: list[str]) -> None:
+        super().check(value, path, noted)
         assert isinstance(value, dict)
         for key, item in value.items():
-            self.value.check(item, f"{path}.{key}")
+            self.value.check(item, f"{path}.{key}", noted)
 
 
 class Either(Spec):
@@ -186,10 +218,10 @@ class Either(Spec):
     def accepts(self, value: object) -> bool:
         return any(s.accepts(value) for s in self.specs)
 
-    def check(self, value: object, path: str) -> None:
+    def check(self, value: object, path: str, noted: list[str]) -> None:
         for spec in self.specs:
             if spec.accepts(value):
-                spec.check(value, path)
+                spec.check(value, path, noted)
                 return
         raise RequestError(f"{path}: expected {self.what}, got {_kind(value)}")
 
@@ -205,15 +237,15 @@ class Tagged(Spec):
     def accepts(self, value: object) -> bool:
         return isinstance(value, dict)
 
-    def check(self, value: object, path: str) -> None:
-        super().check(value, path)
+    def check(self, value: object, path: str, noted: list[str]) -> None:
+        super().check(value, path, noted)
         assert isinstance(value, dict)
         tag = value.get(self.key)
         if not isinstance(tag, str) or tag not in self.variants:
             allowed = ", ".join(json.dumps(v) for v in self.variants)
             shown = json.dumps(tag)[:80] if tag is not None else "nothing"
             raise RequestError(f"{_join(path, self.key)}: expected one of {allowed}, got {shown}")
-        self.variants[tag].check(value, path)
+        self.variants[tag].check(value, path, noted)
 
 
 def _join(path: str, key: str) -> str:
@@ -244,6 +276,9 @@ _JSON_SCHEMA = Obj(
     {"name": Str(), "description": Str(), "schema": Obj(), "strict": Bool()}, required=("name",)
 )
 
+# How a reply's reasoning is shown: the harness's view, not what is sampled.
+_DISPLAY = Hint(("summarized", "omitted"))
+
 # anthropic.types.MessageCreateParams (count_tokens: the same without max_tokens, stream and
 # the sampling keys).
 _ANTHROPIC_CONTEXT: dict[str, Spec] = {
@@ -253,11 +288,11 @@ _ANTHROPIC_CONTEXT: dict[str, Spec] = {
     "thinking": Tagged(
         {
             "enabled": Obj(
-                {"budget_tokens": Int(lo=1024), "display": Enum(("summarized", "omitted"))},
+                {"budget_tokens": Int(lo=1024), "display": _DISPLAY},
                 required=("budget_tokens",),
             ),
             "disabled": Obj(),
-            "adaptive": Obj({"display": Enum(("summarized", "omitted"))}),
+            "adaptive": Obj({"display": _DISPLAY}),
         }
     ),
     "tool_choice": Tagged(

@@ -19,7 +19,6 @@ from tokentrail.adapter.protocols.common import (
     DeclaredTools,
     LiveStream,
     Outcome,
-    ToolResults,
     WireProtocol,
     append_system_note,
     mint_id,
@@ -149,29 +148,24 @@ def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int
     `tokentrail.adapter.protocols.resume`)."""
     fold = Fold(ContentReader(TEXT, MEDIA))
     tools, at = fold.start(previous, at, partial(_declared, body))
-    messages, results, reader = fold.messages, fold.results, fold.reader
     for where, m, role in wire_messages(body, ROLES, at):
-        _step(messages, results, reader, where, m, role)
+        _step(fold, where, m, role)
         fold.mark()
+    messages, results = fold.messages, fold.results
     messages.extend(results.flush())
     return fold.translated(tools)
 
 
-def _step(
-    messages: list[Message],
-    results: ToolResults,
-    reader: ContentReader,
-    where: str,
-    m: dict[str, Any],
-    role: str,
-) -> None:
-    """One wire message into `messages`."""
+def _step(fold: Fold, where: str, m: dict[str, Any], role: str) -> None:
+    """One wire message into the fold's messages."""
+    messages, results, reader = fold.messages, fold.results, fold.reader
     if role != "tool":
         messages.extend(results.flush())
     if role == "assistant":
         msg, ids = _assistant(m, where, reader)
         results.open(ids)
         messages.append(msg)
+        fold.note_calls(ids)
         return
     if "content" not in m:
         raise RequestError(f"{where} has no content")

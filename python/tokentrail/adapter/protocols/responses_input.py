@@ -188,6 +188,7 @@ class _Builder:
     def _close_assistant(self) -> None:
         if self._open:
             self.results.open(self._call_ids)
+            self.fold.note_calls(self._call_ids)
             self._open = False
 
     def system(self, text: str) -> None:

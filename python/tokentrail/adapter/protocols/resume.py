@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -66,6 +66,18 @@ class Fold:
     messages: list[Message] = field(default_factory=list)
     results: ToolResults = field(default_factory=ToolResults)
     marks: list[FoldMark] = field(default_factory=list)
+    # The harness's ids of each assistant message's tool calls (`Conversation.call_ids`).
+    call_ids: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def note_calls(self, ids: Sequence[str]) -> None:
+        """The ids the harness sent with the calls of the last message (an assistant one),
+        kept when there is one for every call."""
+        at = len(self.messages) - 1
+        calls = self.messages[at].get("tool_calls") if at >= 0 else None
+        if ids and calls and len(calls) == len(ids):
+            self.call_ids[at] = tuple(ids)
+        else:
+            self.call_ids.pop(at, None)
 
     def mark(self, extra: tuple[Any, ...] = ()) -> None:
         """Remember the state after the wire message just translated; `extra` is the rest of
@@ -92,6 +104,7 @@ class Fold:
             withheld_tools=tools.withheld_tools,
             dropped_media=dict(self.reader.media),
             image_sources=dict(self.reader.images),
+            call_ids=dict(self.call_ids),
         )
         return Translated(conversation, tuple(self.marks))
 
@@ -115,6 +128,9 @@ class Fold:
         if mark.last is not None:
             self.messages = previous.conversation.messages[: mark.messages - 1]
             self.messages.append(mark.last)
+        self.call_ids = {
+            i: ids for i, ids in previous.conversation.call_ids.items() if i < mark.messages
+        }
         self.results.restore(mark.open_calls, mark.answered)
         self.reader.media = Counter(mark.media)
         # A superset of the sources the kept messages mark: only marked ones are read.

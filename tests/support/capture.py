@@ -1,0 +1,101 @@
+"""Every request a real harness sends to an adapter, as the adapter read it, for the corpus of
+harness request bodies in `tests/fixtures/requests/` (`test_harness_corpus.py` runs the field
+check and the translation over every body in it).
+
+`capture(adapter)` adds an outermost middleware to the adapter's app (before it serves) and
+returns the list it appends to: each request's method, path, status and JSON body. `redacted`
+shortens the texts a harness wrote (prompts, tool descriptions) to their length, keeping every
+field, type and structure: what the field check reads is kept as sent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from tokentrail.adapter.server import Adapter
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests"
+# Strings longer than this are a harness's prose; shorter ones are names, ids and settings.
+KEEP_CHARS = 160
+
+
+@dataclass
+class Captured:
+    method: str
+    path: str
+    status: int
+    body: Any
+
+
+def capture(adapter: Adapter) -> list[Captured]:
+    seen: list[Captured] = []
+
+    @web.middleware
+    async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+        raw = await request.read() if request.can_read_body else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            seen.append(Captured(request.method, request.path, status, body))
+
+    adapter.app.middlewares.insert(0, record)
+    return seen
+
+
+def redacted(value: Any) -> Any:
+    """`value` with every long string replaced by a marker of its length (structure kept)."""
+    if isinstance(value, str) and len(value) > KEEP_CHARS:
+        return f"[{len(value)} chars]"
+    if isinstance(value, list):
+        return [redacted(v) for v in value]
+    if isinstance(value, dict):
+        return {k: redacted(v) for k, v in value.items()}
+    return value
+
+
+def _anonymous(body: dict[str, Any]) -> dict[str, Any]:
+    """The body without what names the machine it ran on (Claude Code's `metadata.user_id`
+    holds a device id): the string's place and type kept."""
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
+        return {**body, "metadata": {**metadata, "user_id": "[device and session ids]"}}
+    return body
+
+
+def write_corpus(
+    name: str, harness: str, version: str, configuration: str, requests: list[Captured]
+) -> Path:
+    """Write the POSTed JSON bodies of one run as `tests/fixtures/requests/<name>.json`."""
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    path = FIXTURES / f"{name}.json"
+    bodies = [
+        {"path": c.path, "status": c.status, "body": _anonymous(redacted(c.body))}
+        for c in requests
+        if c.method == "POST" and isinstance(c.body, dict)
+    ]
+    doc = {
+        "harness": harness,
+        "version": version,
+        "configuration": configuration,
+        "note": "Every JSON body the real harness POSTed in one headless run, as the adapter "
+        "read it; strings over 160 characters (prompts, descriptions) are replaced by their "
+        "length. `status` is what the adapter answered.",
+        "requests": bodies,
+    }
+    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", "utf-8")
+    return path
