@@ -137,9 +137,7 @@ class TrajectoryManager:
         self.train_superseded = bool(train_superseded)
         # Tokens sampled under a grammar (a forced tool call) are masked as `constrained`
         # unless this is `yes`; they are marked in their samples either way.
-        self.train_constrained = _policy(
-            ConstrainedPolicy, train_constrained, "constrained-token policy"
-        )
+        self.train_constrained = _policy(ConstrainedPolicy, train_constrained, "constrained policy")
         self.core = load_backend(backend)
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
@@ -159,11 +157,6 @@ class TrajectoryManager:
 
     def sessions(self) -> list[str]:
         return list(self._sessions)
-
-    def session_bytes(self, sid: str) -> int:
-        """Bytes the session's turn store holds (ids, logprobs, replay rows), 0 if unknown."""
-        session = self._sessions.get(sid)
-        return session.store.heap_bytes() if session else 0
 
     def root(self, sid: str) -> Node:
         """The session's tree (read it, do not change it)."""

@@ -229,6 +229,13 @@ def check_family_template(
     )
 
 
+def _parser(family: Family | None, value: str | None, attribute: str, default: str) -> str | None:
+    """A parser name: `value`, or for `"auto"` the family's (`default` without a family)."""
+    if value != AUTO:
+        return value
+    return default if family is None else getattr(family, attribute)
+
+
 class TurnPipeline:
     """One turn's steps over a manager, a tokenizer and a chat template.
 
@@ -275,8 +282,8 @@ class TurnPipeline:
         )
         # The vision encoder whose image tokens prompts hold (None: images are `[image]`).
         self.vision: VisionSpec | None = vision_spec(self.family.vision if self.family else None)
-        self.tool_parser = self._parser(tool_parser, "tool_parser", "hermes")
-        self.reasoning_parser = self._parser(reasoning_parser, "reasoning_parser", "qwen3")
+        self.tool_parser = _parser(self.family, tool_parser, "tool_parser", "hermes")
+        self.reasoning_parser = _parser(self.family, reasoning_parser, "reasoning_parser", "qwen3")
         if tokenizer is not None and self.family is not None:
             check_family_template(self, tokenizer, self.family, template_name)
         self._splicer = Splicer(tokenizer, self.chat_template, self.family) if tokenizer else None
@@ -287,11 +294,6 @@ class TurnPipeline:
         )
         # count_tokens encodes through an encoder of its own (see there).
         self._counter: IncrementalEncoder | None = None
-
-    def _parser(self, value: str | None, attribute: str, default: str) -> str | None:
-        if value != AUTO:
-            return value
-        return default if self.family is None else getattr(self.family, attribute)
 
     @property
     def tokenizer(self) -> LoadedTokenizer:
