@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP_FLAGS ?= --quiet --disable-pip-version-check
 
-.PHONY: install demo test test-rust test-python lint package bench bench-quick
+.PHONY: install demo test test-rust test-python lint package bench bench-quick test-slime
 
 install:
 	$(PYTHON) -m pip install $(PIP_FLAGS) -e ".[test]"
@@ -39,3 +39,12 @@ bench: install
 
 bench-quick: install
 	$(PYTHON) benches/run_all.py --quick
+
+# slime's own agent tests against slime and against tokentrail's drop-in (`tokentrail.integrations
+# .slime`): `make test-slime SLIME=/path/to/slime` (slime is on no package index). SLIME_PYTHON
+# is an interpreter with slime's test dependencies (torch, httpx) and tokentrail's.
+SLIME ?=
+SLIME_PYTHON ?= $(PYTHON)
+test-slime:
+	@test -n "$(SLIME)" || { echo "usage: make test-slime SLIME=/path/to/slime"; exit 2; }
+	$(SLIME_PYTHON) .ci/test_slime.py "$(SLIME)" --python "$(SLIME_PYTHON)"

@@ -154,6 +154,14 @@ class TrajectoryManager:
             raise SessionError(f"no session {sid!r}")
         return session.root
 
+    def turn_store(self, sid: str) -> TurnStoreLike:
+        """The session's turn store, which holds the tokens of the turns in its tree (read it,
+        do not change it)."""
+        session = self._sessions.get(sid)
+        if session is None:
+            raise SessionError(f"no session {sid!r}")
+        return session.store
+
     # -- recording ----------------------------------------------------------------------------
 
     def record_turn(
