@@ -36,7 +36,8 @@ from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.text.vision import VisionSpec, image_positions, vision_spec
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, split_prefill
-from tokentrail.trajectory.prompts import PromptBuilder
+from tokentrail.text.object_tokenizer import ObjectTokenizer
+from tokentrail.trajectory.prompts import ObjectPrompts, PromptBuilder
 from tokentrail.trajectory.side import SideRules, exclusion
 from tokentrail.trajectory.splice import Splicer
 from tokentrail.trajectory.tags import TurnTags
@@ -264,14 +265,17 @@ class TurnPipeline:
         self.vision: VisionSpec | None = vision_spec(self.family.vision if self.family else None)
         self.tool_parser = self._parser(tool_parser, "tool_parser", "hermes")
         self.reasoning_parser = self._parser(reasoning_parser, "reasoning_parser", "qwen3")
-        if tokenizer is not None and self.family is not None:
-            check_family_template(self, tokenizer, self.family, template_name)
-        self._splicer = Splicer(tokenizer, self.chat_template, self.family) if tokenizer else None
-        self._prompts = (
-            PromptBuilder(self._splicer, IncrementalEncoder(tokenizer), splice_verify_every)
-            if tokenizer and self._splicer
-            else None
-        )
+        self._splicer: Splicer | None = None
+        self._prompts: PromptBuilder | ObjectPrompts | None = None
+        if isinstance(tokenizer, ObjectTokenizer):
+            # The object renders prompts itself: no template text to check or splice with.
+            self._prompts = ObjectPrompts(tokenizer)
+        elif tokenizer is not None:
+            if self.family is not None:
+                check_family_template(self, tokenizer, self.family, template_name)
+            self._splicer = Splicer(tokenizer, self.chat_template, self.family)
+            encoder = IncrementalEncoder(tokenizer)
+            self._prompts = PromptBuilder(self._splicer, encoder, splice_verify_every)
         # count_tokens encodes through an encoder of its own (see there).
         self._counter: IncrementalEncoder | None = None
 
@@ -287,13 +291,18 @@ class TurnPipeline:
         return self._tokenizer
 
     @property
-    def prompts(self) -> PromptBuilder:
+    def prompts(self) -> PromptBuilder | ObjectPrompts:
         if self._prompts is None:
             raise PolicyError("this pipeline has no tokenizer: it replays recorded turns only")
         return self._prompts
 
     @property
     def splicer(self) -> Splicer:
+        if isinstance(self._prompts, ObjectPrompts):
+            raise RequestError(
+                f"{self.tokenizer.name} has no `tokenizers` backend: an assistant prefill needs "
+                "a fast tokenizer"
+            )
         if self._splicer is None:
             raise PolicyError("this pipeline has no tokenizer: it replays recorded turns only")
         return self._splicer
@@ -434,6 +443,8 @@ class TurnPipeline:
         context, prefill = split_prefill(conversation.messages)
         if not context:
             raise RequestError("the request has no messages to render")
+        if isinstance(self._prompts, ObjectPrompts) and prefill is None:
+            return self._prompts.count(context, conversation.tools)
         if prefill is not None:
             end = self.tokenizer.eos_token
             text = prefill_text(self.splicer.render, context, prefill, conversation.tools, end)

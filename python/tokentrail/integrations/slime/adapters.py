@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.errors import PolicyError, SamplingParamsError, SessionError
+from tokentrail.integrations.slime import common
 from tokentrail.integrations.slime.trajectory import (
     TrajectoryManager,
     slime_manager,
@@ -45,6 +47,10 @@ T = TypeVar("T")
 _OUTPUT_KEYS = frozenset(
     {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stop_token_ids"}
 )
+
+# What slime parses tool calls as without a parser named: Qwen3-Coder's XML calls. The drop-in
+# does so for a tokenizer of no known family (a known family's parser otherwise).
+_SLIME_TOOL_FALLBACK = "qwen3_coder"
 
 DebugCallback = Callable[[str, list[Message], list[ToolSchema] | None, Message | None, Any], None]
 
@@ -83,10 +89,13 @@ class _RecordingManager(TrailManager):
 
 class _CappedEngine:
     """The SGLang engine, with slime's rule for a session's `max_new_tokens` default: a cap a
-    request's `max_tokens` may lower but not raise (tokentrail's own: a default it overrides)."""
+    request's `max_tokens` may lower but not raise (tokentrail's own: a default it overrides).
+    A turn goes through `common.call_sglang_generate`, looked up at every turn as slime's is, so
+    what replaces it there (a test's scripted model) serves the drop-in too."""
 
-    def __init__(self, engine: SGLangEngine) -> None:
+    def __init__(self, engine: SGLangEngine, owner: common.SGLangOwner) -> None:
         self.engine = engine
+        self.owner = owner
         self.name = engine.name
         self.supports_constraints = engine.supports_constraints
         self.supports_images = engine.supports_images
@@ -97,7 +106,23 @@ class _CappedEngine:
         if cap is not None and req.sampling.max_new_tokens > cap:
             sampling = dataclasses.replace(req.sampling, max_new_tokens=cap)
             req = dataclasses.replace(req, sampling=sampling)
-        return await self.engine.generate(req)
+        started = time.monotonic()
+        prompt = [int(t) for t in req.input_ids]
+        turn = await common.call_sglang_generate(
+            prompt, req, {}, adapter=self.owner, session_id=req.session_id
+        )
+        output = [int(t) for t in turn.output_ids]
+        logprobs = turn.output_log_probs
+        return Generation(
+            output_ids=output,
+            logprobs=[0.0] * len(output) if logprobs is None or not len(logprobs) else list(logprobs),
+            finish_reason=str(turn.finish_reason or "stop"),
+            prompt_tokens=len(prompt),
+            engine_time_s=time.monotonic() - started,
+            routed_experts=turn.routed_experts,
+            indexer_topk=turn.indexer_topk,
+            weight_versions=tuple(turn.weight_versions),
+        )
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
@@ -163,7 +188,7 @@ class BaseAdapter:
         self.max_turns_per_sid = max_turns_per_sid
         cfg = dataclasses.replace(
             config or AdapterConfig(),
-            tool_parser=tool_parser or "auto",
+            tool_parser=tool_parser or ("auto" if loaded.family else _SLIME_TOOL_FALLBACK),
             reasoning_parser=reasoning_parser or "auto",
             max_turns_per_session=int(max_turns_per_sid or 0),
             restore=parse_kind(Restore, restore, "restore mode"),
@@ -178,7 +203,8 @@ class BaseAdapter:
         elif debug_callback is not None:
             raise PolicyError("debug_callback needs the adapter's own manager (manager=None)")
         self.debug_callback = debug_callback
-        self.engine = _CappedEngine(SGLangEngine(self.sglang_url, loaded))
+        self.sglang = SGLangEngine(self.sglang_url, loaded)
+        self.engine = _CappedEngine(self.sglang, self)
         self.adapter = Adapter(
             engine=self.engine,
             tokenizer=loaded,

@@ -14,6 +14,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tokentrail.trajectory.sample import Sample as TrailSample
 
 
@@ -73,6 +75,14 @@ def sample_class() -> type[Any]:
     return types.Sample
 
 
+def decimal_logprobs(logprobs: Any) -> list[float]:
+    """float32 logprobs as slime's floats: each the shortest decimal its float32 stands for,
+    so a logprob an engine gave as -0.4 is -0.4 again, not -0.4000000059604645 (the two are the
+    same float32)."""
+    values = np.asarray(logprobs, dtype=np.float32)
+    return [float(v) for v in values.astype(str).astype(np.float64).tolist()]
+
+
 def to_slime(sample: TrailSample, base_sample: Any) -> Any:
     """One tokentrail sample as slime's `Sample`, filled from `base_sample` as slime does."""
     cls = sample_class()
@@ -86,7 +96,7 @@ def to_slime(sample: TrailSample, base_sample: Any) -> Any:
         tokens=[int(t) for t in sample.tokens],
         response_length=int(sample.response_length),
         loss_mask=[int(m) for m in sample.loss_mask],
-        rollout_log_probs=[float(lp) for lp in sample.rollout_log_probs],
+        rollout_log_probs=decimal_logprobs(sample.rollout_log_probs),
         reward=sample.reward,
         status=cls.Status.COMPLETED,
         metadata=dict(sample.metadata),

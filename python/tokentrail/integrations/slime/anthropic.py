@@ -1,0 +1,73 @@
+"""slime's `slime.agent.adapters.anthropic`: the adapter, and the module's helpers under slime's
+names and signatures, each doing what tokentrail's Anthropic Messages protocol does (where that
+differs from slime's, docs/integrations/slime.md lists it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from multidict import CIMultiDict
+
+from tokentrail.adapter.protocols.anthropic import AnthropicMessages, translate_request
+from tokentrail.integrations.slime.adapters import AnthropicAdapter
+from tokentrail.integrations.slime.common import flatten_content
+from tokentrail.messages import Message, ToolSchema
+
+
+class HasHeaders(Protocol):
+    """What the session rule reads of a request."""
+
+    @property
+    def headers(self) -> Any: ...
+
+
+def _request_session_id(request: HasHeaders) -> str:
+    """The session a Messages request belongs to: its API key (`Authorization: Bearer` or
+    `x-api-key`). Raises `AuthenticationError` without one, `RequestError` when the two name
+    different sessions."""
+    return AnthropicMessages().session_id(CIMultiDict(request.headers), {})
+
+
+def _translate_messages(msgs: list[dict[str, Any]], system: Any) -> list[Message]:
+    """Messages and a system prompt as the chat-template messages the adapter renders."""
+    body: dict[str, Any] = {"messages": msgs}
+    if system:
+        body["system"] = system
+    return translate_request(body).messages
+
+
+def _tools_to_chat_tools(anth_tools: list[dict[str, Any]] | None) -> list[ToolSchema] | None:
+    """Anthropic tool declarations as the chat template's (OpenAI-style) tools."""
+    if not anth_tools:
+        return None
+    return translate_request({"messages": [], "tools": anth_tools}).tools
+
+
+def _fold_mid_list_system_into_user(body_obj: dict[str, Any]) -> bool:
+    """Every `system` message after the first position joined, as text, to the user message
+    before it (or made a user message of its own), in place, as the adapter reads them; True
+    when one was folded."""
+    msgs = body_obj.get("messages")
+    if not isinstance(msgs, list) or not any(
+        isinstance(m, dict) and m.get("role") == "system" for m in msgs[1:]
+    ):
+        return False
+    out: list[Any] = []
+    for pos, m in enumerate(msgs):
+        if pos == 0 or not isinstance(m, dict) or m.get("role") != "system":
+            out.append(m)
+            continue
+        note = {"type": "text", "text": flatten_content(m.get("content"))}
+        prev = out[-1] if out else None
+        if isinstance(prev, dict) and prev.get("role") == "user":
+            content = prev.get("content")
+            blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+            out[-1] = {**prev, "content": [*blocks, note]}
+        else:
+            out.append({"role": "user", "content": [note]})
+    body_obj["messages"] = out
+    return True
+
+
+__all__ = ["AnthropicAdapter"]
