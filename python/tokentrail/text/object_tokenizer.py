@@ -79,7 +79,8 @@ class ObjectTokenizer(LoadedTokenizer):
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
-        """The prompt text, when the object renders text (`tokenize=False`)."""
+        """The prompt text: the object's `apply_chat_template(..., tokenize=False)`, or, for an
+        object that renders ids only, the decode of its ids (prompts are its ids either way)."""
         text = self.source.apply_chat_template(
             list(messages),
             tools=None if tools is None else list(tools),
@@ -87,9 +88,9 @@ class ObjectTokenizer(LoadedTokenizer):
             add_generation_prompt=add_generation_prompt,
             **kwargs,
         )
-        if not isinstance(text, str):
-            raise TokenizerError(f"{self.name} renders chat templates to ids only, not text")
-        return text
+        if isinstance(text, str):
+            return text
+        return self.decode(self.render_ids(messages, tools, add_generation_prompt))
 
     def render_ids(
         self,
