@@ -115,8 +115,8 @@ def from_object(obj: Any) -> ObjectTokenizer:
     `apply_chat_template`, `encode` and `decode`. Warns once what the reference path loses."""
     if not isinstance(obj, ChatTokenizer):
         raise TokenizerError(
-            f"{type(obj).__name__} is not a tokenizer: it needs apply_chat_template, encode and "
-            "decode (or a `tokenizers` backend)"
+            f"{type(obj).__name__} is not a fast tokenizer (no `tokenizers` backend) and lacks "
+            "apply_chat_template, encode or decode to be used through its own methods"
         )
     name = str(getattr(obj, "name_or_path", "") or type(obj).__name__)
     eos = getattr(obj, "eos_token", None)
