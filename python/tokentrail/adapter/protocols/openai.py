@@ -137,6 +137,11 @@ def translate_request(body: Mapping[str, Any]) -> Conversation:
     return translate_from(body, None, 0).conversation
 
 
+def declared_tools(body: Mapping[str, Any]) -> list[ToolSchema] | None:
+    """The request's tool declarations as the chat template's tools (None: none declared)."""
+    return _declared(body).tools
+
+
 def _declared(body: Mapping[str, Any]) -> Conversation:
     """The request's tools and tool choice (no messages yet)."""
     declared = translate_tools(body.get("tools"), _tool)

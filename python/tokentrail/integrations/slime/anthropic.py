@@ -9,7 +9,11 @@ from typing import Any, Protocol
 
 from multidict import CIMultiDict
 
-from tokentrail.adapter.protocols.anthropic import AnthropicMessages, translate_request
+from tokentrail.adapter.protocols.anthropic import (
+    AnthropicMessages,
+    declared_tools,
+    translate_request,
+)
 from tokentrail.integrations.slime.adapters import AnthropicAdapter
 from tokentrail.integrations.slime.common import flatten_content
 from tokentrail.messages import Message, ToolSchema
@@ -41,7 +45,7 @@ def _tools_to_chat_tools(anth_tools: list[dict[str, Any]] | None) -> list[ToolSc
     """Anthropic tool declarations as the chat template's (OpenAI-style) tools."""
     if not anth_tools:
         return None
-    return translate_request({"messages": [], "tools": anth_tools}).tools
+    return declared_tools({"tools": anth_tools})
 
 
 def _fold_mid_list_system_into_user(body_obj: dict[str, Any]) -> bool:

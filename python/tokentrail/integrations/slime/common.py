@@ -49,17 +49,17 @@ async def call_sglang_generate(
     )
 
 
-def flatten_content(content: Any) -> str:
-    """A wire content value (a string, or Anthropic or OpenAI content blocks) as one string:
-    the blocks' texts joined by newlines, a tool result's content read the same way, an image
-    as `[image omitted]`; anything else as `str()`."""
-    if content is None:
+def flatten_content(c: Any) -> str:
+    """A wire content value `c` (a string, or Anthropic or OpenAI content blocks) as one
+    string: the blocks' texts joined by newlines, a tool result's content read the same way, an
+    image as `[image omitted]`; anything else as `str()`."""
+    if c is None:
         return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return str(content)
-    return "\n".join(t for t in map(_block_text, content) if t)
+    if isinstance(c, str):
+        return c
+    if not isinstance(c, list):
+        return str(c)
+    return "\n".join(t for t in map(_block_text, c) if t)
 
 
 def _block_text(block: Any) -> str:

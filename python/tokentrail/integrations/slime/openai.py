@@ -9,7 +9,7 @@ from typing import Any
 
 from multidict import CIMultiDict
 
-from tokentrail.adapter.protocols.openai import OpenAIChat, translate_request
+from tokentrail.adapter.protocols.openai import OpenAIChat, declared_tools, translate_request
 from tokentrail.integrations.slime.adapters import OpenAIAdapter
 from tokentrail.integrations.slime.anthropic import HasHeaders
 from tokentrail.messages import Message, ToolSchema
@@ -31,7 +31,7 @@ def _tools_to_chat_tools(tools: list[dict[str, Any]] | None) -> list[ToolSchema]
     """Chat Completions tool declarations as the chat template's tools."""
     if not tools:
         return None
-    return translate_request({"messages": [], "tools": tools}).tools
+    return declared_tools({"tools": tools})
 
 
 __all__ = ["OpenAIAdapter"]
