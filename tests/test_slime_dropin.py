@@ -21,14 +21,20 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from support.fake_engines import FakeSGLang
 from tokentrail.errors import AuthenticationError, LogprobLengthError, RequestError
-from tokentrail.integrations.slime import CompatSample, TrajectoryManager, TurnRecord
-from tokentrail.integrations.slime import anthropic, common, openai
+from tokentrail.integrations.slime import (
+    CompatSample,
+    TrajectoryManager,
+    TurnRecord,
+    anthropic,
+    common,
+    openai,
+)
 from tokentrail.integrations.slime.tree_view import MessageNodeView
 from tokentrail.kinds import Fallback
 from tokentrail.text.hf import as_loaded
 from tokentrail.text.object_tokenizer import ObjectTokenizer
-from tokentrail.trajectory.pipeline import TurnPipeline
 from tokentrail.trajectory.manager import TrajectoryManager as TrailManager
+from tokentrail.trajectory.pipeline import TurnPipeline
 
 SYS = {"role": "system", "content": "S"}
 USER = {"role": "user", "content": "compute"}
@@ -206,13 +212,19 @@ def test_translation_helpers_are_the_adapters() -> None:
         [
             {"role": "user", "content": [{"type": "text", "text": "hi"}]},
             {"role": "assistant", "content": [{"type": "thinking", "thinking": "plan"}, call]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u1", "content": "r"}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "u1", "content": "r"}],
+            },
         ],
         system="sys",
     )
     assert [m["role"] for m in translated] == ["system", "user", "assistant", "tool"]
     assert translated[2]["reasoning_content"] == "plan"
-    assert translated[2]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": {"q": "slime"}}
+    assert translated[2]["tool_calls"][0]["function"] == {
+        "name": "lookup",
+        "arguments": {"q": "slime"},
+    }
     assert translated[3]["content"] == "r"
     tools = anthropic._tools_to_chat_tools([{"name": "lookup", "input_schema": {"type": "object"}}])
     assert tools is not None and tools[0]["function"]["name"] == "lookup"

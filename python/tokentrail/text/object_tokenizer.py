@@ -119,9 +119,9 @@ def from_object(obj: Any) -> ObjectTokenizer:
             "apply_chat_template, encode or decode to be used through its own methods"
         )
     name = str(getattr(obj, "name_or_path", "") or type(obj).__name__)
-    eos = getattr(obj, "eos_token", None)
-    eos_id = getattr(obj, "eos_token_id", None)
-    known_eos = isinstance(eos, str) and isinstance(eos_id, int)
+    eos, eos_id = getattr(obj, "eos_token", None), getattr(obj, "eos_token_id", None)
+    if not isinstance(eos, str) or not isinstance(eos_id, int):
+        eos, eos_id = "", -1
     logger.warning(
         "%s is not a fast tokenizer (no `tokenizers` backend): its prompts are its own "
         "apply_chat_template ids, rendered in full every turn in Python. Lost: splicing onto "
@@ -132,9 +132,9 @@ def from_object(obj: Any) -> ObjectTokenizer:
         tokenizer=Tokenizer(models.WordLevel({}, unk_token=None)),
         chat_template="",
         name=name,
-        eos_token=eos if known_eos else "",
-        eos_token_id=eos_id if known_eos else -1,
-        end_token_ids=frozenset({eos_id}) if known_eos else frozenset(),
+        eos_token=eos,
+        eos_token_id=eos_id,
+        end_token_ids=frozenset({eos_id}) if eos_id >= 0 else frozenset(),
         source=obj,
     )
 

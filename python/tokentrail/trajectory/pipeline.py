@@ -30,13 +30,13 @@ from tokentrail.text.constraints import OutputConstraint, forced_tool_call
 from tokentrail.text.families import Family, resolve_family
 from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.incremental import IncrementalEncoder
+from tokentrail.text.object_tokenizer import ObjectTokenizer
 from tokentrail.text.parsing import ParsedOutput, parse_output
 from tokentrail.text.template_check import check_within_budget
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.text.vision import VisionSpec, image_positions, vision_spec
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, split_prefill
-from tokentrail.text.object_tokenizer import ObjectTokenizer
 from tokentrail.trajectory.prompts import ObjectPrompts, PromptBuilder
 from tokentrail.trajectory.side import SideRules, exclusion
 from tokentrail.trajectory.splice import Splicer

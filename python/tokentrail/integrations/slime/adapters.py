@@ -115,7 +115,9 @@ class _CappedEngine:
         logprobs = turn.output_log_probs
         return Generation(
             output_ids=output,
-            logprobs=[0.0] * len(output) if logprobs is None or not len(logprobs) else list(logprobs),
+            logprobs=[0.0] * len(output)
+            if logprobs is None or not len(logprobs)
+            else list(logprobs),
             finish_reason=str(turn.finish_reason or "stop"),
             prompt_tokens=len(prompt),
             engine_time_s=time.monotonic() - started,
