@@ -99,16 +99,19 @@ def main() -> int:
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     opts = parser.parse_args()
     slime = opts.slime.resolve()
+    # The tests run in the checkout (and a copy of it): a relative interpreter path would not.
+    python = shutil.which(opts.python) or opts.python
+    python = str(Path(python).absolute())
     missing = [f for f in TEST_FILES if not (slime / f).is_file()]
     if missing:
         raise SystemExit(f"{slime} lacks {', '.join(missing)}")
 
     commit = slime_commit(slime)
-    rc_slime, out_slime = run_pytest(opts.python, slime, [], opts.pytest_args)
+    rc_slime, out_slime = run_pytest(python, slime, [], opts.pytest_args)
     with tempfile.TemporaryDirectory(prefix="tokentrail-slime-") as tmp:
         copy = dropin_copy(slime, Path(tmp))
         rc_dropin, out_dropin = run_pytest(
-            opts.python, copy, [REPO / "python"], ["-rf", *opts.pytest_args]
+            python, copy, [REPO / "python"], ["-rf", *opts.pytest_args]
         )
     if opts.verbose:
         print(out_slime)
