@@ -154,14 +154,6 @@ class TrajectoryManager:
             raise SessionError(f"no session {sid!r}")
         return session.root
 
-    def turn_store(self, sid: str) -> TurnStoreLike:
-        """The session's turn store, which holds the tokens of the turns in its tree (read it,
-        do not change it)."""
-        session = self._sessions.get(sid)
-        if session is None:
-            raise SessionError(f"no session {sid!r}")
-        return session.store
-
     # -- recording ----------------------------------------------------------------------------
 
     def record_turn(
@@ -399,6 +391,15 @@ class TrajectoryManager:
         return self.finish(
             sid, reward=reward, extra_metadata=extra_metadata, max_sample_tokens=max_sample_tokens
         ).samples
+
+
+def turn_store(manager: TrajectoryManager, sid: str) -> TurnStoreLike:
+    """The turn store of a session of `manager`, which holds the tokens of the turns in its
+    tree (`manager.root(sid)`): read it, do not change it."""
+    session = manager._sessions.get(sid)
+    if session is None:
+        raise SessionError(f"no session {sid!r}")
+    return session.store
 
 
 def _linearize(

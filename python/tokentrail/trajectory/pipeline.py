@@ -220,6 +220,23 @@ def check_family_template(
     )
 
 
+def _prompt_parts(
+    pipeline: TurnPipeline, tokenizer: LoadedTokenizer | None, template_name: str | None
+) -> tuple[Splicer | None, PromptBuilder | ObjectPrompts | None]:
+    """What builds the pipeline's prompt ids: a splicer and a `PromptBuilder` over the
+    template, or, for a tokenizer object that renders its own ids, `ObjectPrompts` (no template
+    text to check or splice with); none without a tokenizer."""
+    if isinstance(tokenizer, ObjectTokenizer):
+        return None, ObjectPrompts(tokenizer)
+    if tokenizer is None:
+        return None, None
+    if pipeline.family is not None:
+        check_family_template(pipeline, tokenizer, pipeline.family, template_name)
+    splicer = Splicer(tokenizer, pipeline.chat_template, pipeline.family)
+    encoder = IncrementalEncoder(tokenizer)
+    return splicer, PromptBuilder(splicer, encoder, pipeline.splice_verify_every)
+
+
 class TurnPipeline:
     """One turn's steps over a manager, a tokenizer and a chat template.
 
@@ -265,17 +282,7 @@ class TurnPipeline:
         self.vision: VisionSpec | None = vision_spec(self.family.vision if self.family else None)
         self.tool_parser = self._parser(tool_parser, "tool_parser", "hermes")
         self.reasoning_parser = self._parser(reasoning_parser, "reasoning_parser", "qwen3")
-        self._splicer: Splicer | None = None
-        self._prompts: PromptBuilder | ObjectPrompts | None = None
-        if isinstance(tokenizer, ObjectTokenizer):
-            # The object renders prompts itself: no template text to check or splice with.
-            self._prompts = ObjectPrompts(tokenizer)
-        elif tokenizer is not None:
-            if self.family is not None:
-                check_family_template(self, tokenizer, self.family, template_name)
-            self._splicer = Splicer(tokenizer, self.chat_template, self.family)
-            encoder = IncrementalEncoder(tokenizer)
-            self._prompts = PromptBuilder(self._splicer, encoder, splice_verify_every)
+        self._splicer, self._prompts = _prompt_parts(self, tokenizer, template_name)
         # count_tokens encodes through an encoder of its own (see there).
         self._counter: IncrementalEncoder | None = None
 

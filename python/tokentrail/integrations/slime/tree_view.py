@@ -16,6 +16,7 @@ from typing import Any
 from tokentrail.core.backend import TurnStoreLike
 from tokentrail.messages import Message
 from tokentrail.trajectory.manager import TrajectoryManager as TrailManager
+from tokentrail.trajectory.manager import turn_store
 from tokentrail.trajectory.tree import Node
 from tokentrail.trajectory.turn import TurnRecord
 
@@ -124,7 +125,7 @@ class TreesView(Mapping[str, MessageNodeView]):
     def __getitem__(self, sid: str) -> MessageNodeView:
         if not self._core.has_session(sid):
             raise KeyError(sid)
-        return MessageNodeView(self._core.root(sid), self._core.turn_store(sid))
+        return MessageNodeView(self._core.root(sid), turn_store(self._core, sid))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._core.sessions())
