@@ -406,3 +406,18 @@ def test_every_drop_in_turn_goes_through_call_sglang_generate(monkeypatch) -> No
     assert data["choices"][0]["message"]["content"] == "scripted answer"
     assert seen == [(tok.apply_chat_template([{"role": "user", "content": "hi"}]), "o")]
     assert samples[0].rollout_log_probs[-2:] == [-0.25, -0.25]
+
+
+def test_a_tokenizer_object_returning_an_encoding_gives_its_input_ids() -> None:
+    """`transformers` returns a `BatchEncoding` (a mapping) when asked for a dict."""
+
+    class EncodingTokenizer(WordTokenizer):
+        def apply_chat_template(self, messages: Any, **kwargs: Any) -> Any:
+            return {"input_ids": super().apply_chat_template(messages, **kwargs), "mask": []}
+
+    tok = EncodingTokenizer()
+    loaded = as_loaded(tok)
+    assert isinstance(loaded, ObjectTokenizer)
+    ids = loaded.render_ids([{"role": "user", "content": "a b"}])
+    assert ids == [2, 100, 101, 5, 3]
+    assert loaded.render_chat([{"role": "user", "content": "a b"}]) == "a b"
