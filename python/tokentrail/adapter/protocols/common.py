@@ -5,6 +5,7 @@ schemas, tool-result matching, sampling keys, the mid-list `system` rule, ids, S
 
 from __future__ import annotations
 
+import copy
 import json
 import secrets
 from abc import ABC, abstractmethod
@@ -22,6 +23,33 @@ from tokentrail.text.vision import IMAGE_PLACEHOLDER, image_mark, image_source
 
 # How many characters one streamed delta carries.
 STREAM_CHUNK = 64
+
+# slime's wrapper of a mid-list `system` message (`WireOptions.system_reminder`).
+REMINDER_OPEN = "<system-reminder>\n"
+REMINDER_CLOSE = "\n</system-reminder>\n"
+
+
+@dataclass(frozen=True)
+class WireOptions:
+    """Where a protocol can read or write the wire as slime's adapters do instead of as
+    tokentrail does; tokentrail's reading by default. `AdapterConfig.wire` sets them for an
+    adapter's protocols; slime's drop-in (`integrations.slime`) turns all three on."""
+
+    # An Anthropic `system` message in the message list becomes a user message of its own,
+    # wrapped in `<system-reminder>` tags, where slime's adapter renders it; off: its text
+    # joins the user message before it (`append_system_note`).
+    system_reminder: bool = False
+    # An Anthropic `tool_use` without an `id` is answered by the next `tool_result` that names
+    # no open call, in the order they come, as slime pairs them; off: such a result is refused
+    # (the Messages API requires the id).
+    results_by_position: bool = False
+    # A Chat Completions stream opens with the delta `{"role": "assistant"}`, as slime's does;
+    # off: `{"role": "assistant", "content": ""}`, as OpenAI's API does.
+    bare_role_chunk: bool = False
+
+
+# tokentrail's own reading of the wire.
+DEFAULT_WIRE = WireOptions()
 
 
 @dataclass
@@ -103,6 +131,9 @@ class LiveStream:
         return f"data: {body}\n\n".encode()
 
 
+W = TypeVar("W", bound="WireProtocol")
+
+
 class WireProtocol(ABC):
     """One wire protocol: its routes, translation, sampling keys, replies, SSE and errors."""
 
@@ -116,6 +147,15 @@ class WireProtocol(ABC):
     # (`protocols.fields`); None: unchecked.
     fields: ClassVar[Spec | None] = None
     count_fields: ClassVar[Spec | None] = None
+    # How this instance reads and writes the wire (`configured`).
+    options: WireOptions = DEFAULT_WIRE
+
+    def configured(self: W, options: WireOptions) -> W:
+        """This protocol reading and writing the wire with `options` (a copy: the registered
+        instance keeps tokentrail's)."""
+        clone = copy.copy(self)
+        clone.options = options
+        return clone
 
     def check_fields(
         self,
@@ -453,28 +493,41 @@ class ToolResults:
     tools first), but a template renders a result after the calls without naming its call
     (Qwen's `<tool_response>` carries no id): results are put back in the order of the calls,
     by id, so each one renders in its call's place. A result whose id matches no open call is
-    refused.
+    refused, unless `by_position` and a call without an id is open: it answers the first such
+    call (slime's pairing, `WireOptions.results_by_position`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, by_position: bool = False) -> None:
+        self.by_position = by_position
         self._position: dict[str, int] = {}
+        # The positions of the open calls that have no id, in call order (by_position only).
+        self._unnamed: list[int] = []
         self._answered: list[tuple[int, Message]] = []
 
-    def open(self, ids: Sequence[str]) -> None:
-        """A new assistant message with these call ids (in call order)."""
+    def open(self, ids: Sequence[str | None]) -> None:
+        """A new assistant message with these call ids (in call order; None: a call without
+        one)."""
         self._position = {}
+        self._unnamed = []
         for pos, call_id in enumerate(ids):
-            self._position.setdefault(call_id, pos)
+            if call_id is not None:
+                self._position.setdefault(call_id, pos)
+            elif self.by_position:
+                self._unnamed.append(pos)
         self._answered = []
 
     def answer(self, call_id: object, message: Message, where: str, what: str) -> None:
-        """A result for `call_id`; refused when no open call has that id (or it was answered)."""
-        if not isinstance(call_id, str) or call_id not in self._position:
+        """A result for `call_id`; refused when no open call has that id (or it was answered)
+        and no call without an id is open to take it (`by_position`)."""
+        if isinstance(call_id, str) and call_id in self._position:
+            self._answered.append((self._position.pop(call_id), message))
+        elif self._unnamed:
+            self._answered.append((self._unnamed.pop(0), message))
+        else:
             raise RequestError(
                 f"{where}: {what} for {call_id!r} has no matching tool call in the previous "
                 "assistant message"
             )
-        self._answered.append((self._position.pop(call_id), message))
 
     def flush(self) -> list[Message]:
         """The results answered since the last flush, in the order of their calls."""
@@ -485,6 +538,7 @@ class ToolResults:
     def close_all(self) -> None:
         """No call is open any more (a user turn came)."""
         self._position = {}
+        self._unnamed = []
         self._answered = []
 
     @property
@@ -493,16 +547,25 @@ class ToolResults:
         return self._position
 
     @property
+    def unnamed(self) -> Sequence[int]:
+        """The positions of the open calls without an id (`by_position`)."""
+        return self._unnamed
+
+    @property
     def answered(self) -> Sequence[tuple[int, Message]]:
         """The results answered and not yet flushed, with their calls' positions."""
         return self._answered
 
     def restore(
-        self, open_calls: Mapping[str, int], answered: Sequence[tuple[int, Message]]
+        self,
+        open_calls: Mapping[str, int],
+        answered: Sequence[tuple[int, Message]],
+        unnamed: Sequence[int] = (),
     ) -> None:
-        """Take the state another instance had (see `open_calls`, `answered`)."""
+        """Take the state another instance had (see `open_calls`, `answered`, `unnamed`)."""
         self._position = dict(open_calls)
         self._answered = list(answered)
+        self._unnamed = list(unnamed)
 
 
 def append_system_note(messages: list[Message], text: str) -> None:
@@ -516,6 +579,11 @@ def append_system_note(messages: list[Message], text: str) -> None:
         messages[-1] = {**prev, "content": f"{prev['content']}\n\n{text}"}
     else:
         messages.append({"role": "user", "content": text})
+
+
+def system_reminder(text: str) -> str:
+    """A `system` message's text wrapped as slime wraps it (`WireOptions.system_reminder`)."""
+    return f"{REMINDER_OPEN}{text}{REMINDER_CLOSE}"
 
 
 # -- sampling -------------------------------------------------------------------------------------
@@ -575,12 +643,14 @@ def pieces(text: str, size: int = STREAM_CHUNK) -> list[str]:
 
 
 __all__ = [
+    "DEFAULT_WIRE",
     "IMAGE_PLACEHOLDER",
     "ContentReader",
     "Conversation",
     "DeclaredTools",
     "Outcome",
     "ToolResults",
+    "WireOptions",
     "WireProtocol",
     "append_system_note",
     "bearer",
@@ -593,6 +663,7 @@ __all__ = [
     "register_protocol",
     "sampling_keys",
     "server_block_text",
+    "system_reminder",
     "tool_choice",
     "tool_schema",
     "translate_tools",

@@ -42,6 +42,8 @@ class FoldMark:
     media: Counter[str]
     # What else the protocol's fold holds between wire messages (see `Fold.mark`).
     extra: tuple[Any, ...] = ()
+    # ToolResults: the positions of the open calls without an id (`by_position` only).
+    unnamed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class Fold:
                 tuple(self.results.answered),
                 Counter(self.reader.media),
                 extra,
+                tuple(self.results.unnamed),
             )
         )
 
@@ -115,7 +118,7 @@ class Fold:
         if mark.last is not None:
             self.messages = previous.conversation.messages[: mark.messages - 1]
             self.messages.append(mark.last)
-        self.results.restore(mark.open_calls, mark.answered)
+        self.results.restore(mark.open_calls, mark.answered, mark.unnamed)
         self.reader.media = Counter(mark.media)
         # A superset of the sources the kept messages mark: only marked ones are read.
         self.reader.images = dict(previous.conversation.image_sources)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from tokentrail.adapter.config import AdapterConfig, SessionSettings
+from tokentrail.adapter.protocols.common import WireOptions
 from tokentrail.adapter.server import Adapter
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams
@@ -51,6 +52,11 @@ _OUTPUT_KEYS = frozenset(
 # What slime parses tool calls as without a parser named: Qwen3-Coder's XML calls. The drop-in
 # does so for a tokenizer of no known family (a known family's parser otherwise).
 _SLIME_TOOL_FALLBACK = "qwen3_coder"
+
+# slime's reading of the wire, where it is harmless to the samples and safe (the drop-in's
+# default; docs/integrations/slime.md): the `<system-reminder>` message, tool results paired
+# by position with calls that have no id, the bare role chunk of a Chat Completions stream.
+SLIME_WIRE = WireOptions(system_reminder=True, results_by_position=True, bare_role_chunk=True)
 
 DebugCallback = Callable[[str, list[Message], list[ToolSchema] | None, Message | None, Any], None]
 
@@ -178,11 +184,18 @@ class BaseAdapter:
         routing: RoutingShape | None = None,
         config: AdapterConfig | None = None,
         manager: TrailManager | None = None,
+        system_reminder: bool = SLIME_WIRE.system_reminder,
+        results_by_position: bool = SLIME_WIRE.results_by_position,
+        bare_role_chunk: bool = SLIME_WIRE.bare_role_chunk,
     ) -> None:
         """slime's arguments; the rest are tokentrail's: `restore="off", history="render"`
         build prompts as slime does, `routing` (the MoE's shape) asks SGLang for every turn's
         routed experts (slime's `rollout_routed_experts`). A parser left None is the model
-        family's, as `serve` picks it."""
+        family's, as `serve` picks it. The last three read the wire as slime does unless set
+        False (`WireOptions`; they decide `config.wire`): a mid-list Anthropic `system`
+        message as a `<system-reminder>` user message, a `tool_use` without an id answered by
+        the next result that names no open call, a Chat Completions stream's first delta
+        `{"role": "assistant"}`."""
         self.tokenizer = tokenizer
         self.loaded = loaded = as_loaded(tokenizer)
         self.sglang_url = sglang_url.rstrip("/")
@@ -196,6 +209,11 @@ class BaseAdapter:
             restore=parse_kind(Restore, restore, "restore mode"),
             history=parse_kind(History, history, "history mode"),
             routed_experts=routing is not None or (config is not None and config.routed_experts),
+            wire=WireOptions(
+                system_reminder=system_reminder,
+                results_by_position=results_by_position,
+                bare_role_chunk=bare_role_chunk,
+            ),
         )
         core = manager or slime_manager(
             fork_threshold_tokens, base=_RecordingManager, routing=routing
@@ -332,4 +350,4 @@ class OpenAIAdapter(BaseAdapter):
     log_prefix = "openai-adapter"
 
 
-__all__ = ["AnthropicAdapter", "BaseAdapter", "OpenAIAdapter"]
+__all__ = ["SLIME_WIRE", "AnthropicAdapter", "BaseAdapter", "OpenAIAdapter"]
