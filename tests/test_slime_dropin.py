@@ -246,7 +246,8 @@ def test_mid_list_system_folds_into_the_user_before_it() -> None:
     }
     assert anthropic._fold_mid_list_system_into_user(body)
     assert [m["role"] for m in body["messages"]] == ["user", "user"]
-    assert body["messages"][0]["content"][-1] == {"type": "text", "text": "skills list"}
+    reminder = "<system-reminder>\nskills list\n</system-reminder>\n"  # slime's text
+    assert body["messages"][0]["content"][-1] == {"type": "text", "text": reminder}
     assert not anthropic._fold_mid_list_system_into_user(body)
 
 
