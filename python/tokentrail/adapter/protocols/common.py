@@ -493,15 +493,18 @@ class ToolResults:
     tools first), but a template renders a result after the calls without naming its call
     (Qwen's `<tool_response>` carries no id): results are put back in the order of the calls,
     by id, so each one renders in its call's place. A result whose id matches no open call is
-    refused, unless `by_position` and a call without an id is open: it answers the first such
-    call (slime's pairing, `WireOptions.results_by_position`).
+    refused, unless `by_position`, a call without an id is open and the id is none of the
+    message's calls': it answers the first such call (slime's pairing,
+    `WireOptions.results_by_position`).
     """
 
     def __init__(self, *, by_position: bool = False) -> None:
         self.by_position = by_position
         self._position: dict[str, int] = {}
-        # The positions of the open calls that have no id, in call order (by_position only).
+        # The positions of the open calls that have no id, in call order, and the ids of the
+        # message's calls (by_position only).
         self._unnamed: list[int] = []
+        self._named: frozenset[str] = frozenset()
         self._answered: list[tuple[int, Message]] = []
 
     def open(self, ids: Sequence[str | None]) -> None:
@@ -514,6 +517,7 @@ class ToolResults:
                 self._position.setdefault(call_id, pos)
             elif self.by_position:
                 self._unnamed.append(pos)
+        self._named = frozenset(self._position) if self._unnamed else frozenset()
         self._answered = []
 
     def answer(self, call_id: object, message: Message, where: str, what: str) -> None:
@@ -521,7 +525,7 @@ class ToolResults:
         and no call without an id is open to take it (`by_position`)."""
         if isinstance(call_id, str) and call_id in self._position:
             self._answered.append((self._position.pop(call_id), message))
-        elif self._unnamed:
+        elif self._unnamed and call_id not in self._named:
             self._answered.append((self._unnamed.pop(0), message))
         else:
             raise RequestError(
@@ -539,6 +543,7 @@ class ToolResults:
         """No call is open any more (a user turn came)."""
         self._position = {}
         self._unnamed = []
+        self._named = frozenset()
         self._answered = []
 
     @property
@@ -547,9 +552,10 @@ class ToolResults:
         return self._position
 
     @property
-    def unnamed(self) -> Sequence[int]:
-        """The positions of the open calls without an id (`by_position`)."""
-        return self._unnamed
+    def unnamed(self) -> tuple[Sequence[int], frozenset[str]]:
+        """The positions of the open calls without an id, and the ids of the other calls of
+        their message (`by_position`)."""
+        return self._unnamed, self._named
 
     @property
     def answered(self) -> Sequence[tuple[int, Message]]:
@@ -560,12 +566,12 @@ class ToolResults:
         self,
         open_calls: Mapping[str, int],
         answered: Sequence[tuple[int, Message]],
-        unnamed: Sequence[int] = (),
+        unnamed: tuple[Sequence[int], frozenset[str]] = ((), frozenset()),
     ) -> None:
         """Take the state another instance had (see `open_calls`, `answered`, `unnamed`)."""
         self._position = dict(open_calls)
         self._answered = list(answered)
-        self._unnamed = list(unnamed)
+        self._unnamed, self._named = list(unnamed[0]), unnamed[1]
 
 
 def append_system_note(messages: list[Message], text: str) -> None:

@@ -42,8 +42,9 @@ class FoldMark:
     media: Counter[str]
     # What else the protocol's fold holds between wire messages (see `Fold.mark`).
     extra: tuple[Any, ...] = ()
-    # ToolResults: the positions of the open calls without an id (`by_position` only).
-    unnamed: tuple[int, ...] = ()
+    # ToolResults: the positions of the open calls without an id and the ids of the other
+    # calls of their message (`by_position` only).
+    unnamed: tuple[tuple[int, ...], frozenset[str]] = ((), frozenset())
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Fold:
                 tuple(self.results.answered),
                 Counter(self.reader.media),
                 extra,
-                tuple(self.results.unnamed),
+                (tuple(self.results.unnamed[0]), self.results.unnamed[1]),
             )
         )
 
