@@ -96,8 +96,11 @@ def main() -> int:
     parser.add_argument("slime", type=Path, help="a slime checkout")
     parser.add_argument("--python", default=sys.executable, help="the interpreter to test with")
     parser.add_argument("-v", "--verbose", action="store_true", help="print pytest's output")
-    parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
-    opts = parser.parse_args()
+    # What follows `--` goes to pytest as it is (argparse would not take options there).
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    opts = parser.parse_args(argv[:cut])
+    opts.pytest_args = argv[cut + 1 :]
     slime = opts.slime.resolve()
     # The tests run in the checkout (and a copy of it): a relative interpreter path would not.
     python = shutil.which(opts.python) or opts.python

@@ -10,7 +10,8 @@ from typing import Any
 from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.offload import DEFAULT_WORKERS
-from tokentrail.adapter.protocols.common import DEFAULT_WIRE, KEEPALIVE_S, WireOptions
+from tokentrail.adapter.protocols.common import KEEPALIVE_S
+from tokentrail.adapter.protocols.options import DEFAULT_WIRE, WireOptions
 from tokentrail.kinds import History, Restore, Retry, parse_kind
 from tokentrail.text.vision import ImageLimits
 from tokentrail.trajectory.side import KNOWN_SIDE_PROMPTS

@@ -10,11 +10,19 @@ import json
 import secrets
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from tokentrail.adapter.protocols.fields import Spec
+from tokentrail.adapter.protocols.options import (
+    DEFAULT_WIRE,
+    REMINDER_CLOSE,
+    REMINDER_OPEN,
+    WireOptions,
+    system_reminder,
+)
+from tokentrail.adapter.protocols.tool_results import ToolResults
 from tokentrail.errors import AuthenticationError, RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, ImageSource, Message, ToolSchema, function_tool
@@ -23,33 +31,6 @@ from tokentrail.text.vision import IMAGE_PLACEHOLDER, image_mark, image_source
 
 # How many characters one streamed delta carries.
 STREAM_CHUNK = 64
-
-# slime's wrapper of a mid-list `system` message (`WireOptions.system_reminder`).
-REMINDER_OPEN = "<system-reminder>\n"
-REMINDER_CLOSE = "\n</system-reminder>\n"
-
-
-@dataclass(frozen=True)
-class WireOptions:
-    """Where a protocol can read or write the wire as slime's adapters do instead of as
-    tokentrail does; tokentrail's reading by default. `AdapterConfig.wire` sets them for an
-    adapter's protocols; slime's drop-in (`integrations.slime`) turns all three on."""
-
-    # An Anthropic `system` message in the message list becomes a user message of its own,
-    # wrapped in `<system-reminder>` tags, where slime's adapter renders it; off: its text
-    # joins the user message before it (`append_system_note`).
-    system_reminder: bool = False
-    # An Anthropic `tool_use` without an `id` is answered by the next `tool_result` that names
-    # no open call, in the order they come, as slime pairs them; off: such a result is refused
-    # (the Messages API requires the id).
-    results_by_position: bool = False
-    # A Chat Completions stream opens with the delta `{"role": "assistant"}`, as slime's does;
-    # off: `{"role": "assistant", "content": ""}`, as OpenAI's API does.
-    bare_role_chunk: bool = False
-
-
-# tokentrail's own reading of the wire.
-DEFAULT_WIRE = WireOptions()
 
 
 @dataclass
@@ -486,94 +467,6 @@ def wire_messages(
         yield where, m, str(role)
 
 
-class ToolResults:
-    """The tool calls of the latest assistant message, and the results that answer them.
-
-    Harnesses send results in the order the tools finished (Claude Code puts errors and fast
-    tools first), but a template renders a result after the calls without naming its call
-    (Qwen's `<tool_response>` carries no id): results are put back in the order of the calls,
-    by id, so each one renders in its call's place. A result whose id matches no open call is
-    refused, unless `by_position`, a call without an id is open and the id is none of the
-    message's calls': it answers the first such call (slime's pairing,
-    `WireOptions.results_by_position`).
-    """
-
-    def __init__(self, *, by_position: bool = False) -> None:
-        self.by_position = by_position
-        self._position: dict[str, int] = {}
-        # The positions of the open calls that have no id, in call order, and the ids of the
-        # message's calls (by_position only).
-        self._unnamed: list[int] = []
-        self._named: frozenset[str] = frozenset()
-        self._answered: list[tuple[int, Message]] = []
-
-    def open(self, ids: Sequence[str | None]) -> None:
-        """A new assistant message with these call ids (in call order; None: a call without
-        one)."""
-        self._position = {}
-        self._unnamed = []
-        for pos, call_id in enumerate(ids):
-            if call_id is not None:
-                self._position.setdefault(call_id, pos)
-            elif self.by_position:
-                self._unnamed.append(pos)
-        self._named = frozenset(self._position) if self._unnamed else frozenset()
-        self._answered = []
-
-    def answer(self, call_id: object, message: Message, where: str, what: str) -> None:
-        """A result for `call_id`; refused when no open call has that id (or it was answered)
-        and no call without an id is open to take it (`by_position`)."""
-        if isinstance(call_id, str) and call_id in self._position:
-            self._answered.append((self._position.pop(call_id), message))
-        elif self._unnamed and call_id not in self._named:
-            self._answered.append((self._unnamed.pop(0), message))
-        else:
-            raise RequestError(
-                f"{where}: {what} for {call_id!r} has no matching tool call in the previous "
-                "assistant message"
-            )
-
-    def flush(self) -> list[Message]:
-        """The results answered since the last flush, in the order of their calls."""
-        out = [message for _, message in sorted(self._answered, key=lambda pm: pm[0])]
-        self._answered = []
-        return out
-
-    def close_all(self) -> None:
-        """No call is open any more (a user turn came)."""
-        self._position = {}
-        self._unnamed = []
-        self._named = frozenset()
-        self._answered = []
-
-    @property
-    def open_calls(self) -> Mapping[str, int]:
-        """Each open call's position by id."""
-        return self._position
-
-    @property
-    def unnamed(self) -> tuple[Sequence[int], frozenset[str]]:
-        """The positions of the open calls without an id, and the ids of the other calls of
-        their message (`by_position`)."""
-        return self._unnamed, self._named
-
-    @property
-    def answered(self) -> Sequence[tuple[int, Message]]:
-        """The results answered and not yet flushed, with their calls' positions."""
-        return self._answered
-
-    def restore(
-        self,
-        open_calls: Mapping[str, int],
-        answered: Sequence[tuple[int, Message]],
-        unnamed: tuple[Sequence[int], frozenset[str]] = ((), frozenset()),
-    ) -> None:
-        """Take the state another instance had (see `open_calls`, `answered`, `unnamed`)."""
-        self._position = dict(open_calls)
-        self._answered = list(answered)
-        self._unnamed, self._named = list(unnamed[0]), unnamed[1]
-
-
 def append_system_note(messages: list[Message], text: str) -> None:
     """A `system` message after the start becomes user text.
 
@@ -585,11 +478,6 @@ def append_system_note(messages: list[Message], text: str) -> None:
         messages[-1] = {**prev, "content": f"{prev['content']}\n\n{text}"}
     else:
         messages.append({"role": "user", "content": text})
-
-
-def system_reminder(text: str) -> str:
-    """A `system` message's text wrapped as slime wraps it (`WireOptions.system_reminder`)."""
-    return f"{REMINDER_OPEN}{text}{REMINDER_CLOSE}"
 
 
 # -- sampling -------------------------------------------------------------------------------------
@@ -651,6 +539,8 @@ def pieces(text: str, size: int = STREAM_CHUNK) -> list[str]:
 __all__ = [
     "DEFAULT_WIRE",
     "IMAGE_PLACEHOLDER",
+    "REMINDER_CLOSE",
+    "REMINDER_OPEN",
     "ContentReader",
     "Conversation",
     "DeclaredTools",

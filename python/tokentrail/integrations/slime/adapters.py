@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from tokentrail.adapter.config import AdapterConfig, SessionSettings
-from tokentrail.adapter.protocols.common import WireOptions
+from tokentrail.adapter.protocols.options import WireOptions
 from tokentrail.adapter.server import Adapter
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams

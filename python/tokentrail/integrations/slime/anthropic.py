@@ -15,7 +15,7 @@ from tokentrail.adapter.protocols.anthropic import (
     declared_tools,
     translate_request,
 )
-from tokentrail.adapter.protocols.common import system_reminder
+from tokentrail.adapter.protocols.options import system_reminder
 from tokentrail.integrations.slime.adapters import SLIME_WIRE, AnthropicAdapter
 from tokentrail.integrations.slime.common import flatten_content
 from tokentrail.messages import Message, ToolSchema
