@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
@@ -422,6 +423,26 @@ def test_openai_chat_completions_streams_chunks_until_done(hf, bare_role_chunk: 
         assert events[-1] == ("message", "[DONE]")
 
     asyncio.run(run())
+
+
+def test_the_openai_sdk_reads_the_bare_role_chunk(hf) -> None:
+    """OpenAI's SDK assembles a stream that opens with slime's bare role chunk as it does
+    OpenAI's own: the role, the whole text, the finish."""
+
+    async def run() -> Any:
+        async with served(OpenAIAdapter, hf, ["streamed text"], "sid-sdk") as (ad, client, _, _):
+            sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="sid-sdk")
+            async with sdk.chat.completions.stream(
+                model="m", messages=[{"role": "user", "content": "x"}]
+            ) as stream:
+                completion = await stream.get_final_completion()
+            await _drain(ad, "sid-sdk")
+        return completion
+
+    completion = asyncio.run(run())
+    choice = completion.choices[0]
+    assert (choice.message.role, choice.message.content) == ("assistant", "streamed text")
+    assert choice.finish_reason == "stop"
 
 
 # -- §5 multi-turn token alignment ----------------------------------------------------------------
