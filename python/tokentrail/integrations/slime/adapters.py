@@ -194,8 +194,8 @@ class BaseAdapter:
         family's, as `serve` picks it. The last three read the wire as slime does unless set
         False (`WireOptions`; they decide `config.wire`): a mid-list Anthropic `system`
         message as a `<system-reminder>` user message, a `tool_use` without an id answered by
-        the next result that names no open call, a Chat Completions stream's first delta
-        `{"role": "assistant"}`."""
+        the next result naming none of its message's calls, a Chat Completions stream's first
+        delta `{"role": "assistant"}`."""
         self.tokenizer = tokenizer
         self.loaded = loaded = as_loaded(tokenizer)
         self.sglang_url = sglang_url.rstrip("/")
