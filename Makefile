@@ -5,7 +5,7 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 CONSTRAINTS ?= .ci/constraints.txt
 
 .PHONY: install demo test test-rust test-python test-latest lint package bench bench-quick docs \
-	docs-serve bump-harnesses
+	docs-serve bump-harnesses test-slime
 
 # The build backend comes from the constraints too (no build isolation), so the extension is
 # built by the same maturin every time.
@@ -66,3 +66,12 @@ docs-serve:
 # tests/support/harness_versions.py and run the harness tests against them.
 bump-harnesses:
 	$(PYTHON) scripts/bump-harnesses
+
+# slime's own agent tests against slime and against tokentrail's drop-in (`tokentrail.integrations
+# .slime`): `make test-slime SLIME=/path/to/slime` (slime is on no package index). SLIME_PYTHON
+# is an interpreter with slime's test dependencies (torch, httpx) and tokentrail's.
+SLIME ?=
+SLIME_PYTHON ?= $(PYTHON)
+test-slime:
+	@test -n "$(SLIME)" || { echo "usage: make test-slime SLIME=/path/to/slime"; exit 2; }
+	$(SLIME_PYTHON) .ci/test_slime.py "$(SLIME)" --python "$(SLIME_PYTHON)"

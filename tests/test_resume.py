@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from support.serve import resume_checks
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
+from tokentrail.adapter.protocols.common import WireOptions
 from tokentrail.adapter.protocols.openai import OpenAIChat
 from tokentrail.adapter.protocols.responses import OpenAIResponses
 from tokentrail.adapter.protocols.resume import Fold, Translated
@@ -120,6 +121,10 @@ def test_verify_resume_counts_a_mismatch_and_serves_the_full_translation(
 
 DEPTH = 64
 PROTOCOLS = {p.name: p for p in (AnthropicMessages(), OpenAIChat(), OpenAIResponses())}
+# slime's readings (the slime drop-in's): `<system-reminder>` notes, results by position for
+# calls sent without an id.
+SLIME = WireOptions(system_reminder=True, results_by_position=True)
+PROTOCOLS["anthropic-slime"] = AnthropicMessages().configured(SLIME)
 TOOLS = [{"name": "Read", "description": "Read a file", "schema": {"type": "object"}}]
 WORDS = ["hi", "fix the bug", "NOTE-A", "NOTE-B", "two\nlines", " padded ", "é ✓", ""]
 IDS = ["c1", "c2", "c3"]
@@ -339,7 +344,22 @@ def _responses(request: Request) -> dict[str, Any]:
     return {"model": "m", "instructions": request.system, "input": items, "tools": tools}
 
 
-WIRE = {"anthropic": _anthropic, "openai": _openai, "responses": _responses}
+def _anthropic_unnamed(request: Request) -> dict[str, Any]:
+    """`_anthropic`, the calls `c3` sent without an id (their results still name `c3`)."""
+    body = _anthropic(request)
+    for m in body["messages"]:
+        for block in m["content"] if isinstance(m["content"], list) else ():
+            if block.get("type") == "tool_use" and block["id"] == "c3":
+                del block["id"]
+    return body
+
+
+WIRE = {
+    "anthropic": _anthropic,
+    "anthropic-slime": _anthropic_unnamed,
+    "openai": _openai,
+    "responses": _responses,
+}
 
 
 def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:

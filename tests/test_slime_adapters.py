@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
@@ -186,6 +187,59 @@ def test_anthropic_translation_keeps_tool_results_thinking_and_tools(hf) -> None
     assert list(turn.output_ids)[-1] == hf.convert_tokens_to_ids("<|im_end|>")
 
 
+@pytest.mark.parametrize("results_by_position", [True, False])
+def test_tool_calls_without_ids_take_results_in_order(hf, results_by_position: bool) -> None:
+    """slime's own test sends a `tool_use` without an `id`; slime takes the results in the
+    order they come. The drop-in pairs each call without an id with the next result that
+    names no open call (by default), so results render in the order sent, as slime's; with
+    `results_by_position=False` such a result is refused, as tokentrail's adapter does."""
+    seen: list[tuple] = []
+    calls = [{"type": "tool_use", "name": "lookup", "input": {"q": q}} for q in ("a", "b")]
+    answers = [
+        {"type": "tool_result", "tool_use_id": "u1", "content": "ra"},
+        {"type": "tool_result", "tool_use_id": "u2", "content": "rb"},
+    ]
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": calls},
+            {"role": "user", "content": answers},
+        ],
+    }
+
+    async def run() -> None:
+        async with served(
+            AnthropicAdapter,
+            hf,
+            ["fine"],
+            "sid-p",
+            debug_callback=lambda *a: seen.append(a),
+            results_by_position=results_by_position,
+        ) as (ad, client, _, _):
+            resp = await client.post("/v1/messages", headers=_bearer("sid-p"), json=body)
+            answer = await resp.json()
+            await _drain(ad, "sid-p")
+        if results_by_position:
+            assert resp.status == 200, answer
+        else:
+            assert resp.status == 400
+            assert answer["error"]["type"] == "invalid_request_error"
+            assert "'u1' has no matching tool call" in answer["error"]["message"]
+
+    asyncio.run(run())
+    if results_by_position:
+        translated = seen[0][1]
+        assert [(m["role"], m["content"]) for m in translated[2:]] == [
+            ("tool", "ra"),
+            ("tool", "rb"),
+        ]
+    else:
+        assert seen == []
+
+
 def test_openai_translation_developer_to_system_and_tool_calls_to_dict(hf) -> None:
     seen: list[tuple] = []
     messages = [
@@ -340,9 +394,15 @@ def test_anthropic_messages_streams_blocks(hf) -> None:
     asyncio.run(run())
 
 
-def test_openai_chat_completions_streams_chunks_until_done(hf) -> None:
+@pytest.mark.parametrize("bare_role_chunk", [True, False])
+def test_openai_chat_completions_streams_chunks_until_done(hf, bare_role_chunk: bool) -> None:
+    """The first chunk's delta is slime's `{"role": "assistant"}` by default; with
+    `bare_role_chunk=False` it is OpenAI's, `content: ""` beside the role."""
+
     async def run() -> None:
-        async with served(OpenAIAdapter, hf, ["streamed text"], "sid-os") as (ad, client, _, _):
+        async with served(
+            OpenAIAdapter, hf, ["streamed text"], "sid-os", bare_role_chunk=bare_role_chunk
+        ) as (ad, client, _, _):
             resp = await client.post(
                 "/v1/chat/completions",
                 headers=_bearer("sid-os"),
@@ -352,7 +412,8 @@ def test_openai_chat_completions_streams_chunks_until_done(hf) -> None:
             await _drain(ad, "sid-os")
         events = _parse_sse(raw)
         chunks = [p for _, p in events if isinstance(p, dict)]
-        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        role = {"role": "assistant"} if bare_role_chunk else {"role": "assistant", "content": ""}
+        assert chunks[0]["choices"][0]["delta"] == role
         text = "".join(
             c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
         )
@@ -362,6 +423,26 @@ def test_openai_chat_completions_streams_chunks_until_done(hf) -> None:
         assert events[-1] == ("message", "[DONE]")
 
     asyncio.run(run())
+
+
+def test_the_openai_sdk_reads_the_bare_role_chunk(hf) -> None:
+    """OpenAI's SDK assembles a stream that opens with slime's bare role chunk as it does
+    OpenAI's own: the role, the whole text, the finish."""
+
+    async def run() -> Any:
+        async with served(OpenAIAdapter, hf, ["streamed text"], "sid-sdk") as (ad, client, _, _):
+            sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="sid-sdk")
+            async with sdk.chat.completions.stream(
+                model="m", messages=[{"role": "user", "content": "x"}]
+            ) as stream:
+                completion = await stream.get_final_completion()
+            await _drain(ad, "sid-sdk")
+        return completion
+
+    completion = asyncio.run(run())
+    choice = completion.choices[0]
+    assert (choice.message.role, choice.message.content) == ("assistant", "streamed text")
+    assert choice.finish_reason == "stop"
 
 
 # -- §5 multi-turn token alignment ----------------------------------------------------------------
@@ -453,14 +534,22 @@ def test_max_turns_per_sid_returns_429(hf) -> None:
     asyncio.run(run())
 
 
-def test_mid_list_system_folds_into_user(hf) -> None:
-    """slime folds a mid-list system message into the user turn before it (wrapped in its own
-    `<system-reminder>`); tokentrail joins it to that user turn as text."""
+@pytest.mark.parametrize("system_reminder", [True, False])
+def test_mid_list_system_folds_into_user(hf, system_reminder: bool) -> None:
+    """slime folds a mid-list system message into the user turn before it, wrapped in its own
+    `<system-reminder>`, and renders that block as a user message of its own: so does the
+    drop-in by default; `system_reminder=False` joins it to that user turn as text, as
+    tokentrail's adapter does."""
     seen: list[tuple] = []
 
     async def run() -> None:
         async with served(
-            AnthropicAdapter, hf, ["ok"], "sid-s", debug_callback=lambda *a: seen.append(a)
+            AnthropicAdapter,
+            hf,
+            ["ok"],
+            "sid-s",
+            debug_callback=lambda *a: seen.append(a),
+            system_reminder=system_reminder,
         ) as (ad, client, _, _):
             body = {
                 "model": "m",
@@ -477,8 +566,17 @@ def test_mid_list_system_folds_into_user(hf) -> None:
 
     asyncio.run(run())
     translated = seen[0][1]
-    assert [m["role"] for m in translated] == ["user", "user"]
-    assert "hello" in translated[0]["content"] and "skills list" in translated[0]["content"]
+    if system_reminder:  # slime's translation of its folded body, message for message
+        assert translated == [
+            {"role": "user", "content": "hello"},
+            {"role": "user", "content": "<system-reminder>\nskills list\n</system-reminder>\n"},
+            {"role": "user", "content": "next"},
+        ]
+    else:
+        assert translated == [
+            {"role": "user", "content": "hello\n\nskills list"},
+            {"role": "user", "content": "next"},
+        ]
 
 
 def test_model_output_parsing() -> None:

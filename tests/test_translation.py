@@ -4,12 +4,14 @@ tool choices, and media the template cannot show."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tokentrail.adapter.protocols import anthropic, openai
+from tokentrail.adapter.protocols.common import WireOptions
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.text.chat_template import TOOL_ERROR_MARKER, render
@@ -109,6 +111,101 @@ def test_the_rendered_prompt_has_each_response_after_its_own_call() -> None:
 def test_a_result_for_no_open_call_is_refused_naming_its_id(results: list[dict]) -> None:
     with pytest.raises(RequestError, match="t_other|t_calc"):
         anthropic.translate_request(three_reads(*results))
+
+
+# --- slime's readings (WireOptions), off unless asked for ---------------------------------------
+
+BY_POSITION = WireOptions(results_by_position=True)
+
+
+def _unnamed_reads(*results: dict[str, Any]) -> dict[str, Any]:
+    """`three_reads`, its middle call sent without an id (slime's test sends such calls)."""
+    body = three_reads(*results)
+    del body["messages"][1]["content"][1]["id"]
+    return body
+
+
+def test_a_call_without_an_id_is_refused_by_default() -> None:
+    body = _unnamed_reads(result("t_calc", "C"), result("t_missing", "M"), result("t_util", "U"))
+    with pytest.raises(RequestError, match="'t_missing' has no matching tool call"):
+        anthropic.translate_request(body)
+
+
+def test_a_call_without_an_id_takes_the_next_result_naming_no_open_call() -> None:
+    # Completion order; the unnamed call's result names an id no call has.
+    body = _unnamed_reads(
+        result("t_util", "U"), result("whatever", "M"), result("t_calc", "C"), {"type": "text",
+        "text": "next"}
+    )  # fmt: skip
+    messages = anthropic.translate_request(body, BY_POSITION).messages
+    assert [m["content"] for m in messages[2:]] == ["C", "M", "U", "next"]
+    # Calls with ids are still answered by id: a second result for one is refused.
+    twice = _unnamed_reads(result("t_calc", "C"), result("t_calc", "again"))
+    with pytest.raises(RequestError, match="'t_calc' has no matching tool call"):
+        anthropic.translate_request(twice, BY_POSITION)
+
+
+def test_results_past_the_calls_without_ids_are_refused() -> None:
+    body = _unnamed_reads(result("x", "M"), result("y", "extra"))
+    with pytest.raises(RequestError, match="'y' has no matching tool call"):
+        anthropic.translate_request(body, BY_POSITION)
+
+
+def test_a_later_user_turn_closes_the_calls_without_ids() -> None:
+    body = _unnamed_reads(result("x", "M"))
+    body["messages"] += [
+        {"role": "user", "content": "more"},
+        {"role": "user", "content": [result("y", "late")]},
+    ]
+    with pytest.raises(RequestError, match="'y' has no matching tool call"):
+        anthropic.translate_request(body, BY_POSITION)
+
+
+def test_a_mid_list_system_message_as_text_or_as_slimes_reminder() -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "system": "sys",
+        "messages": [
+            {"role": "user", "content": "hello"},
+            {"role": "system", "content": [{"type": "text", "text": "skills list"}]},
+            {"role": "user", "content": "next"},
+        ],
+    }
+    assert anthropic.translate_request(body).messages[1:] == [
+        {"role": "user", "content": "hello\n\nskills list"},
+        {"role": "user", "content": "next"},
+    ]
+    reminder = anthropic.translate_request(body, WireOptions(system_reminder=True)).messages
+    assert reminder == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hello"},
+        {"role": "user", "content": "<system-reminder>\nskills list\n</system-reminder>\n"},
+        {"role": "user", "content": "next"},
+    ]
+
+
+def _completion() -> dict[str, Any]:
+    message = {"role": "assistant", "content": "hi"}
+    return {"id": "c", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "first"),
+    [
+        (WireOptions(), {"role": "assistant", "content": ""}),
+        (WireOptions(bare_role_chunk=True), {"role": "assistant"}),
+    ],
+)
+def test_the_role_chunk_of_a_chat_stream(options: WireOptions, first: dict[str, Any]) -> None:
+    proto = openai.OpenAIChat().configured(options)
+    frames = list(proto.stream(_completion(), {}))
+    assert json.loads(frames[0].removeprefix(b"data: "))["choices"][0]["delta"] == first
+    live = proto.live({}, "c", "m", 1).open()
+    assert json.loads(live.removeprefix(b"data: "))["choices"][0]["delta"] == first
+    # The registered instance keeps tokentrail's.
+    assert openai.OpenAIChat().options == WireOptions()
 
 
 # --- is_error ---------------------------------------------------------------------------------

@@ -43,6 +43,11 @@ class LogprobLengthError(InvalidInput):
     """A turn's logprobs do not match its output tokens one for one."""
 
 
+class LogprobAssertionError(LogprobLengthError, AssertionError):
+    """`LogprobLengthError` as slime's `TrajectoryManager` raises it: also an `AssertionError`
+    (slime asserts the lengths match), so code that catches slime's keeps working."""
+
+
 class PolicyError(InvalidInput):
     """An unknown policy or an out-of-range setting, or a call the policy forbids."""
 

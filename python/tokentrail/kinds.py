@@ -232,6 +232,9 @@ class Fallback(StrEnum):
     TAIL_MISMATCH = "tail_mismatch"
     # The template refused the synthetic context.
     TEMPLATE_ERROR = "template_error"
+    # The tokenizer is an object without a `tokenizers` backend: every prompt is the object's
+    # own `apply_chat_template` ids (`text.object_tokenizer`).
+    REFERENCE_TOKENIZER = "reference_tokenizer"
 
     @property
     def label(self) -> str:

@@ -11,6 +11,7 @@ from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.offload import DEFAULT_WORKERS
 from tokentrail.adapter.protocols.common import KEEPALIVE_S
+from tokentrail.adapter.protocols.options import DEFAULT_WIRE, WireOptions
 from tokentrail.kinds import History, Restore, Retry, parse_kind
 from tokentrail.text.vision import ImageLimits
 from tokentrail.trajectory.side import KNOWN_SIDE_REQUESTS, SideRules
@@ -30,6 +31,9 @@ class AdapterConfig:
     admin_token: str | None = None
     # Let OpenAI bodies (`metadata.session_id`, `user`) name the session instead of the key.
     session_from_body: bool = False
+    # Where the protocols read or write the wire as slime's adapters do (slime's drop-in sets
+    # them); tokentrail's reading by default.
+    wire: WireOptions = DEFAULT_WIRE
     limits: Limits = field(default_factory=Limits)
     # Decoded bytes and pixels of one image and of all of a request's images (400 past them).
     image_limits: ImageLimits = field(default_factory=ImageLimits)

@@ -168,7 +168,7 @@ class Adapter:
             # The viewer over the sessions held here, behind the admin token.
             *Viewer(LiveSource(self.manager, tokenizer), guard=admin.check).routes(UI_PREFIX),
         ]
-        for proto in protocols():
+        for proto in (p.configured(config.wire) for p in protocols()):
             routes.append(web.post(proto.turn_path, self._turn_handler(proto)))
             if proto.count_tokens_path is not None:
                 routes.append(web.post(proto.count_tokens_path, self._count_handler(proto)))

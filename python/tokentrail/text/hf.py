@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from tokenizers import Tokenizer
 
 from tokentrail.errors import TokenizerError
+from tokentrail.text.object_tokenizer import from_object
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -80,17 +81,26 @@ _WRAPPED: weakref.WeakKeyDictionary[Any, LoadedTokenizer] = weakref.WeakKeyDicti
 
 
 def as_loaded(tokenizer: LoadedTokenizer | HFTokenizer) -> LoadedTokenizer:
-    """`tokenizer` itself if it is a `LoadedTokenizer`, else `from_transformers(tokenizer)`
-    (once per object: later calls return the same `LoadedTokenizer`)."""
+    """`tokenizer` itself if it is a `LoadedTokenizer`, else `from_transformers(tokenizer)` for a
+    fast tokenizer and `object_tokenizer.from_object(tokenizer)` for any other (once per object:
+    later calls return the same `LoadedTokenizer`)."""
     if isinstance(tokenizer, LoadedTokenizer):
         return tokenizer
     try:
         cached = _WRAPPED.get(tokenizer)
     except TypeError:  # not weakly referenceable: wrap every time
-        return from_transformers(tokenizer)
+        return _wrap(tokenizer)
     if cached is None:
-        cached = _WRAPPED[tokenizer] = from_transformers(tokenizer)
+        cached = _WRAPPED[tokenizer] = _wrap(tokenizer)
     return cached
+
+
+def _wrap(tokenizer: Any) -> LoadedTokenizer:
+    """A fast tokenizer through its backend; any other object with `apply_chat_template`,
+    `encode` and `decode` through its own methods (`text.object_tokenizer`, with a warning)."""
+    if isinstance(getattr(tokenizer, "backend_tokenizer", None), Tokenizer):
+        return from_transformers(tokenizer)
+    return from_object(tokenizer)
 
 
 def from_transformers(hf: Any) -> LoadedTokenizer:

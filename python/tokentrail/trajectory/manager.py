@@ -407,6 +407,15 @@ class TrajectoryManager:
         ).samples
 
 
+def turn_store(manager: TrajectoryManager, sid: str) -> TurnStoreLike:
+    """The turn store of a session of `manager`, which holds the tokens of the turns in its
+    tree (`manager.root(sid)`): read it, do not change it."""
+    session = manager._sessions.get(sid)
+    if session is None:
+        raise SessionError(f"no session {sid!r}")
+    return session.store
+
+
 def _linearize(
     manager: TrajectoryManager,
     sid: str,

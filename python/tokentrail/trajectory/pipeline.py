@@ -30,13 +30,14 @@ from tokentrail.text.constraints import OutputConstraint, forced_tool_call
 from tokentrail.text.families import Family, resolve_family
 from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.incremental import IncrementalEncoder
+from tokentrail.text.object_tokenizer import ObjectTokenizer
 from tokentrail.text.parsing import ParsedOutput, parse_output
 from tokentrail.text.template_check import check_within_budget
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.text.vision import VisionSpec, image_positions, vision_spec
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.prefill import Prefill, continuation, prefill_text, split_prefill
-from tokentrail.trajectory.prompts import PromptBuilder
+from tokentrail.trajectory.prompts import ObjectPrompts, PromptBuilder
 from tokentrail.trajectory.side import SideRules, exclusion
 from tokentrail.trajectory.splice import Splicer
 from tokentrail.trajectory.tags import TurnTags
@@ -236,6 +237,23 @@ def _parser(family: Family | None, value: str | None, attribute: str, default: s
     return default if family is None else getattr(family, attribute)
 
 
+def _prompt_parts(
+    pipeline: TurnPipeline, tokenizer: LoadedTokenizer | None, template_name: str | None
+) -> tuple[Splicer | None, PromptBuilder | ObjectPrompts | None]:
+    """What builds the pipeline's prompt ids: a splicer and a `PromptBuilder` over the
+    template, or, for a tokenizer object that renders its own ids, `ObjectPrompts` (no template
+    text to check or splice with); none without a tokenizer."""
+    if isinstance(tokenizer, ObjectTokenizer):
+        return None, ObjectPrompts(tokenizer)
+    if tokenizer is None:
+        return None, None
+    if pipeline.family is not None:
+        check_family_template(pipeline, tokenizer, pipeline.family, template_name)
+    splicer = Splicer(tokenizer, pipeline.chat_template, pipeline.family)
+    encoder = IncrementalEncoder(tokenizer)
+    return splicer, PromptBuilder(splicer, encoder, pipeline.splice_verify_every)
+
+
 class TurnPipeline:
     """One turn's steps over a manager, a tokenizer and a chat template.
 
@@ -284,14 +302,7 @@ class TurnPipeline:
         self.vision: VisionSpec | None = vision_spec(self.family.vision if self.family else None)
         self.tool_parser = _parser(self.family, tool_parser, "tool_parser", "hermes")
         self.reasoning_parser = _parser(self.family, reasoning_parser, "reasoning_parser", "qwen3")
-        if tokenizer is not None and self.family is not None:
-            check_family_template(self, tokenizer, self.family, template_name)
-        self._splicer = Splicer(tokenizer, self.chat_template, self.family) if tokenizer else None
-        self._prompts = (
-            PromptBuilder(self._splicer, IncrementalEncoder(tokenizer), splice_verify_every)
-            if tokenizer and self._splicer
-            else None
-        )
+        self._splicer, self._prompts = _prompt_parts(self, tokenizer, template_name)
         # count_tokens encodes through an encoder of its own (see there).
         self._counter: IncrementalEncoder | None = None
 
@@ -302,13 +313,18 @@ class TurnPipeline:
         return self._tokenizer
 
     @property
-    def prompts(self) -> PromptBuilder:
+    def prompts(self) -> PromptBuilder | ObjectPrompts:
         if self._prompts is None:
             raise PolicyError("this pipeline has no tokenizer: it replays recorded turns only")
         return self._prompts
 
     @property
     def splicer(self) -> Splicer:
+        if isinstance(self._prompts, ObjectPrompts):
+            raise RequestError(
+                f"{self.tokenizer.name} has no `tokenizers` backend: an assistant prefill needs "
+                "a fast tokenizer"
+            )
         if self._splicer is None:
             raise PolicyError("this pipeline has no tokenizer: it replays recorded turns only")
         return self._splicer
@@ -452,6 +468,8 @@ class TurnPipeline:
         context, prefill = split_prefill(conversation.messages)
         if not context:
             raise RequestError("the request has no messages to render")
+        if isinstance(self._prompts, ObjectPrompts) and prefill is None:
+            return self._prompts.count(context, conversation.tools)
         if prefill is not None:
             end = self.tokenizer.eos_token
             text = prefill_text(self.splicer.render, context, prefill, conversation.tools, end)

@@ -25,6 +25,7 @@ from tokentrail.kinds import Fallback, History, Stage
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.text.families import count_calls
 from tokentrail.text.incremental import IncrementalEncoder
+from tokentrail.text.object_tokenizer import ObjectTokenizer
 from tokentrail.trajectory.manager import SpliceAnchor
 from tokentrail.trajectory.splice import Splicer
 from tokentrail.trajectory.timing import TurnTiming
@@ -174,3 +175,42 @@ class PromptBuilder:
     def forget(self, sid: str) -> None:
         self.encoder.forget(sid)
         self._checks.pop(sid, None)
+
+
+class ObjectPrompts:
+    """Prompt ids from a tokenizer object's own `apply_chat_template` (`ObjectTokenizer`): the
+    reference path, every turn rendered in full in Python; each says so with
+    `Fallback.REFERENCE_TOKENIZER`. The same calls as `PromptBuilder`."""
+
+    def __init__(self, tokenizer: ObjectTokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def build(
+        self,
+        sid: str,
+        messages: list[Message],
+        tools: list[ToolSchema] | None,
+        anchor: SpliceAnchor | None,
+        timing: TurnTiming,
+    ) -> PromptIds:
+        ids = np.asarray(self.tokenizer.render_ids(messages, tools), dtype=np.uint32)
+        timing.lap(Stage.RENDER)
+        return PromptIds(ids, History.RENDER, Fallback.REFERENCE_TOKENIZER)
+
+    def deferred(self, sid: str) -> bool:
+        return False
+
+    def check_deferred(self, sid: str) -> bool | None:
+        return None
+
+    def encode(self, sid: str, text: str) -> npt.NDArray[np.uint32]:
+        return np.asarray(self.tokenizer.encode(text), dtype=np.uint32)
+
+    def render(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None) -> str:
+        return self.tokenizer.render_chat(messages, tools, add_generation_prompt=True)
+
+    def count(self, messages: Sequence[Message], tools: Sequence[ToolSchema] | None) -> int:
+        return len(self.tokenizer.render_ids(messages, tools))
+
+    def forget(self, sid: str) -> None:
+        return None

@@ -14,11 +14,13 @@ from functools import partial
 from typing import Any
 
 from tokentrail.adapter.protocols.common import (
+    DEFAULT_WIRE,
     ContentReader,
     DeclaredTools,
     LiveStream,
     Outcome,
     ToolResults,
+    WireOptions,
     WireProtocol,
     append_system_note,
     is_server_block,
@@ -27,6 +29,7 @@ from tokentrail.adapter.protocols.common import (
     register_protocol,
     sampling_keys,
     server_block_text,
+    system_reminder,
     tool_choice,
     tool_schema,
     translate_tools,
@@ -118,8 +121,9 @@ def _user_messages(
     return out
 
 
-def assistant_message(content: object, where: str = "content") -> tuple[Message, list[str]]:
-    """An assistant message from its content blocks, and the ids of its tool calls.
+def assistant_message(content: object, where: str = "content") -> tuple[Message, list[str | None]]:
+    """An assistant message from its content blocks, and the ids of its tool calls (None for
+    a call without one).
 
     Server-tool blocks in it (`server_tool_use`, `web_search_tool_result`, ...) become text
     paragraphs of the message.
@@ -134,7 +138,7 @@ def assistant_message(content: object, where: str = "content") -> tuple[Message,
     text_open = False
     thinking: list[str] = []
     calls: list[ToolCall] = []
-    ids: list[str] = []
+    ids: list[str | None] = []
     for pos, block in enumerate(content):
         at = f"{where}.content[{pos}]"
         if not isinstance(block, dict):
@@ -157,8 +161,7 @@ def assistant_message(content: object, where: str = "content") -> tuple[Message,
             name, args = block.get("name"), block.get("input", {})
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise RequestError(f"{at}: tool_use needs a string name and an object input")
-            if isinstance(block.get("id"), str):
-                ids.append(block["id"])
+            ids.append(block["id"] if isinstance(block.get("id"), str) else None)
             calls.append({"type": "function", "function": {"name": name, "arguments": args}})
         elif is_server_block(kind):
             paragraphs.append(server_block_text(block))
@@ -188,14 +191,20 @@ def _tool_choice(body: Mapping[str, Any], declared: DeclaredTools) -> tuple[Tool
     return tool_choice(TOOL_CHOICES[kind], name, declared)
 
 
-def translate_request(body: Mapping[str, Any]) -> Conversation:
+def translate_request(body: Mapping[str, Any], options: WireOptions = DEFAULT_WIRE) -> Conversation:
     """A Messages request body to chat-template messages and OpenAI-style tools.
 
     `system` (a string or blocks) becomes the first message. A `system` message in the middle
-    of the list (Claude Code sends them) becomes user text (see `append_system_note`). Tool
-    results are put in the order of their calls (see `ToolResults`).
+    of the list (Claude Code sends them) becomes user text (see `append_system_note`; slime's
+    `<system-reminder>` message with `options.system_reminder`). Tool results are put in the
+    order of their calls (see `ToolResults`).
     """
-    return translate_from(body, None, 0).conversation
+    return translate_from(body, None, 0, options).conversation
+
+
+def declared_tools(body: Mapping[str, Any]) -> list[ToolSchema] | None:
+    """The request's tool declarations as the chat template's tools (None: none declared)."""
+    return _declared(body).tools
 
 
 def _declared(body: Mapping[str, Any]) -> Conversation:
@@ -205,10 +214,15 @@ def _declared(body: Mapping[str, Any]) -> Conversation:
     return Conversation([], declared.tools, choice, forced, declared.withheld)
 
 
-def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int) -> Translated:
+def translate_from(
+    body: Mapping[str, Any],
+    previous: Translated | None,
+    at: int,
+    options: WireOptions = DEFAULT_WIRE,
+) -> Translated:
     """`translate_request`, resuming `previous` before wire message `at` when it can (see
     `tokentrail.adapter.protocols.resume`)."""
-    fold = Fold(_reader())
+    fold = Fold(_reader(), results=ToolResults(by_position=options.results_by_position))
     tools, at = fold.start(previous, at, partial(_declared, body))
     if at == 0 and body.get("system") is not None:
         # Text blocks only, as the API takes them: a system prompt is not where media go.
@@ -228,7 +242,11 @@ def translate_from(body: Mapping[str, Any], previous: Translated | None, at: int
             messages.extend(_user_messages(m["content"], where, results, reader))
             results.close_all()
         else:
-            append_system_note(messages, reader.text(m["content"], f"{where}.content"))
+            note = reader.text(m["content"], f"{where}.content")
+            if options.system_reminder:
+                messages.append({"role": "user", "content": system_reminder(note)})
+            else:
+                append_system_note(messages, note)
         fold.mark()
     return fold.translated(tools)
 
@@ -444,7 +462,7 @@ class AnthropicMessages(ResumableProtocol):
     def translate_from(
         self, body: dict[str, Any], previous: Translated | None, first_changed: int
     ) -> Translated:
-        return translate_from(body, previous, first_changed)
+        return translate_from(body, previous, first_changed, self.options)
 
     def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return sampling_keys(body, "max_tokens", "stop_sequences")

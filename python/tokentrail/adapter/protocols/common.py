@@ -5,15 +5,24 @@ schemas, tool-result matching, sampling keys, the mid-list `system` rule, ids, S
 
 from __future__ import annotations
 
+import copy
 import json
 import secrets
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from tokentrail.adapter.protocols.fields import Spec
+from tokentrail.adapter.protocols.options import (
+    DEFAULT_WIRE,
+    REMINDER_CLOSE,
+    REMINDER_OPEN,
+    WireOptions,
+    system_reminder,
+)
+from tokentrail.adapter.protocols.tool_results import ToolResults
 from tokentrail.errors import AuthenticationError, RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, ImageSource, Message, ToolSchema, function_tool
@@ -103,6 +112,9 @@ class LiveStream:
         return f"data: {body}\n\n".encode()
 
 
+W = TypeVar("W", bound="WireProtocol")
+
+
 class WireProtocol(ABC):
     """One wire protocol: its routes, translation, sampling keys, replies, SSE and errors."""
 
@@ -116,6 +128,15 @@ class WireProtocol(ABC):
     # (`protocols.fields`); None: unchecked.
     fields: ClassVar[Spec | None] = None
     count_fields: ClassVar[Spec | None] = None
+    # How this instance reads and writes the wire (`configured`).
+    options: WireOptions = DEFAULT_WIRE
+
+    def configured(self: W, options: WireOptions) -> W:
+        """This protocol reading and writing the wire with `options` (a copy: the registered
+        instance keeps tokentrail's)."""
+        clone = copy.copy(self)
+        clone.options = options
+        return clone
 
     def check_fields(
         self,
@@ -446,65 +467,6 @@ def wire_messages(
         yield where, m, str(role)
 
 
-class ToolResults:
-    """The tool calls of the latest assistant message, and the results that answer them.
-
-    Harnesses send results in the order the tools finished (Claude Code puts errors and fast
-    tools first), but a template renders a result after the calls without naming its call
-    (Qwen's `<tool_response>` carries no id): results are put back in the order of the calls,
-    by id, so each one renders in its call's place. A result whose id matches no open call is
-    refused.
-    """
-
-    def __init__(self) -> None:
-        self._position: dict[str, int] = {}
-        self._answered: list[tuple[int, Message]] = []
-
-    def open(self, ids: Sequence[str]) -> None:
-        """A new assistant message with these call ids (in call order)."""
-        self._position = {}
-        for pos, call_id in enumerate(ids):
-            self._position.setdefault(call_id, pos)
-        self._answered = []
-
-    def answer(self, call_id: object, message: Message, where: str, what: str) -> None:
-        """A result for `call_id`; refused when no open call has that id (or it was answered)."""
-        if not isinstance(call_id, str) or call_id not in self._position:
-            raise RequestError(
-                f"{where}: {what} for {call_id!r} has no matching tool call in the previous "
-                "assistant message"
-            )
-        self._answered.append((self._position.pop(call_id), message))
-
-    def flush(self) -> list[Message]:
-        """The results answered since the last flush, in the order of their calls."""
-        out = [message for _, message in sorted(self._answered, key=lambda pm: pm[0])]
-        self._answered = []
-        return out
-
-    def close_all(self) -> None:
-        """No call is open any more (a user turn came)."""
-        self._position = {}
-        self._answered = []
-
-    @property
-    def open_calls(self) -> Mapping[str, int]:
-        """Each open call's position by id."""
-        return self._position
-
-    @property
-    def answered(self) -> Sequence[tuple[int, Message]]:
-        """The results answered and not yet flushed, with their calls' positions."""
-        return self._answered
-
-    def restore(
-        self, open_calls: Mapping[str, int], answered: Sequence[tuple[int, Message]]
-    ) -> None:
-        """Take the state another instance had (see `open_calls`, `answered`)."""
-        self._position = dict(open_calls)
-        self._answered = list(answered)
-
-
 def append_system_note(messages: list[Message], text: str) -> None:
     """A `system` message after the start becomes user text.
 
@@ -575,12 +537,16 @@ def pieces(text: str, size: int = STREAM_CHUNK) -> list[str]:
 
 
 __all__ = [
+    "DEFAULT_WIRE",
     "IMAGE_PLACEHOLDER",
+    "REMINDER_CLOSE",
+    "REMINDER_OPEN",
     "ContentReader",
     "Conversation",
     "DeclaredTools",
     "Outcome",
     "ToolResults",
+    "WireOptions",
     "WireProtocol",
     "append_system_note",
     "bearer",
@@ -593,6 +559,7 @@ __all__ = [
     "register_protocol",
     "sampling_keys",
     "server_block_text",
+    "system_reminder",
     "tool_choice",
     "tool_schema",
     "translate_tools",

@@ -15,10 +15,13 @@ from functools import partial
 from typing import Any
 
 from tokentrail.adapter.protocols.common import (
+    DEFAULT_WIRE,
     ContentReader,
     DeclaredTools,
     LiveStream,
     Outcome,
+    ToolResults,
+    WireOptions,
     WireProtocol,
     append_system_note,
     mint_id,
@@ -136,6 +139,11 @@ def translate_request(body: Mapping[str, Any]) -> Conversation:
     return translate_from(body, None, 0).conversation
 
 
+def declared_tools(body: Mapping[str, Any]) -> list[ToolSchema] | None:
+    """The request's tool declarations as the chat template's tools (None: none declared)."""
+    return _declared(body).tools
+
+
 def _declared(body: Mapping[str, Any]) -> Conversation:
     """The request's tools and tool choice (no messages yet)."""
     declared = translate_tools(body.get("tools"), _tool)
@@ -222,7 +230,16 @@ def token_logprobs(outcome: Outcome) -> dict[str, Any] | None:
     return {"content": content, "refusal": None}
 
 
-def stream_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
+def role_delta(options: WireOptions) -> dict[str, Any]:
+    """The delta of a stream's first chunk (`WireOptions.bare_role_chunk`)."""
+    if options.bare_role_chunk:
+        return {"role": "assistant"}
+    return {"role": "assistant", "content": ""}
+
+
+def stream_chunks(
+    response: dict[str, Any], *, include_usage: bool, options: WireOptions = DEFAULT_WIRE
+) -> Iterator[bytes]:
     """The `data:` frames of a finished completion, ending with `data: [DONE]`."""
     head = {k: response[k] for k in ("id", "created", "model")}
     head["object"] = "chat.completion.chunk"
@@ -236,7 +253,7 @@ def stream_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
         body = {**head, "choices": [choice]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
 
-    yield frame({"role": "assistant", "content": ""})
+    yield frame(role_delta(options))
     for part in pieces(message.get("reasoning_content") or ""):
         yield frame({"reasoning_content": part})
     for part in pieces(message.get("content") or ""):
@@ -289,7 +306,7 @@ class ChatLive(LiveStream):
         return f"data: {payload}\n\n".encode()
 
     def open(self) -> bytes:
-        return self._frame({"role": "assistant", "content": ""})
+        return self._frame(role_delta(self.proto.options))
 
     def delta(self, out: StreamDeltas) -> bytes:
         frames = b""
@@ -319,7 +336,9 @@ class ChatLive(LiveStream):
         }
         tail["choices"] = [{**choice, "message": message}]
         frames = self.delta(rest)
-        chunks = list(stream_chunks(tail, include_usage=_include_usage(self.body)))
+        chunks = list(
+            stream_chunks(tail, include_usage=_include_usage(self.body), options=self.proto.options)
+        )
         return frames + b"".join(chunks[1:])  # its role chunk went out with `open`
 
 
@@ -408,7 +427,7 @@ class OpenAIChat(ResumableProtocol):
         }
 
     def stream(self, reply: dict[str, Any], body: Mapping[str, Any]) -> Iterator[bytes]:
-        return stream_chunks(reply, include_usage=_include_usage(body))
+        return stream_chunks(reply, include_usage=_include_usage(body), options=self.options)
 
     def live(
         self, body: Mapping[str, Any], reply_id: str, model: str, prompt_tokens: int

@@ -42,6 +42,9 @@ class FoldMark:
     media: Counter[str]
     # What else the protocol's fold holds between wire messages (see `Fold.mark`).
     extra: tuple[Any, ...] = ()
+    # ToolResults: the positions of the open calls without an id and the ids of the other
+    # calls of their message (`by_position` only).
+    unnamed: tuple[tuple[int, ...], frozenset[str]] = ((), frozenset())
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class Fold:
                 tuple(self.results.answered),
                 Counter(self.reader.media),
                 extra,
+                (tuple(self.results.unnamed[0]), self.results.unnamed[1]),
             )
         )
 
@@ -131,7 +135,7 @@ class Fold:
         self.call_ids = {
             i: ids for i, ids in previous.conversation.call_ids.items() if i < mark.messages
         }
-        self.results.restore(mark.open_calls, mark.answered)
+        self.results.restore(mark.open_calls, mark.answered, mark.unnamed)
         self.reader.media = Counter(mark.media)
         # A superset of the sources the kept messages mark: only marked ones are read.
         self.reader.images = dict(previous.conversation.image_sources)

@@ -12,17 +12,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from tokentrail.adapter.config import AdapterConfig, SessionSettings
+from tokentrail.adapter.protocols.options import WireOptions
 from tokentrail.adapter.server import Adapter
 from tokentrail.core.replay import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.errors import PolicyError, SamplingParamsError, SessionError
+from tokentrail.integrations.slime import common
 from tokentrail.integrations.slime.trajectory import (
     TrajectoryManager,
     slime_manager,
@@ -45,6 +48,15 @@ T = TypeVar("T")
 _OUTPUT_KEYS = frozenset(
     {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stop_token_ids"}
 )
+
+# What slime parses tool calls as without a parser named: Qwen3-Coder's XML calls. The drop-in
+# does so for a tokenizer of no known family (a known family's parser otherwise).
+_SLIME_TOOL_FALLBACK = "qwen3_coder"
+
+# slime's reading of the wire, where it is harmless to the samples and safe (the drop-in's
+# default; docs/integrations/slime.md): the `<system-reminder>` message, tool results paired
+# by position with calls that have no id, the bare role chunk of a Chat Completions stream.
+SLIME_WIRE = WireOptions(system_reminder=True, results_by_position=True, bare_role_chunk=True)
 
 DebugCallback = Callable[[str, list[Message], list[ToolSchema] | None, Message | None, Any], None]
 
@@ -83,10 +95,13 @@ class _RecordingManager(TrailManager):
 
 class _CappedEngine:
     """The SGLang engine, with slime's rule for a session's `max_new_tokens` default: a cap a
-    request's `max_tokens` may lower but not raise (tokentrail's own: a default it overrides)."""
+    request's `max_tokens` may lower but not raise (tokentrail's own: a default it overrides).
+    A turn goes through `common.call_sglang_generate`, looked up at every turn as slime's is, so
+    what replaces it there (a test's scripted model) serves the drop-in too."""
 
-    def __init__(self, engine: SGLangEngine) -> None:
+    def __init__(self, engine: SGLangEngine, owner: common.SGLangOwner) -> None:
         self.engine = engine
+        self.owner = owner
         self.name = engine.name
         self.supports_constraints = engine.supports_constraints
         self.supports_images = engine.supports_images
@@ -97,7 +112,25 @@ class _CappedEngine:
         if cap is not None and req.sampling.max_new_tokens > cap:
             sampling = dataclasses.replace(req.sampling, max_new_tokens=cap)
             req = dataclasses.replace(req, sampling=sampling)
-        return await self.engine.generate(req)
+        started = time.monotonic()
+        prompt = [int(t) for t in req.input_ids]
+        turn = await common.call_sglang_generate(
+            prompt, req, {}, adapter=self.owner, session_id=req.session_id
+        )
+        output = [int(t) for t in turn.output_ids]
+        logprobs = turn.output_log_probs
+        return Generation(
+            output_ids=output,
+            logprobs=[0.0] * len(output)
+            if logprobs is None or not len(logprobs)
+            else list(logprobs),
+            finish_reason=str(turn.finish_reason or "stop"),
+            prompt_tokens=len(prompt),
+            engine_time_s=time.monotonic() - started,
+            routed_experts=turn.routed_experts,
+            indexer_topk=turn.indexer_topk,
+            weight_versions=tuple(turn.weight_versions),
+        )
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)
@@ -151,11 +184,18 @@ class BaseAdapter:
         routing: RoutingShape | None = None,
         config: AdapterConfig | None = None,
         manager: TrailManager | None = None,
+        system_reminder: bool = SLIME_WIRE.system_reminder,
+        results_by_position: bool = SLIME_WIRE.results_by_position,
+        bare_role_chunk: bool = SLIME_WIRE.bare_role_chunk,
     ) -> None:
         """slime's arguments; the rest are tokentrail's: `restore="off", history="render"`
         build prompts as slime does, `routing` (the MoE's shape) asks SGLang for every turn's
         routed experts (slime's `rollout_routed_experts`). A parser left None is the model
-        family's, as `serve` picks it."""
+        family's, as `serve` picks it. The last three read the wire as slime does unless set
+        False (`WireOptions`; they decide `config.wire`): a mid-list Anthropic `system`
+        message as a `<system-reminder>` user message, a `tool_use` without an id answered by
+        the next result naming none of its message's calls, a Chat Completions stream's first
+        delta `{"role": "assistant"}`."""
         self.tokenizer = tokenizer
         self.loaded = loaded = as_loaded(tokenizer)
         self.sglang_url = sglang_url.rstrip("/")
@@ -163,12 +203,17 @@ class BaseAdapter:
         self.max_turns_per_sid = max_turns_per_sid
         cfg = dataclasses.replace(
             config or AdapterConfig(),
-            tool_parser=tool_parser or "auto",
+            tool_parser=tool_parser or ("auto" if loaded.family else _SLIME_TOOL_FALLBACK),
             reasoning_parser=reasoning_parser or "auto",
             max_turns_per_session=int(max_turns_per_sid or 0),
             restore=parse_kind(Restore, restore, "restore mode"),
             history=parse_kind(History, history, "history mode"),
             routed_experts=routing is not None or (config is not None and config.routed_experts),
+            wire=WireOptions(
+                system_reminder=system_reminder,
+                results_by_position=results_by_position,
+                bare_role_chunk=bare_role_chunk,
+            ),
         )
         core = manager or slime_manager(
             fork_threshold_tokens, base=_RecordingManager, routing=routing
@@ -178,7 +223,8 @@ class BaseAdapter:
         elif debug_callback is not None:
             raise PolicyError("debug_callback needs the adapter's own manager (manager=None)")
         self.debug_callback = debug_callback
-        self.engine = _CappedEngine(SGLangEngine(self.sglang_url, loaded))
+        self.sglang = SGLangEngine(self.sglang_url, loaded)
+        self.engine = _CappedEngine(self.sglang, self)
         self.adapter = Adapter(
             engine=self.engine,
             tokenizer=loaded,
@@ -304,4 +350,4 @@ class OpenAIAdapter(BaseAdapter):
     log_prefix = "openai-adapter"
 
 
-__all__ = ["AnthropicAdapter", "BaseAdapter", "OpenAIAdapter"]
+__all__ = ["SLIME_WIRE", "AnthropicAdapter", "BaseAdapter", "OpenAIAdapter"]

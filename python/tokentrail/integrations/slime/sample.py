@@ -14,6 +14,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tokentrail.trajectory.sample import Sample as TrailSample
 
 
@@ -75,6 +77,12 @@ def sample_class() -> type[Any]:
 
 def _cut(sample: TrailSample) -> bool:
     return sample.metadata.get("finish_reason") == "length"
+def decimal_logprobs(logprobs: Any) -> list[float]:
+    """float32 logprobs as slime's floats: each the shortest decimal its float32 stands for,
+    so a logprob an engine gave as -0.4 is -0.4 again, not -0.4000000059604645 (the two are the
+    same float32)."""
+    values = np.asarray(logprobs, dtype=np.float32)
+    return [float(v) for v in values.astype(str).astype(np.float64).tolist()]
 
 
 def to_slime(sample: TrailSample, base_sample: Any) -> Any:
@@ -90,7 +98,7 @@ def to_slime(sample: TrailSample, base_sample: Any) -> Any:
         tokens=[int(t) for t in sample.tokens],
         response_length=int(sample.response_length),
         loss_mask=[int(m) for m in sample.loss_mask],
-        rollout_log_probs=[float(lp) for lp in sample.rollout_log_probs],
+        rollout_log_probs=decimal_logprobs(sample.rollout_log_probs),
         reward=sample.reward,
         # slime's overlong status: the sample's last turn was cut by its `max_tokens`
         # (`metadata["length_truncated"]` says whether any of its turns was).

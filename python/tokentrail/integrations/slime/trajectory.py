@@ -5,7 +5,8 @@ message tree, `get_trajectory` linearizes and consumes it into slime `Sample`s f
 rollout's `base_sample`. By default it decides as slime's does (`drift_policy="slime"`, a short
 rewritten answer merged); tokentrail's own choices are one argument away. What slime's manager
 cannot say, tokentrail's does: `finish` returns the ledger too, and every sample's metadata
-carries the ledger entries of its turns (`metadata["ledger"]`).
+carries the ledger entries of its turns (`metadata["ledger"]`). `_trees` is slime's view of the
+session trees, read from tokentrail's (`tree_view`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from tokentrail import _core
+from tokentrail.errors import LogprobAssertionError
 from tokentrail.integrations.slime.sample import to_slime
+from tokentrail.integrations.slime.tree_view import TreesView
 from tokentrail.kinds import DriftPolicy, RewritePolicy
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.trajectory.linearize import Trajectory
@@ -60,6 +64,12 @@ def slime_samples(trajectory: Trajectory, base_sample: Any) -> list[Any]:
     return out
 
 
+def _common_prefix_len(a: Any, b: Any, chunk: int = 4096) -> int:
+    """slime's helper: how many leading ids two sequences share (`chunk` is slime's scan
+    block; the core compares them whole)."""
+    return _core.common_prefix_len(list(a), list(b))
+
+
 class TrajectoryManager:
     """slime's `TrajectoryManager` interface over tokentrail's (`.core`)."""
 
@@ -79,6 +89,11 @@ class TrajectoryManager:
             **kwargs,
         )
 
+    @property
+    def _trees(self) -> TreesView:
+        """slime's session trees by sid, a read-only view of tokentrail's (`tree_view`)."""
+        return TreesView(self.core)
+
     def has_session(self, sid: str) -> bool:
         return self.core.has_session(sid)
 
@@ -96,10 +111,17 @@ class TrajectoryManager:
         tools: list[ToolSchema] | None = None,
     ) -> int | None:
         """Route one turn into the session's tree; its turn index. As slime's, a turn without
-        prompt messages is skipped with a warning (None)."""
+        prompt messages is skipped with a warning (None), and logprobs that are not one per
+        output id raise an error that is also an `AssertionError` (`LogprobAssertionError`)."""
         if not prompt_messages:
             logger.warning("record_turn(sid=%s): empty prompt_messages; skipping", sid)
             return None
+        logprobs = turn.output_log_probs
+        if logprobs is not None and len(logprobs) and len(logprobs) != len(turn.output_ids):
+            raise LogprobAssertionError(
+                f"turn.output_log_probs length {len(logprobs)} != "
+                f"turn.output_ids length {len(turn.output_ids)}"
+            )
         return self.core.record_turn(
             sid,
             turn=turn,
