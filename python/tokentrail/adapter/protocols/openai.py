@@ -20,7 +20,6 @@ from tokentrail.adapter.protocols.common import (
     DeclaredTools,
     LiveStream,
     Outcome,
-    ToolResults,
     WireOptions,
     WireProtocol,
     append_system_note,

@@ -72,13 +72,14 @@ class Fold:
     # The harness's ids of each assistant message's tool calls (`Conversation.call_ids`).
     call_ids: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
-    def note_calls(self, ids: Sequence[str]) -> None:
+    def note_calls(self, ids: Sequence[str | None]) -> None:
         """The ids the harness sent with the calls of the last message (an assistant one),
         kept when there is one for every call."""
         at = len(self.messages) - 1
         calls = self.messages[at].get("tool_calls") if at >= 0 else None
-        if ids and calls and len(calls) == len(ids):
-            self.call_ids[at] = tuple(ids)
+        named = [i for i in ids if i is not None]
+        if named and calls and len(calls) == len(named) == len(ids):
+            self.call_ids[at] = tuple(named)
         else:
             self.call_ids.pop(at, None)
 

@@ -77,6 +77,8 @@ def sample_class() -> type[Any]:
 
 def _cut(sample: TrailSample) -> bool:
     return sample.metadata.get("finish_reason") == "length"
+
+
 def decimal_logprobs(logprobs: Any) -> list[float]:
     """float32 logprobs as slime's floats: each the shortest decimal its float32 stands for,
     so a logprob an engine gave as -0.4 is -0.4 again, not -0.4000000059604645 (the two are the
