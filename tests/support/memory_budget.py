@@ -1,10 +1,11 @@
 """The test run's peak memory, held to a budget.
 
-A pytest plugin: a thread samples the resident memory of the pytest process and every process
-it started (servers, harness CLIs, Ray workers, engines), summed, every 0.2 s. The peak is printed
-at the end of the run, and a run whose peak is over the budget fails, so a test that adds a
-real engine cannot push CI into the OOM killer unnoticed. The sum counts pages shared between
-processes once per process, so it errs high.
+A pytest plugin: a thread samples the memory of the pytest process and every process it started
+(servers, harness CLIs, Ray workers, engines), summed, every 0.2 s. Each process counts its
+proportional set size (PSS: a page shared by n processes counts 1/n in each), so the sum is what
+the run holds of the machine's memory. The peak is printed at the end of the run, and a run
+whose peak is over the budget fails, so a test that adds a real engine cannot push CI into the
+OOM killer unnoticed.
 
 `TOKENTRAIL_TEST_MEMORY_BUDGET_GB` sets the budget (default 16 GB, on CI's 24 GB machine).
 """
@@ -37,20 +38,28 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def _rss(pid: int) -> int:
+def _pss(pid: int) -> int:
+    """The process's proportional set size in bytes (its resident size where the kernel has no
+    `smaps_rollup`), 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
     try:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
     except (OSError, IndexError, ValueError):
         return 0
 
 
-def tree_rss(root: int) -> int:
-    """The summed resident memory of `root` and all its descendants, in bytes."""
+def tree_pss(root: int) -> int:
+    """The summed proportional set size of `root` and all its descendants, in bytes."""
     tree = _children()
     total, stack = 0, [root]
     while stack:
         pid = stack.pop()
-        total += _rss(pid)
+        total += _pss(pid)
         stack.extend(tree.get(pid, ()))
     return total
 
@@ -67,7 +76,7 @@ class MemoryBudget:
     def _sample(self) -> None:
         pid = os.getpid()
         while not self._stop.wait(INTERVAL_S):
-            used = tree_rss(pid)
+            used = tree_pss(pid)
             if used > self.peak_bytes:
                 self.peak_bytes, self.peak_test = used, self.current_test
 
