@@ -119,8 +119,6 @@ class QwenVision(VisionSpec):
         return _qwen_processor(self)
 
     def grid(self, height: int, width: int) -> tuple[int, int, int]:
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
         try:
             h, w = smart_resize(
                 height,
@@ -134,6 +132,30 @@ class QwenVision(VisionSpec):
                 f"the {width}x{height} image does not fit {self.name}: {exc}"
             ) from None
         return 1, h // self.patch_size, w // self.patch_size
+
+
+def smart_resize(
+    height: int, width: int, *, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen2-VL's resize rule, as `transformers`' `smart_resize` states it (the tests hold the
+    two together): here so that sizing an image imports neither `transformers` nor `torch`,
+    which take seconds and hundreds of MB for a rule of a few lines."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            "absolute aspect ratio must be smaller than 200, got "
+            f"{max(height, width) / min(height, width)}"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
 
 
 @dataclass(frozen=True, kw_only=True)
