@@ -1,12 +1,13 @@
 """What images cost `tokentrail serve`'s memory, and whether a finished session gives it back.
 
 `tokentrail serve` runs in a subprocess (the scripted engine, the Qwen3-VL vocabulary, a
-journal) and N sessions each send one 20 MB noise PNG (a screenshot's worst case) over real
-sockets as Anthropic `/v1/messages` requests, two turns each (the second resends the image,
-as harnesses do), and are finished over `/finish`. The server's RSS is read from
-`/proc/PID/status`: before the first session, its peak (`VmHWM`), and once every session is
-finished. Each side runs against a tokentrail tree given as `--python DIR` (its `python/`
-folder: `--before /path/to/main/python` for today's code), this checkout by default.
+journal) and N sessions each send one 20 MB noise PNG of their own (a screenshot's worst case)
+over real sockets as Anthropic `/v1/messages` requests, two turns each (the second resends the
+image, as harnesses do), and are finished over `/finish`. The server's RSS is read from
+`/proc/PID/status`: after a warm-up session with a small image (what serving any image loads
+once), its peak (`VmHWM`), and once every session is finished. Each side runs against a
+tokentrail tree given as `--python DIR` (its `python/` folder: `--before /work/main/python`
+for today's code), this checkout by default; `--extra` adds `serve` flags to this side.
 
     python benches/image_memory.py [--sessions 10] [--before /work/main/python]
 """
@@ -78,7 +79,7 @@ class Result:
     answered: dict[int, int]
 
 
-def run_side(python_dir: str, sessions: int, image: bytes, extra: list[str]) -> Result:
+def run_side(python_dir: str, images: list[bytes], extra: list[str]) -> Result:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": python_dir}
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,9 +98,8 @@ def run_side(python_dir: str, sessions: int, image: bytes, extra: list[str]) -> 
             time.sleep(1.5)
             before, _ = rss(proc.pid)
             answered: dict[int, int] = {}
-            block = _block(image)
-            for n in range(sessions):
-                _session(port, f"img-{n}", block, answered)
+            for n, image in enumerate(images):
+                _session(port, f"img-{n}", _block(image), answered)
             time.sleep(2.5)  # the trim after a finish runs at most once a second
             call(port, "GET", "/healthz", b"", {})
             after, peak = rss(proc.pid)
@@ -157,17 +157,17 @@ def main() -> None:
     parser.add_argument("--python", default=str(HERE.parents[1] / "python"))
     parser.add_argument("--extra", default="", help="more `serve` flags for this side")
     args = parser.parse_args()
-    image = noise_png(int(args.image_mb * 1e6), seed=1)
+    images = [noise_png(int(args.image_mb * 1e6), seed=n) for n in range(args.sessions)]
     sides = [("before", args.before, [])] if args.before else []
     sides.append(("now", args.python, args.extra.split()))
     print(
-        f"image memory: {args.sessions} sessions x 2 turns, one {len(image) / 1e6:.1f} MB PNG "
-        "each (Anthropic /v1/messages, scripted engine, Qwen3-VL, journal), all finished"
+        f"image memory: {args.sessions} sessions x 2 turns, one {len(images[0]) / 1e6:.1f} MB PNG "
+        "of its own each (Anthropic /v1/messages, scripted engine, Qwen3-VL, journal), all finished"
     )
     print(f"{'side':<8}{'RSS before':>12}{'peak':>10}{'after finish':>14}{'after/before':>14}"
           f"  answered")  # fmt: skip
     for name, python_dir, extra in sides:
-        r = run_side(python_dir, args.sessions, image, extra)
+        r = run_side(python_dir, images, extra)
         print(
             f"{name:<8}{r.before:>10.0f}MB{r.peak:>8.0f}MB{r.after:>12.0f}MB"
             f"{r.after / r.before:>14.2f}  {r.answered}"

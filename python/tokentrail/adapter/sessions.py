@@ -42,6 +42,7 @@ from tokentrail.kinds import Closed, History, JournalEvent, JournalState, Retry
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.replay import replay_turn
+from tokentrail.text.vision import ImageCache
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.loss import LostSpan
 from tokentrail.trajectory.pipeline import TurnPipeline
@@ -198,6 +199,7 @@ class Sessions:
         finish_retention_s: float = 300.0,
         open_sessions_only: bool = False,
         request_memo: int = 0,
+        image_cache: ImageCache | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.manager = pipeline.manager
@@ -218,6 +220,8 @@ class Sessions:
         self.lost = DamagedSessions()
         # The latest request of recent sessions, so the next one parses only what is new.
         self.memo = RequestMemo(request_memo)
+        # Decoded images by digest; a finished session's are let go.
+        self.image_cache = image_cache
         self._tasks: set[asyncio.Future[Any]] = set()
 
     def __len__(self) -> int:
@@ -379,6 +383,13 @@ class Sessions:
         trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
         trajectory.mark_lost(self.lost.of(sid))
         self._forget(sid)
+        if self.image_cache is not None:
+            self.image_cache.discard(
+                image["digest"]
+                for sample in trajectory.samples
+                for image in sample.metadata.get("images") or ()
+                if isinstance(image, dict) and isinstance(image.get("digest"), str)
+            )
         trim_memory()
         return trajectory
 
