@@ -118,3 +118,39 @@ def test_sizing_an_image_imports_neither_transformers_nor_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_kept_finish_holds_its_images_in_a_file_and_a_repeat_answers_them_again() -> None:
+    adapter = adapter_for(["--admin-token", "t"])
+    shot = png(300, 200, seed=5)
+
+    async def go() -> tuple[Any, Any, Any]:
+        runner, url = await start_server(adapter)
+        try:
+            client = anthropic.AsyncAnthropic(base_url=url, api_key="s", max_retries=0)
+            content = [{"type": "text", "text": "see"}, image_block(shot)]
+            await client.messages.create(
+                model="m", max_tokens=8, messages=[{"role": "user", "content": content}]
+            )
+            first = await adapter.finish_trajectory("s", reward=1.0)
+            (tomb_result,) = [
+                t.result
+                for t in adapter.sessions._closed._kept  # noqa: SLF001 - what is kept
+            ]
+            again = await adapter.finish_trajectory("s", reward=1.0)
+            return first, tomb_result, again
+        finally:
+            await runner.cleanup()
+
+    first, kept, again = asyncio.run(go())
+    spilled = adapter.sessions._closed.images  # noqa: SLF001
+    (image,) = first.samples[0].metadata["images"]
+    assert first.samples[0].multimodal_inputs()["images"] == [shot]
+    # Kept without the bytes (they are in the file), answered again with them.
+    assert "data" not in kept.samples[0].metadata["images"][0]
+    assert len(spilled) == 1
+    assert again.samples[0].metadata == first.samples[0].metadata
+    assert again.samples[0].multimodal_inputs()["images"] == [shot]
+    # Past the retention window the file is let go.
+    assert adapter.sessions._closed.expire(float("inf")) == 1  # noqa: SLF001
+    assert len(spilled) == 0

@@ -30,6 +30,7 @@ from tokentrail.adapter.damaged import DamagedSessions
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.reuse import RequestMemo
+from tokentrail.adapter.spill import SpilledImages
 from tokentrail.errors import (
     InvalidInput,
     Overloaded,
@@ -113,6 +114,8 @@ class Tombstones:
         self._by_sid: OrderedDict[str, Tombstone] = OrderedDict()
         # Tombstones holding a result, oldest first (the window is the same for all).
         self._kept: deque[Tombstone] = deque()
+        # The kept results' image bytes, in a file rather than the heap.
+        self.images = SpilledImages()
 
     def __len__(self) -> int:
         return len(self._by_sid)
@@ -131,16 +134,24 @@ class Tombstones:
         return tomb
 
     def keep(self, tomb: Tombstone, result: Trajectory) -> None:
-        """Hold a finish's result for the retention window."""
+        """Hold a finish's result for the retention window: `images.spill(result)`, its
+        images' bytes in the file."""
         tomb.result = result
         tomb.kept_until = time.monotonic() + self.finish_retention_s
         self._kept.append(tomb)
+
+    def kept(self, tomb: Tombstone) -> Trajectory | None:
+        """A kept result as the finish answered it (its images' bytes read back)."""
+        return None if tomb.result is None else self.images.restore(tomb.result)
 
     def expire(self, now: float) -> int:
         """Let the kept finishes past the retention window go; returns how many."""
         expired = 0
         while self._kept and self._kept[0].kept_until <= now:
-            self._kept.popleft().result = None
+            tomb = self._kept.popleft()
+            if tomb.result is not None:
+                self.images.release(tomb.result)
+            tomb.result = None
             expired += 1
         return expired
 
@@ -344,8 +355,9 @@ class Sessions:
         if tomb.finishing is not None:
             # Shielded: a client that goes away mid-finish does not lose the result.
             return await asyncio.shield(tomb.finishing)
-        if tomb.result is not None and time.monotonic() < tomb.kept_until:
-            return tomb.result
+        kept = self._closed.kept(tomb)
+        if kept is not None and time.monotonic() < tomb.kept_until:
+            return kept
         raise SessionClosed(self._closed.message(sid, tomb))
 
     async def _linearize(
@@ -368,7 +380,7 @@ class Sessions:
             tomb.finishing = None
             raise
         tomb.turns = len(trajectory.ledger.turns)
-        self._closed.keep(tomb, trajectory)
+        self._closed.keep(tomb, await self.offload.run(self._closed.images.spill, trajectory))
         tomb.finishing = None
         self.metrics.session_finished(trajectory)
         warn_if_masked(logger, sid, trajectory.ledger, self.masked_warning_threshold)
