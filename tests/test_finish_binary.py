@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
+from functools import partial
+from typing import Any
 
 import anthropic
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.core.replay import RoutingShape
+from tokentrail.integrations.finish_http import finish_over_http
 from tokentrail.sim.model import SimulatedEngine
 from tokentrail.sim.moe import MoEEngine
 from tokentrail.storage.finish_wire import FinishFormat, pick_format, read_finish
@@ -35,7 +38,7 @@ def finish(url: str, sid: str, accept: str | None) -> tuple[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def answers() -> dict[str, tuple[str, bytes]]:
+def answers() -> dict[str, Any]:
     tokenizer = load_tokenizer()
     adapter = Adapter(
         engine=MoEEngine(SimulatedEngine(tokenizer)),
@@ -44,7 +47,7 @@ def answers() -> dict[str, tuple[str, bytes]]:
         config=AdapterConfig(routed_experts=True, admin_token=TOKEN),
     )
 
-    async def go() -> dict[str, tuple[str, bytes]]:
+    async def go() -> dict[str, Any]:
         runner, url = await start_server(adapter)
         try:
             client = anthropic.AsyncAnthropic(base_url=url, api_key="moe", max_retries=0)
@@ -55,9 +58,12 @@ def answers() -> dict[str, tuple[str, bytes]]:
                     {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
                     {"role": "user", "content": "Go on."},
                 ]
-            out = {}
+            out: dict[str, Any] = {}
             for accept in (None, FinishFormat.NPZ, FinishFormat.ARROW):
                 out[str(accept)] = await asyncio.to_thread(finish, url, "moe", accept)
+            out["helper"] = await asyncio.to_thread(
+                partial(finish_over_http, url, "moe", admin_token=TOKEN, reward=0.5)
+            )
             return out
         finally:
             await runner.cleanup()
@@ -101,3 +107,14 @@ def test_accept_picks_the_format() -> None:
     arrow = "application/vnd.apache.arrow.stream"
     assert pick_format(f"application/x-npz;q=0.5, {arrow}") is FinishFormat.ARROW
     assert pick_format(f"application/json, {arrow};q=0") is FinishFormat.JSON
+
+
+def test_the_client_helper_reads_the_same_samples(answers) -> None:
+    content_type, body = answers["None"]
+    expected = read_finish(body, content_type)
+    got = answers["helper"]
+    assert [s.tokens.tolist() for s in got.samples] == [s.tokens.tolist() for s in expected.samples]
+    for a, b in zip(got.samples, expected.samples, strict=True):
+        assert np.array_equal(a.routed_experts, b.routed_experts)
+        assert np.array_equal(a.rollout_log_probs, b.rollout_log_probs)
+    assert got.ledger == expected.ledger

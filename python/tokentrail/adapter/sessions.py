@@ -402,7 +402,9 @@ class Sessions:
                 for image in sample.metadata.get("images") or ()
                 if isinstance(image, dict) and isinstance(image.get("digest"), str)
             )
-        trim_memory()
+        # Every finish, not at most once a second: the last finish of a burst returns its
+        # memory too (a trim takes milliseconds; finishes are far fewer than turns).
+        trim_memory(0.0)
         return trajectory
 
     # -- dropping and evicting ------------------------------------------------------------------
