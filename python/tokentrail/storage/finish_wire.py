@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -54,6 +54,12 @@ def pick_format(accept: str | None) -> FinishFormat:
     return best
 
 
+class Sink(Protocol):
+    """Where a binary answer is written: a file, or a writer that sends each piece it gets."""
+
+    def write(self, data: Any, /) -> Any: ...
+
+
 @dataclass
 class FinishAnswer:
     """A `/finish` answer read back: the samples, the ledger and what the session lost."""
@@ -64,7 +70,7 @@ class FinishAnswer:
 
 
 def write_finish(
-    sink: IO[bytes],
+    sink: Sink,
     fmt: FinishFormat,
     samples: list[Sample],
     ledger: dict[str, Any],
