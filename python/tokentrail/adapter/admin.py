@@ -29,7 +29,7 @@ from aiohttp import web
 from tokentrail.adapter.damaged import refuse_unless_accepted
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.middleware import error_response
-from tokentrail.adapter.offload import Offload
+from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.protocols.common import bearer
 from tokentrail.adapter.sessions import Sessions
 from tokentrail.adapter.validation import parse_body, read_body
@@ -105,6 +105,9 @@ class Admin:
         if fmt is not FinishFormat.JSON:
             return await self._binary(request, fmt, trajectory)
         payload = await self.offload.run(finish_payload, trajectory)
+        del trajectory
+        # What building the answer took (a sample's images are their base64 again) goes back.
+        await self.offload.run(trim_memory, 0.0)
         return web.Response(body=payload, content_type="application/json")
 
     async def _binary(

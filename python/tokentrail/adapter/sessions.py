@@ -15,6 +15,7 @@ lost (`trajectory.loss`) into its finish's ledger and samples (`adapter.damaged`
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import math
@@ -402,8 +403,11 @@ class Sessions:
                 for image in sample.metadata.get("images") or ()
                 if isinstance(image, dict) and isinstance(image.get("digest"), str)
             )
-        # Every finish, not at most once a second: the last finish of a burst returns its
-        # memory too (a trim takes milliseconds; finishes are far fewer than turns).
+        # Closed connections are reference cycles that can hold a request's last buffers (its
+        # image) until a full collection, which the frozen startup heap makes rare: collect
+        # them now, then hand the freed pages back. Every finish, not at most once a second,
+        # so the last of a burst returns its memory too; finishes are far fewer than turns.
+        gc.collect()
         trim_memory(0.0)
         return trajectory
 
