@@ -454,8 +454,13 @@ def test_an_image_is_decoded_once_and_counted_at_each_occurrence() -> None:
     cache = ImageCache()
     first = resolve_images(twice, spec, None, cache)
     again = resolve_images(twice, spec, None, cache)
-    assert len(cache) == 1 and cache.bytes == len(first.images[0].data)
+    # What it holds: its bytes and their base64 text (never its decoded pixels).
+    held = len(first.images[0].data) + len(first.images[0].base64_data)
+    assert len(cache) == 1 and cache.bytes == held
     assert first.images[0] is first.images[1] is again.images[0]  # decoded once
+    cache.discard([source.digest])  # a finished session's images go
+    assert len(cache) == 0 and cache.bytes == 0
+    resolve_images(twice, spec, None, cache)
     # The engine gets the image at each occurrence: both count against the request's limit.
     with pytest.raises(ImageError, match="over 19999 pixels"):
         resolve_images(twice, spec, ImageLimits(max_request_pixels=19999), cache)

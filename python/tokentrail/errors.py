@@ -295,6 +295,20 @@ class Overloaded(TokentrailError):
         self.retry_after_s = retry_after_s
 
 
+class OverMemory(Overloaded):
+    """The adapter's memory budget (`--max-memory`) has no room for this request: answered in
+    each API's own words for "busy, retry" (OpenAI's 429 `rate_limit_error`, Anthropic's 529
+    `overloaded_error`), with `Retry-After`; the official SDKs retry both. Not bad input: a
+    server-wide limit, a 503 on any other path."""
+
+    # What each protocol (by name) answers with instead of the 503 of `Overloaded`.
+    by_protocol = {
+        "anthropic": (529, "overloaded_error"),
+        "openai": (429, "rate_limit_error"),
+        "responses": (429, "rate_limit_error"),
+    }
+
+
 class UpstreamError(TokentrailError):
     """What the harness reads when the engine failed its turn (HTTP 502); nothing is recorded."""
 

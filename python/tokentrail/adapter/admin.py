@@ -10,11 +10,17 @@ the same time whatever the guess.
 A finish of a session that lost journaled turns is a 409 `session_damaged` stating the loss
 (and the ledger of what is left), unless the body says `"accept_lost": true`: then a 200 with
 the samples and the same loss in `lost`, in the ledger and in every sample's metadata.
+
+`/finish` answers JSON unless `Accept` asks for `application/x-npz` or
+`application/vnd.apache.arrow.stream`: then the samples come as typed arrays, streamed
+(`storage.finish_wire`, which `read_finish` reads back).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import io
 import json
 from typing import Any
 
@@ -23,7 +29,7 @@ from aiohttp import web
 from tokentrail.adapter.damaged import refuse_unless_accepted
 from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.middleware import error_response
-from tokentrail.adapter.offload import Offload
+from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.protocols.common import bearer
 from tokentrail.adapter.sessions import Sessions
 from tokentrail.adapter.validation import parse_body, read_body
@@ -34,6 +40,7 @@ from tokentrail.errors import (
     SessionDamaged,
     SessionError,
 )
+from tokentrail.storage.finish_wire import FinishFormat, pick_format, write_finish
 from tokentrail.trajectory.manager import Trajectory
 
 __all__ = ["Admin", "finish_payload"]
@@ -94,8 +101,37 @@ class Admin:
             refuse_unless_accepted(sid, trajectory, accept_lost)
         except SessionDamaged as exc:
             return damaged_response(request.path, exc)
+        fmt = pick_format(request.headers.get("Accept"))
+        if fmt is not FinishFormat.JSON:
+            return await self._binary(request, fmt, trajectory)
         payload = await self.offload.run(finish_payload, trajectory)
+        del trajectory
+        # What building the answer took (a sample's images are their base64 again) goes back.
+        await self.offload.run(trim_memory, 0.0)
         return web.Response(body=payload, content_type="application/json")
+
+    async def _binary(
+        self, request: web.Request, fmt: FinishFormat, trajectory: Trajectory
+    ) -> web.StreamResponse:
+        """The samples as typed arrays (`storage.finish_wire`), streamed as they are written:
+        the writer runs in a thread and hands each piece to the loop, waiting until it is sent."""
+        response = web.StreamResponse(headers={"Content-Type": str(fmt)})
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+
+        class Sink(io.RawIOBase):
+            def writable(self) -> bool:
+                return True
+
+            def write(self, data: Any) -> int:
+                piece = bytes(data)
+                asyncio.run_coroutine_threadsafe(response.write(piece), loop).result()
+                return len(piece)
+
+        samples, ledger, lost = trajectory.samples, trajectory.ledger.to_dict(), trajectory.lost
+        await asyncio.to_thread(write_finish, Sink(), fmt, samples, ledger, lost)
+        await response.write_eof()
+        return response
 
     async def damaged(self, request: web.Request) -> web.StreamResponse:
         """The sessions recovered with journaled turns lost since this start, and what each

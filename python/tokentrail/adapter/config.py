@@ -41,6 +41,8 @@ class AdapterConfig:
     workers: int = DEFAULT_WORKERS
     # Open sessions at most (0: no cap); sessions idle this long are evicted (0: never).
     max_sessions: int = 10_000
+    # Resident bytes the adapter admits work up to (`adapter.memory`); 0: half the machine's.
+    max_memory: int = 0
     session_idle_ttl_s: float = 3 * 3600.0
     # How long a finished session's samples stay to answer a repeated finish.
     finish_retention_s: float = 300.0

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from tokentrail.adapter import notes as request_notes
 from tokentrail.adapter.protocols import WireProtocol, protocol_for_path, protocols
-from tokentrail.errors import EngineError, Overloaded, TokentrailError
+from tokentrail.errors import EngineError, Overloaded, OverMemory, TokentrailError
 
 logger = logging.getLogger(__name__)
 
@@ -63,17 +63,27 @@ def _answered(request: web.Request, status: int, message: str) -> None:
         )
 
 
-def status_of(exc: BaseException) -> int:
-    """The HTTP status an exception reaching a handler is answered with: the one place that
-    maps one to the other (the middleware answers with it, the metrics count it)."""
+def status_of(exc: BaseException, path: str | None = None) -> int:
+    """The HTTP status an exception reaching a handler is answered with (on `path`): the one
+    place that maps one to the other (the middleware answers with it, the metrics count it)."""
+    if isinstance(exc, OverMemory) and path is not None:
+        return _busy(exc, path)[0]
     if isinstance(exc, TokentrailError | web.HTTPException):
         return exc.status
     return 500
 
 
+def _busy(exc: OverMemory, path: str) -> tuple[int, str]:
+    proto = protocol_for_path(path) or _default_protocol()
+    return exc.by_protocol.get(proto.name, (exc.status, exc.kind))
+
+
 def _answer(request: web.Request, exc: TokentrailError | web.HTTPException) -> web.Response:
-    status = status_of(exc)
-    if isinstance(exc, TokentrailError):
+    status = status_of(exc, request.path)
+    if isinstance(exc, OverMemory):
+        kind = _busy(exc, request.path)[1]
+        message = str(exc)
+    elif isinstance(exc, TokentrailError):
         kind = exc.kind
         message = f"engine error: {exc}" if isinstance(exc, EngineError) else str(exc)
     else:

@@ -71,6 +71,7 @@ class RequestReader:
         resume_checks: Metrics | None = None,
         image_limits: ImageLimits | None = None,
         metrics: Metrics | None = None,
+        image_cache: ImageCache | None = None,
     ) -> None:
         """`resume_checks`: translate every request both resumed and in full, and count what
         that found there (`serve --verify-resume`); None: no check. `metrics`: where the
@@ -83,7 +84,7 @@ class RequestReader:
         self.manager = pipeline.manager
         self.default_max_tokens = default_max_tokens
         self.image_limits = image_limits or ImageLimits()
-        self.image_cache = ImageCache()
+        self.image_cache = image_cache if image_cache is not None else ImageCache()
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = parse_body(raw, self.limits.max_json_depth)

@@ -31,6 +31,7 @@ from tokentrail.adapter.config import AdapterConfig, SessionSettings
 from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
 from tokentrail.adapter.damaged import refuse_unless_accepted
 from tokentrail.adapter.limits import TurnSlots, model_context_length
+from tokentrail.adapter.memory import MemoryBudget
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.middleware import errors_as_json, status_of
 from tokentrail.adapter.offload import Offload
@@ -50,6 +51,7 @@ from tokentrail.kinds import Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.hf import HFTokenizer, as_loaded
 from tokentrail.text.tokenizer import LoadedTokenizer
+from tokentrail.text.vision import ImageCache
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
@@ -103,6 +105,7 @@ class Adapter:
         self.metrics = Metrics()
         self.journal = journal
         self.offload = Offload(config.workers)
+        image_cache = ImageCache()
         self.sessions = Sessions(
             self.pipeline,
             self.metrics,
@@ -115,6 +118,7 @@ class Adapter:
             finish_retention_s=config.finish_retention_s,
             open_sessions_only=config.open_sessions_only,
             request_memo=config.request_memo,
+            image_cache=image_cache,
         )
         self.turns = Turns(
             settings=TurnSettings(
@@ -144,10 +148,12 @@ class Adapter:
             resume_checks=self.metrics if config.verify_resume else None,
             image_limits=config.image_limits,
             metrics=self.metrics,
+            image_cache=image_cache,
         )
         # Per-stage seconds of the latest turns (benchmarks read them).
         self.timings = self.turns.timings
         self.turn_slots = TurnSlots(limits.max_concurrent_turns)
+        self.memory = MemoryBudget(config.max_memory)
         self.connections = ConnectionGuard(limits.connection_cap())
         middlewares = [mark_busy(self.connections), errors_as_json]
         if config.access_log is not None:
@@ -309,7 +315,7 @@ class Adapter:
                 status = response.status
                 return response
             except Exception as exc:
-                status = status_of(exc)
+                status = status_of(exc, request.path)
                 raise
             finally:
                 self.metrics.in_flight(-1)
@@ -331,9 +337,13 @@ class Adapter:
             sid = session_key(proto.session_id(request.headers, {}))
             request_notes.current().session = sid
             self.sessions.check_open(sid)
+            # Before the body is read: a request the memory budget has no room for costs nothing.
+            self.memory.admit(request.content_length, new_session=self.sessions.get(sid) is None)
         raw = await self._read(request)
         turn = await self.offload.run(self.requests.request, proto, raw, sid, request.headers)
         request_notes.current().session = turn.sid
+        if sid is None:
+            self.memory.admit(len(raw), new_session=self.sessions.get(turn.sid) is None)
         timing.lap(Stage.TRANSLATE)
         session = self.sessions.admit(turn.sid)
         try:

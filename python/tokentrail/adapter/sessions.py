@@ -15,6 +15,7 @@ lost (`trajectory.loss`) into its finish's ledger and samples (`adapter.damaged`
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from tokentrail.adapter.damaged import DamagedSessions
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.reuse import RequestMemo
+from tokentrail.adapter.spill import SpilledImages
 from tokentrail.errors import (
     InvalidInput,
     Overloaded,
@@ -42,6 +44,7 @@ from tokentrail.kinds import Closed, History, JournalEvent, JournalState, Retry
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.replay import replay_turn
+from tokentrail.text.vision import ImageCache
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.loss import LostSpan
 from tokentrail.trajectory.pipeline import TurnPipeline
@@ -112,6 +115,8 @@ class Tombstones:
         self._by_sid: OrderedDict[str, Tombstone] = OrderedDict()
         # Tombstones holding a result, oldest first (the window is the same for all).
         self._kept: deque[Tombstone] = deque()
+        # The kept results' image bytes, in a file rather than the heap.
+        self.images = SpilledImages()
 
     def __len__(self) -> int:
         return len(self._by_sid)
@@ -130,16 +135,24 @@ class Tombstones:
         return tomb
 
     def keep(self, tomb: Tombstone, result: Trajectory) -> None:
-        """Hold a finish's result for the retention window."""
+        """Hold a finish's result for the retention window: `images.spill(result)`, its
+        images' bytes in the file."""
         tomb.result = result
         tomb.kept_until = time.monotonic() + self.finish_retention_s
         self._kept.append(tomb)
+
+    def kept(self, tomb: Tombstone) -> Trajectory | None:
+        """A kept result as the finish answered it (its images' bytes read back)."""
+        return None if tomb.result is None else self.images.restore(tomb.result)
 
     def expire(self, now: float) -> int:
         """Let the kept finishes past the retention window go; returns how many."""
         expired = 0
         while self._kept and self._kept[0].kept_until <= now:
-            self._kept.popleft().result = None
+            tomb = self._kept.popleft()
+            if tomb.result is not None:
+                self.images.release(tomb.result)
+            tomb.result = None
             expired += 1
         return expired
 
@@ -198,6 +211,7 @@ class Sessions:
         finish_retention_s: float = 300.0,
         open_sessions_only: bool = False,
         request_memo: int = 0,
+        image_cache: ImageCache | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.manager = pipeline.manager
@@ -218,6 +232,8 @@ class Sessions:
         self.lost = DamagedSessions()
         # The latest request of recent sessions, so the next one parses only what is new.
         self.memo = RequestMemo(request_memo)
+        # Decoded images by digest; a finished session's are let go.
+        self.image_cache = image_cache
         self._tasks: set[asyncio.Future[Any]] = set()
 
     def __len__(self) -> int:
@@ -340,8 +356,9 @@ class Sessions:
         if tomb.finishing is not None:
             # Shielded: a client that goes away mid-finish does not lose the result.
             return await asyncio.shield(tomb.finishing)
-        if tomb.result is not None and time.monotonic() < tomb.kept_until:
-            return tomb.result
+        kept = self._closed.kept(tomb)
+        if kept is not None and time.monotonic() < tomb.kept_until:
+            return kept
         raise SessionClosed(self._closed.message(sid, tomb))
 
     async def _linearize(
@@ -364,7 +381,7 @@ class Sessions:
             tomb.finishing = None
             raise
         tomb.turns = len(trajectory.ledger.turns)
-        self._closed.keep(tomb, trajectory)
+        self._closed.keep(tomb, await self.offload.run(self._closed.images.spill, trajectory))
         tomb.finishing = None
         self.metrics.session_finished(trajectory)
         warn_if_masked(logger, sid, trajectory.ledger, self.masked_warning_threshold)
@@ -379,7 +396,19 @@ class Sessions:
         trajectory = self.manager.finish(sid, reward=reward, extra_metadata=metadata)
         trajectory.mark_lost(self.lost.of(sid))
         self._forget(sid)
-        trim_memory()
+        if self.image_cache is not None:
+            self.image_cache.discard(
+                image["digest"]
+                for sample in trajectory.samples
+                for image in sample.metadata.get("images") or ()
+                if isinstance(image, dict) and isinstance(image.get("digest"), str)
+            )
+        # Closed connections are reference cycles that can hold a request's last buffers (its
+        # image) until a full collection, which the frozen startup heap makes rare: collect
+        # them now, then hand the freed pages back. Every finish, not at most once a second,
+        # so the last of a burst returns its memory too; finishes are far fewer than turns.
+        gc.collect()
+        trim_memory(0.0)
         return trajectory
 
     # -- dropping and evicting ------------------------------------------------------------------

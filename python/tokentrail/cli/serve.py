@@ -210,6 +210,12 @@ class ServeSettings:
     max_sessions: int = setting(
         _C.max_sessions, SESSIONS, "open sessions (503 past it); 0: no cap", into="config"
     )
+    max_memory: int = setting(
+        _C.max_memory, SESSIONS,
+        "resident memory the adapter admits work up to: 429/529 with Retry-After past it; "
+        "0: half the machine's (or its cgroup's limit)",
+        unit="bytes", default_text="0 (half the machine's)", into="config",
+    )  # fmt: skip
     session_idle_ttl: float = setting(
         _C.session_idle_ttl_s, SESSIONS, "evict sessions idle this long; 0: never", unit="s",
         into="config.session_idle_ttl_s",
@@ -401,6 +407,13 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "no --admin-token: the admin routes (finish, drop) are off over HTTP"
         )
+    from tokentrail.adapter.memory import map_large_buffers
+
+    # Freed bodies and images go back to the system (`adapter.memory`).
+    map_large_buffers()
+    logging.getLogger(__name__).info(
+        "memory budget: %d MB (--max-memory)", adapter.memory.max_bytes >> 20
+    )
     serve_forever(
         adapter,
         s.host,

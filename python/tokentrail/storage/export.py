@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ExportError",
     "Format",
+    "arrow_table",
+    "columns_of_arrow",
     "PackError",
     "PackedBatch",
     "pack_samples",
@@ -349,6 +351,18 @@ def _table(pa: Any, columns: dict[str, np.ndarray]) -> Any:
     return pa.table(data).replace_schema_metadata(schema)
 
 
+def arrow_table(columns: dict[str, np.ndarray]) -> Any:
+    """`sample_columns` as an Arrow table of one row per sample (what a .parquet holds)."""
+    pa, _ = _pyarrow("writing")
+    return _table(pa, columns)
+
+
+def columns_of_arrow(table: Any, where: str) -> dict[str, np.ndarray]:
+    """The checked columns of an `arrow_table`; `where` names its source in errors."""
+    pa, _ = _pyarrow("reading")
+    return _arrow_columns(pa, table, Path(where))
+
+
 def _read_parquet(path: Path) -> dict[str, np.ndarray]:
     pa, pq = _pyarrow("reading")
     try:
@@ -357,6 +371,10 @@ def _read_parquet(path: Path) -> dict[str, np.ndarray]:
         if isinstance(err, FileNotFoundError):
             raise
         raise ExportError(f"{path}: not a parquet file: {err}") from None
+    return _arrow_columns(pa, table, path)
+
+
+def _arrow_columns(pa: Any, table: Any, path: Path) -> dict[str, np.ndarray]:
     missing = sorted({*_ARRAYS, "response_length", "reward", "metadata"} - set(table.column_names))
     if missing:
         raise ExportError(f"{path}: missing columns {missing}")

@@ -22,7 +22,7 @@ import re
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -119,8 +119,6 @@ class QwenVision(VisionSpec):
         return _qwen_processor(self)
 
     def grid(self, height: int, width: int) -> tuple[int, int, int]:
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
         try:
             h, w = smart_resize(
                 height,
@@ -134,6 +132,30 @@ class QwenVision(VisionSpec):
                 f"the {width}x{height} image does not fit {self.name}: {exc}"
             ) from None
         return 1, h // self.patch_size, w // self.patch_size
+
+
+def smart_resize(
+    height: int, width: int, *, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen2-VL's resize rule, as `transformers`' `smart_resize` states it (the tests hold the
+    two together): here so that sizing an image imports neither `transformers` nor `torch`,
+    which take seconds and hundreds of MB for a rule of a few lines."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            "absolute aspect ratio must be smaller than 200, got "
+            f"{max(height, width) / min(height, width)}"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,9 +282,10 @@ def vision_spec(name: str | None) -> VisionSpec | None:
 
 
 class ImageCache:
-    """Images already decoded and sized, by encoder and digest, up to `max_bytes` of image
-    bytes (least recently used out first): a harness resends every earlier image each turn,
-    and each is decoded once."""
+    """Images already decoded and sized, by encoder and digest, up to `max_bytes` of what they
+    hold (least recently used out first): a harness resends every earlier image each turn,
+    and each is decoded once. An image holds its encoded bytes and their base64 text (made
+    once, for the engine and the turn's tags), never its decoded pixels."""
 
     def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
@@ -280,16 +303,28 @@ class ImageCache:
     def put(self, spec: VisionSpec, image: ImageInput) -> None:
         with self._lock:
             key = (spec.name, image.digest)
-            if key in self._images or len(image.data) > self.max_bytes:
+            if key in self._images or _held(image) > self.max_bytes:
                 return
             self._images[key] = image
-            self.bytes += len(image.data)
+            self.bytes += _held(image)
             while self.bytes > self.max_bytes:
                 _, dropped = self._images.popitem(last=False)
-                self.bytes -= len(dropped.data)
+                self.bytes -= _held(dropped)
+
+    def discard(self, digests: Iterable[str]) -> None:
+        """Let these images go (a finished session's): decoded again if sent again."""
+        gone = set(digests)
+        with self._lock:
+            for key in [k for k in self._images if k[1] in gone]:
+                self.bytes -= _held(self._images.pop(key))
 
     def __len__(self) -> int:
         return len(self._images)
+
+
+def _held(image: ImageInput) -> int:
+    """The memory a cached image holds: its bytes and their base64 text."""
+    return len(image.data) + 4 * ((len(image.data) + 2) // 3)
 
 
 @dataclass

@@ -1,0 +1,111 @@
+"""The process's memory as a budget (`--max-memory`): admission refuses work that would take the
+resident set past it, and large buffers are mapped so that freeing them returns them.
+
+A request is admitted while the resident set plus what it may cost (its body several times
+over: the bytes read, the parsed text, an image's decoded bytes and the base64 sent to the
+engine) stays within the budget; a request that opens a session must leave a tenth of the
+budget free, so the sessions already open can go on. A refusal is a 429 (OpenAI) or a 529
+`overloaded_error` (Anthropic) with `Retry-After`: a retry passes once finished sessions have
+given their memory back. `/finish` and the other routes are never refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from tokentrail.errors import OverMemory
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MemoryBudget", "default_max_memory", "map_large_buffers", "machine_memory", "rss"]
+
+# A request holds its body this many times over while it is read, parsed, translated and its
+# images decoded and sent (bytes, text, decoded bytes, base64 for the engine).
+REQUEST_FACTOR = 4
+# A new session must leave this share of the budget free for the open ones.
+NEW_SESSION_SHARE = 0.9
+# The default budget: this share of the machine's memory (or of the cgroup's limit).
+DEFAULT_SHARE = 0.5
+# Allocations from this size on are their own mapping, returned to the system when freed.
+MMAP_THRESHOLD = 1024 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss() -> int:
+    """The process's resident set, in bytes (`/proc/self/statm`; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def machine_memory() -> int:
+    """The memory this process may use: the machine's, or its cgroup's limit if lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total
+
+
+def default_max_memory() -> int:
+    """`--max-memory` left at 0: half of `machine_memory()`."""
+    return int(machine_memory() * DEFAULT_SHARE)
+
+
+def map_large_buffers() -> bool:
+    """Make glibc serve allocations of `MMAP_THRESHOLD` and more from their own mappings, so a
+    freed request body or image goes back to the system at once. glibc otherwise raises that
+    threshold to the largest block freed so far (up to 32 MiB), and later 20 MB images are
+    carved out of its heaps, where they stay in the resident set after they are freed. False
+    where there is no glibc."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        libc = None
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+class MemoryBudget:
+    """Admission against `max_bytes` of resident memory (0: `default_max_memory()`)."""
+
+    def __init__(self, max_bytes: int = 0, resident: Callable[[], int] = rss) -> None:
+        self.max_bytes = max_bytes or default_max_memory()
+        self._resident = resident
+
+    def admit(self, body_bytes: int | None, *, new_session: bool) -> None:
+        """Refuse (`OverMemory`) a request of `body_bytes` (None: not announced) that would take
+        the resident set past the budget, or, opening a session, past its share of it."""
+        held = self._resident()
+        cost = REQUEST_FACTOR * (body_bytes or 0)
+        limit = int(self.max_bytes * NEW_SESSION_SHARE) if new_session else self.max_bytes
+        if held + cost <= limit:
+            return
+        what = "a new session" if new_session else "this request"
+        logger.warning(
+            "memory budget: %s refused (%d MB held + %d MB for it > %d MB%s, --max-memory)",
+            what,
+            held >> 20,
+            cost >> 20,
+            limit >> 20,
+            " for new sessions" if new_session else "",
+        )
+        raise OverMemory(
+            f"the adapter's memory is at its budget ({held >> 20} MB held, {what} may take "
+            f"{cost >> 20} MB more of {limit >> 20} MB, --max-memory); retry shortly",
+            retry_after_s=5,
+        )
