@@ -61,7 +61,7 @@ def test_serve_help_gives_every_setting_one_line_with_its_default_in_its_group()
         assert f.info.help and "(default: " in f.help_line()
     # A few as an operator reads them.
     assert "--max-body-bytes BYTES" in text and "--body-timeout SECONDS" in text
-    assert "(default: 16777216 bytes; TOKENTRAIL_MAX_BODY_BYTES)" in unwrapped
+    assert "(default: 33554432 bytes; TOKENTRAIL_MAX_BODY_BYTES)" in unwrapped
     assert "(default: 600 s; TOKENTRAIL_ENGINE_TIMEOUT)" in unwrapped
     assert "--session-from-body, --no-session-from-body" in text
 

@@ -26,6 +26,7 @@ from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.limits import EngineSlots, Limits
 from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
 from tokentrail.adapter.metrics import Metrics
+from tokentrail.adapter.middleware import failed_in_stream
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import Outcome, fill_call_ids
@@ -177,6 +178,7 @@ class Turns:
             session.answers.done(pending, None)
             if live is not None and live.started:
                 # The 200 went out: the error goes in the stream, in the protocol's shape.
+                failed_in_stream(request, exc.status, str(exc))
                 return await live.fail(exc.status, exc.kind, str(exc))
             raise
         except BaseException:

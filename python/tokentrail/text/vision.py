@@ -385,6 +385,14 @@ def _decoded(source: ImageSource, spec: VisionSpec, budget: _Budget, where: str)
             f"(got {source.url[:80]!r})"
         )
     limits = budget.limits
+    declared = (source.media_type or "").lower()
+    if declared not in SUPPORTED_TYPES:
+        raise ImageError(
+            f"{where}: unsupported image type {source.media_type!r}; "
+            f"supported: {', '.join(SUPPORTED_TYPES)}"
+        )
+    # Checked as for a first sight, whatever the cache holds: a request is answered the same
+    # whether or not another session sent the same bytes before.
     known = budget.cache.get(spec, source.digest) if budget.cache is not None else None
     if known is not None:
         if len(known.data) > limits.max_image_bytes:
@@ -394,13 +402,8 @@ def _decoded(source: ImageSource, spec: VisionSpec, budget: _Budget, where: str)
                 f"{where}: the image is {known.width}x{known.height}, over "
                 f"{limits.max_image_pixels} pixels"
             )
+        _check_declared(known.media_type, declared, where)
         return budget.take(known)
-    declared = (source.media_type or "").lower()
-    if declared not in SUPPORTED_TYPES:
-        raise ImageError(
-            f"{where}: unsupported image type {source.media_type!r}; "
-            f"supported: {', '.join(SUPPORTED_TYPES)}"
-        )
     assert source.data is not None
     if len(source.data) > (limits.max_image_bytes * 4) // 3 + 4:
         raise ImageError(f"{where}: the image is over {limits.max_image_bytes} bytes")
@@ -411,13 +414,17 @@ def _decoded(source: ImageSource, spec: VisionSpec, budget: _Budget, where: str)
     if len(data) > limits.max_image_bytes:
         raise ImageError(f"{where}: the image is over {limits.max_image_bytes} bytes")
     width, height, found = _probe(data, limits.max_image_pixels, where)
-    if found != declared and not (found == "image/jpeg" and declared == "image/jpg"):
-        raise ImageError(f"{where}: the image is declared {declared} but its data is {found}")
+    _check_declared(found, declared, where)
     grid = spec.grid(height, width)
     image = ImageInput(source.digest, found, data, width, height, grid, spec.tokens(grid))
     if budget.cache is not None:
         budget.cache.put(spec, image)
     return budget.take(image)
+
+
+def _check_declared(found: str, declared: str, where: str) -> None:
+    if found != declared and not (found == "image/jpeg" and declared == "image/jpg"):
+        raise ImageError(f"{where}: the image is declared {declared} but its data is {found}")
 
 
 def _probe(data: bytes, max_pixels: int, where: str) -> tuple[int, int, str]:
