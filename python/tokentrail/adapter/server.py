@@ -98,6 +98,8 @@ class Adapter:
             side_rules=SideRules.compile(config.side_patterns()),
             template_name=template_name,
         )
+        # Every render of a request's prompt runs within the budget (`text.render_budget`).
+        self.pipeline.splicer.chat.budget_s = config.render_budget_s
         probe_template(self.pipeline.render, template_name or "the chat template")
         self.metrics = Metrics()
         self.journal = journal

@@ -68,9 +68,7 @@ class ServeSettings:
 
     # -- server
     host: str = setting("127.0.0.1", SERVER, "address to listen on")
-    port: int = setting(
-        8300, SERVER, "TCP port to listen on; 0: any free one", metavar="PORT", bounds=(0, 65535)
-    )
+    port: int = setting(8300, SERVER, "TCP port to listen on", metavar="PORT", bounds=(0, 65535))
     admin_token: str | None = setting(
         None,
         SERVER,
@@ -133,6 +131,11 @@ class ServeSettings:
         unit="splices",
         into="config",
     )
+    render_budget: float = setting(
+        _C.render_budget_s, HISTORY, "how long one render of a request's prompt may run (a "
+        "template that loops on some input): a 400 after; 0: no bound", unit="s",
+        into="config.render_budget_s", bounds=(0, MAX_SECONDS),
+    )  # fmt: skip
     request_memo: int = setting(
         _C.request_memo,
         HISTORY,
