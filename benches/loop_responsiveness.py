@@ -18,7 +18,8 @@ before (`--before`) and after:
 
 - four 20 MB PNG requests at once (Qwen3-VL, each image decoded, checked and sized), three
   rounds: `/healthz` p99 < 50 ms;
-- 40 clients that ask for a ~730 KB stream each and never read it: `/healthz` p99 < 50 ms.
+- 40 clients that ask for a ~730 KB stream each and never read it: `/healthz` p99 < 50 ms
+  (the engine, the tests' SGLang stand-in, in a process of its own, as a real engine is).
 
     python benches/loop_responsiveness.py --images [--before /path/to/old/python]
 """
@@ -241,13 +242,22 @@ def run_config(name: str, args: list[str], python_dir: Path | None, opts: Any) -
     return result
 
 
-def long_script(words_n: int) -> Path:
-    """A scripted engine's script whose one reply is `words_n` words of text."""
-    import tempfile
+def engine_process(words_n: int, urls: Any) -> None:
+    """In a process of its own, as a real engine is: the tests' SGLang stand-in, answering
+    every request with `words_n` words (Qwen3 ids)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from support.fake_engines import IM_END, FakeSGLang
+    from tokentrail.text.tokenizer import load_tokenizer
 
-    path = Path(tempfile.mkdtemp(prefix="tokentrail-bench-")) / "long.json"
-    path.write_text(json.dumps([[{"type": "text", "text": words(words_n, seed=7)}]]))
-    return path
+    ids = [*load_tokenizer("builtin:qwen3").encode(words(words_n, seed=7)), IM_END]
+    logprobs = [-0.1] * len(ids)
+
+    async def serve() -> None:
+        async with FakeSGLang(lambda _prompt: (list(ids), list(logprobs), "stop")) as srv:
+            urls.put(srv.url.removeprefix("http://"))
+            await asyncio.Event().wait()
+
+    asyncio.run(serve())
 
 
 def image_configs(opts: Any) -> list[tuple[str, str, list[str], Path | None]]:
@@ -256,7 +266,7 @@ def image_configs(opts: Any) -> list[tuple[str, str, list[str], Path | None]]:
     if opts.before is not None:
         trees.insert(0, ("before", opts.before))
     vl = ["--tokenizer", "builtin:qwen3-vl", "--max-body-bytes", str(64 * 1024 * 1024)]
-    script = ["--engine", f"scripted:{long_script(opts.stream_words)}"]
+    script = ["--engine", f"sglang://{opts.engine_url}"]
     out = []
     for label, tree in trees:
         out.append(("images", f"{label}: four 20 MB PNGs at once", vl, tree))
@@ -280,8 +290,14 @@ def main() -> int:
     if opts.quick:
         opts.sessions, opts.turns, opts.context_words = 4, 2, 4000
     configs: list[tuple[str, str, list[str], Path | None]] = []
+    engine = None
     if opts.images:
         opts.bodies = [image_body(noise_png(20, seed=k)) for k in range(4)]
+        spawn = multiprocessing.get_context("spawn")
+        urls: Any = spawn.Queue()
+        engine = spawn.Process(target=engine_process, args=(opts.stream_words, urls), daemon=True)
+        engine.start()
+        opts.engine_url = urls.get(timeout=120)
         configs = image_configs(opts)
     else:
         if opts.before is not None:
@@ -300,6 +316,8 @@ def main() -> int:
             f"{name}: {row['turns']} requests in {row['elapsed']:.1f} s; {row['counts']}",
             flush=True,
         )
+    if engine is not None:
+        engine.terminate()
     print()
     if opts.images:
         print(
