@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import uuid
 from collections import deque
@@ -32,6 +31,7 @@ from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import Outcome, fill_call_ids
 from tokentrail.adapter.requests import EXCLUDE_HEADER, TurnRequest
 from tokentrail.adapter.sessions import Session, Sessions
+from tokentrail.adapter.whole_reply import send_whole, write_reply
 from tokentrail.engines.base import (
     Engine,
     GenerateRequest,
@@ -64,7 +64,7 @@ from tokentrail.trajectory.pipeline import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EXCLUDE_HEADER", "TurnRequest", "Turns", "reply_bytes", "write_reply"]
+__all__ = ["EXCLUDE_HEADER", "TurnRequest", "Turns", "write_reply"]
 
 
 @dataclass
@@ -116,6 +116,8 @@ class Turns:
         self.vocab_size = tokenizer.vocab_size
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
         self.engine_slots = EngineSlots(self.limits.engine_concurrency)
+        # A whole reply, built in a worker, to a client given `--idle-connection-timeout`.
+        self.send = partial(send_whole, offload=offload, timeout_s=limits.idle_connection_s)
         # Turns cut short by their client, being recorded (strong references).
         self._background: set[asyncio.Task[None]] = set()
 
@@ -164,7 +166,7 @@ class Turns:
             if answer is not None:
                 # Nothing is generated or recorded again: the recorded reply goes out.
                 self.sessions.answered_again(sid, answer)
-                return await self.write_reply(request, proto, answer.reply, turn)
+                return await self.send(request, proto, answer.reply, turn)
         if earlier:
             logger.debug("session %s: a retry generated again; turn %s superseded", sid, earlier)
             self.metrics.retried(recorded=False)
@@ -191,24 +193,13 @@ class Turns:
         if live is not None:
             response = await live.finish(answer.reply, live.parsed_reply)
         else:
-            response = await self.write_reply(request, proto, answer.reply, turn)
+            response = await self.send(request, proto, answer.reply, turn)
         if self.pipeline.splice_check_waits(sid):
             self.sessions.after(sid, self.pipeline.check_splice)
         timing.lap(Stage.RESPOND)
         self.metrics.observe_turn(timing.stages)
         self.timings.append(timing)
         return response
-
-    async def write_reply(
-        self, request: web.Request, proto: WireProtocol, reply: dict[str, Any], turn: TurnRequest
-    ) -> web.StreamResponse:
-        """The whole reply, its bytes built in a worker (a long stream is thousands of frames),
-        written within `--idle-connection-timeout` (a client that reads none of it is let go)."""
-        payload = await self.offload.run(reply_bytes, proto, reply, turn.stream, turn.body)
-        return await write_reply(
-            request, proto, reply, turn.stream, turn.body,
-            payload=payload, timeout_s=self.limits.idle_connection_s,
-        )  # fmt: skip
 
     async def _generate_and_keep(
         self,
@@ -558,51 +549,3 @@ def token_logprobs(tokenizer: LoadedTokenizer, generation: Generation) -> list[t
         (tokenizer.decode([t]), float(lp))
         for t, lp in zip(ids[:end], generation.logprobs, strict=False)
     ]
-
-
-def reply_bytes(
-    proto: WireProtocol, reply: dict[str, Any], stream: bool, body: dict[str, Any]
-) -> bytes:
-    """A whole reply's bytes: its SSE frames, or its JSON."""
-    if stream:
-        return b"".join(proto.stream(reply, body))
-    return json.dumps(reply, ensure_ascii=False).encode()
-
-
-async def write_reply(
-    request: web.Request,
-    proto: WireProtocol,
-    reply: dict[str, Any],
-    stream: bool,
-    body: dict[str, Any],
-    *,
-    payload: bytes | None = None,
-    timeout_s: float = 0.0,
-) -> web.StreamResponse:
-    """Write the whole response (`payload`: its bytes, built already) and flush it; raises if
-    the client went away first, or read none of it for `timeout_s` (0: no limit)."""
-    if payload is None:
-        payload = reply_bytes(proto, reply, stream, body)
-    if stream:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-    else:
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.content_length = len(payload)
-    await response.prepare(request)
-    try:
-        # The bytes go to the socket's buffer at once; the wait is for the client to read
-        # enough of them. One that does not is cut off, its connection closed.
-        await asyncio.wait_for(response.write(payload), timeout_s or None)
-        await asyncio.wait_for(response.write_eof(), timeout_s or None)
-    except asyncio.TimeoutError:
-        if request.transport is not None:
-            request.transport.abort()
-        raise ConnectionResetError(
-            f"the client read none of its reply for {timeout_s:g} s (--idle-connection-timeout)"
-        ) from None
-    transport = request.transport
-    if transport is None or transport.is_closing():
-        raise ConnectionResetError("client disconnected before the response was flushed")
-    return response
