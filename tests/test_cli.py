@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import free_port, wait_healthy
 from tokentrail import cli
 from tokentrail.cli import settings
-from tokentrail.cli.doctor import PROBE
+from tokentrail.cli.doctor import PROBE, check_journal
 from tokentrail.cli.serve import ServeSettings, resolve_settings
 from tokentrail.compat import tomllib
 from tokentrail.errors import SettingError
@@ -61,7 +62,7 @@ def test_serve_help_gives_every_setting_one_line_with_its_default_in_its_group()
         assert f.info.help and "(default: " in f.help_line()
     # A few as an operator reads them.
     assert "--max-body-bytes BYTES" in text and "--body-timeout SECONDS" in text
-    assert "(default: 16777216 bytes; TOKENTRAIL_MAX_BODY_BYTES)" in unwrapped
+    assert "(default: 33554432 bytes; TOKENTRAIL_MAX_BODY_BYTES)" in unwrapped
     assert "(default: 600 s; TOKENTRAIL_ENGINE_TIMEOUT)" in unwrapped
     assert "--session-from-body, --no-session-from-body" in text
 
@@ -381,3 +382,101 @@ def test_doctor_says_what_is_wrong_one_line_each(tmp_path: Path) -> None:
     # Nothing listening.
     code, out = doctor(["--engine", f"sglang://127.0.0.1:{free_port()}"])
     assert code == 1 and "cannot reach sglang" in line(out, "engine")
+
+
+def test_doctor_fails_an_engine_that_accepts_and_never_answers_within_its_timeout() -> None:
+    """An engine that accepts the connection and reads the request but never answers: the
+    engine check fails after `--check-timeout`, the other checks still run."""
+
+    async def go() -> tuple[int, str, float]:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)
+            await asyncio.sleep(3600)
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        started = time.monotonic()
+        try:
+            argv = ["--engine", f"sglang://127.0.0.1:{port}", "--check-timeout", "1"]
+            code, out = await asyncio.to_thread(doctor, argv)
+        finally:
+            server.close()
+        return code, out, time.monotonic() - started
+
+    code, out, took = asyncio.run(go())
+    assert code == 1
+    engine = line(out, "engine")
+    assert engine.startswith("FAIL") and "no answer to a one-token generation within 1 s" in engine
+    assert line(out, "template").startswith("ok")
+    assert took < 30
+
+
+def test_doctor_reports_a_journal_path_that_is_no_sqlite_file(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a database")
+    (tmp_path / "empty.sqlite").write_bytes(b"")
+    for path, verdict, says in (
+        ("/proc/self/mem", "FAIL", "cannot be read"),
+        ("/proc/self/status", "FAIL", "is not a SQLite database"),
+        ("/dev/null", "FAIL", "is not a regular file"),
+        (str(tmp_path / "notes.txt"), "FAIL", "is not a SQLite database"),
+        (str(tmp_path / "empty.sqlite"), "ok", "writable"),
+        (str(tmp_path / "new.sqlite"), "ok", "will be created"),
+    ):
+        check = check_journal(path)
+        assert check.verdict.value == verdict and says in check.detail, (path, check)
+
+
+# --- ranges --------------------------------------------------------------------------------------
+
+
+def exit_code(argv: list[str]) -> int:
+    """`tokentrail serve` run with `argv` until it would load anything: its exit code (argparse
+    exits 2 itself for a bad flag)."""
+    try:
+        return cli.main(["serve", *argv])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--max-body-bytes", "-1"], "--max-body-bytes: -1 is out of range; allowed: 0 bytes or"),
+        (["--engine-timeout", "nan"], "--engine-timeout: nan is out of range; allowed: 0.001 to"),
+        (["--engine-timeout", "inf"], "--engine-timeout: inf is out of range"),
+        (["--keepalive", "-1"], "--keepalive: -1 is out of range; allowed: 0.01 to"),
+        (["--max-image-pixels", "-5"], "--max-image-pixels: -5 is out of range; allowed: 0 pix"),
+        (["--workers", "100000"], "--workers: 100000 is out of range; allowed: 0 to 256"),
+        (["--port", "99999"], "--port: 99999 is out of range; allowed: 0 to 65535"),
+        (["--port", "-1"], "--port: -1 is out of range; allowed: 0 to 65535"),
+        (["--max-header-bytes", "10"], "--max-header-bytes: 10 is out of range; allowed: 1024"),
+    ],
+)
+def test_a_setting_out_of_its_range_exits_2_naming_it_and_the_range(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert exit_code(argv) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_variable_or_config_key_out_of_range_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "serve.toml"
+    config.write_text("body-timeout = nan\n")
+    assert exit_code(["--config", str(config)]) == 2
+    assert f"--config {config}: body-timeout: nan is out of range" in capsys.readouterr().err
+    monkeypatch.setenv("TOKENTRAIL_WORKERS", "-3")
+    assert exit_code([]) == 2
+    assert "TOKENTRAIL_WORKERS: -3 is out of range; allowed: 0 to 256" in capsys.readouterr().err
+
+
+def test_a_port_in_use_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert exit_code(["--host", "127.0.0.1", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"tokentrail serve: --port {port}: cannot listen on 127.0.0.1:{port}" in err
+    assert "Traceback" not in err

@@ -248,3 +248,36 @@ def test_real_codex_view_image_becomes_vision_tokens(codex_exe: Path, tmp_path: 
     inputs = sample.multimodal_inputs()
     assert inputs is not None and len(inputs["images"]) == 1
     assert trajectory.ledger.trained_tokens == trajectory.ledger.generated_tokens > 0
+
+
+def test_real_codex_reports_the_engine_error_of_a_failed_stream(
+    codex_exe: Path, tokenizer, tmp_path: Path
+) -> None:
+    """An engine that fails after the 200 went out (`--engine-stream`): the Responses stream
+    ends with `response.failed`, and Codex reports the engine's error message, not that the
+    stream closed before `response.completed`."""
+    fake = FakeSGLang(scripted_reply([[{"type": "text", "text": "The plan is sound."}]]))
+    original = fake._stream
+
+    async def failing(request, rid, n, event, *rest):  # type: ignore[no-untyped-def]
+        def broken(a, b, last):  # type: ignore[no-untyped-def]
+            if a >= 2:
+                return {"error": {"message": "CUDA error: device-side assert"}}
+            return event(a, b, last)
+
+        return await original(request, rid, n, broken, *rest)
+
+    fake._stream = failing  # type: ignore[method-assign]
+    with engine_in_thread(fake) as stand_in:
+        client = SGLangEngine(stand_in.url, stream=True)
+        adapter = Adapter(
+            engine=client, tokenizer=tokenizer, config=AdapterConfig(live_stream=True)
+        )
+        with serving_in_thread(adapter) as (url, _loop):
+            home = write_home(tmp_path / "codex-home", url)
+            run = run_codex(codex_exe, "Check the plan.", home=home, session_id="cxf", cwd=tmp_path)
+
+    assert run.returncode != 0
+    (failed,) = [e for e in run.events if e.get("type") == "turn.failed"]
+    assert "device-side assert" in failed["error"]["message"], failed
+    assert "stream closed" not in failed["error"]["message"]

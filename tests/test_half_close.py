@@ -173,3 +173,85 @@ def test_a_client_gone_entirely_still_abandons_its_turn(tokenizer) -> None:
     )  # the engine call was cancelled
     session = adapter.sessions.get("gone")
     assert session is None or turns_of(adapter, "gone") == 0
+
+
+def tracebacks(caplog) -> list[str]:
+    """Log records that carry a traceback, and "exception was never retrieved" lines."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.exc_info or r.exc_text or "never retrieved" in r.getMessage()
+    ]
+
+
+def test_a_body_cut_short_by_a_half_close_logs_no_traceback(tokenizer, caplog) -> None:
+    async def body(adapter, url):
+        raw = await half_closed(url, request("cut", BODY[:20], length=len(BODY)))
+        await asyncio.sleep(0.2)  # what the server logs after the answer, it has logged
+        return raw
+
+    with caplog.at_level("DEBUG"):
+        _, raw = served(tokenizer, body)
+    [(status, _)] = responses(raw)
+    assert status == 400
+    assert tracebacks(caplog) == []
+
+
+async def on_one_connection(url: str, *payloads: bytes) -> bytes:
+    """Send each request on one keep-alive connection, reading its answer before the next."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    out = b""
+    try:
+        for payload in payloads:
+            writer.write(payload)
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            out += head + await asyncio.wait_for(reader.readexactly(length), 30)
+    finally:
+        writer.close()
+    return out
+
+
+def gzipped(sid: str, body: bytes) -> bytes:
+    return request(sid, body).replace(
+        b"Content-Type:", b"Content-Encoding: gzip\r\nContent-Type:", 1
+    )
+
+
+def test_a_body_that_is_not_the_gzip_it_says_is_a_400_and_the_connection_lives_on(
+    tokenizer, caplog
+) -> None:
+    """`Content-Encoding: gzip` over bytes that are not gzip: a 400 in the protocol's shape,
+    nothing logged as a fault, and the next request on the same connection is answered; a body
+    that is gzip is read as its JSON, and one that inflates past the body limit is a 413."""
+    import gzip
+
+    async def body(adapter, url):
+        raw = await on_one_connection(
+            url,
+            gzipped("gz", b"not gzip"),
+            gzipped("gz", gzip.compress(BODY)),
+            request("gz"),
+            # A small body that inflates past --max-body-bytes is refused as a large one is.
+            gzipped("gz", gzip.compress(b" " * (adapter.limits.max_body_bytes + 1))),
+        )
+        await asyncio.sleep(0.2)
+        return raw
+
+    with caplog.at_level("DEBUG"):
+        adapter, raw = served(tokenizer, body)
+    (bad, bad_reply), (good, _), (plain, _), (bomb, _) = responses(raw)
+    assert bomb == 413
+    assert bad == 400
+    error = json.loads(bad_reply)
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert "gzip" in error["error"]["message"]
+    assert (good, plain) == (200, 200)
+    assert tracebacks(caplog) == []
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]

@@ -494,3 +494,49 @@ def test_a_template_that_insists_on_a_system_message_still_starts(tokenizer) -> 
     )
     adapter = Adapter(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, chat_template=template)
     assert adapter.pipeline.chat_template == template
+
+
+SPIN = (
+    "{%- for m in messages %}{%- if m['content'] is string and 'SPIN-NOW' in m['content'] %}"
+    "{%- for i in range(100000) %}{%- for j in range(100000) %}{%- for k in range(100000) %}"
+    "{%- endfor %}{%- endfor %}{%- endfor %}{%- endif %}{%- endfor %}"
+)
+
+
+def test_a_template_that_spins_on_one_request_is_stopped_by_the_render_budget(
+    tokenizer, caplog
+) -> None:
+    """A template that loops (for years) only when a message holds a marker passes the startup
+    checks; four such requests at once each get a 400 in their protocol's shape once the
+    render budget is spent, another session's turn is served meanwhile, and a spinning
+    session's next, ordinary request is served too: nothing of the refused ones was kept."""
+    adapter = Adapter(
+        engine=ScriptedEngine(tokenizer),
+        tokenizer=tokenizer,
+        chat_template=SPIN + tokenizer.chat_template,
+        config=AdapterConfig(admin_token=ADMIN, render_budget_s=0.5, workers=2),
+    )
+    spin = {**GOOD, "messages": [{"role": "user", "content": "SPIN-NOW please"}]}
+
+    async def go() -> tuple[list[tuple[int, Any, Any]], tuple[int, Any, Any], Any, Any]:
+        async with serving(adapter) as client:
+            client.http._timeout = aiohttp.ClientTimeout(total=60)
+            spins = [client.post("/v1/messages", spin, f"spin-{i}") for i in range(4)]
+            *spun, calm = await asyncio.gather(*spins, client.post("/v1/messages", GOOD, "calm"))
+            again = await client.post("/v1/messages", GOOD, "spin-0")
+            chat = await client.post("/v1/chat/completions", {**spin, "model": "m"}, "spin-chat")
+            return spun, calm, again, chat
+
+    with caplog.at_level("WARNING"):
+        spun, calm, again, chat = asyncio.run(go())
+    for status, payload, _ in spun:
+        assert status == 400, payload
+        assert payload["type"] == "error"
+        assert payload["error"]["type"] == "invalid_request_error"
+        assert "render budget (0.5 s, --render-budget)" in message_of(payload)
+    assert chat[0] == 400 and "render budget" in chat[1]["error"]["message"]
+    assert calm[0] == 200 and again[0] == 200
+    assert any("ran past its render budget" in r.getMessage() for r in caplog.records)
+    # The refused requests left nothing: the spinning session holds only its ordinary turn.
+    finished = asyncio.run(adapter.finish_trajectory("spin-0"))
+    assert len(finished.ledger.turns) == 1

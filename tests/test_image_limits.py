@@ -121,3 +121,72 @@ def test_print_config_round_trips_the_image_limits(
     saved.write_text(printed)
     again = resolved(["--config", str(saved)])
     assert ImageLimits(**again.into("image_limits")) == ImageLimits(1000, 2000, 3000, 4000)
+
+
+def test_a_cached_image_is_checked_against_each_requests_declared_type() -> None:
+    """Session A sends a PNG as `image/png`; session B's identical bytes declared `image/gif`,
+    `image/x-evil` or with no type get the 400 they get when A never sent them: the shared
+    cache decides nothing about B's request, and tells B nothing about A's."""
+    r = resolved(["--tokenizer", "builtin:qwen3-vl", "--engine", "scripted"])
+    adapter = build_adapter(r.build(ServeSettings), r)
+    data = png(64, 64, seed=7)
+
+    async def ask(client: anthropic.AsyncAnthropic, sid: str, media_type: str | None) -> Any:
+        block = image_block(data)
+        if media_type is None:
+            del block["source"]["media_type"]
+        else:
+            block["source"]["media_type"] = media_type
+        try:
+            return await client.messages.create(
+                model="m",
+                max_tokens=8,
+                messages=[{"role": "user", "content": [{"type": "text", "text": "?"}, block]}],
+                extra_headers={"X-Session-Id": sid},
+            )
+        except anthropic.APIStatusError as exc:
+            return exc
+
+    async def go() -> tuple[list[Any], Any, list[Any]]:
+        runner, url = await start_server(adapter)
+        client = anthropic.AsyncAnthropic(base_url=url, api_key="k", max_retries=0)
+        wrong = ["image/gif", "image/x-evil", None]
+        try:
+            before = [await ask(client, f"b{i}", t) for i, t in enumerate(wrong)]
+            first = await ask(client, "a", "image/png")
+            after = [await ask(client, f"c{i}", t) for i, t in enumerate(wrong)]
+            return before, first, after
+        finally:
+            await runner.cleanup()
+
+    before, first, after = asyncio.run(go())
+    served(first)
+    assert len(adapter.requests.image_cache) == 1
+    for cold, warm in zip(before, after, strict=True):
+        assert isinstance(cold, anthropic.BadRequestError), cold
+        assert isinstance(warm, anthropic.BadRequestError), warm
+        assert warm.body == cold.body
+
+
+def png_of_size(size: int) -> bytes:
+    """A PNG of exactly `size` bytes: a small image with a private ancillary chunk (which
+    every decoder skips) filling the rest."""
+    import struct
+    import zlib
+
+    small = png(32, 32, seed=3)
+    end = small.rindex(b"IEND") - 4
+    fill = size - len(small) - 12
+    chunk = b"prVt" + b"\0" * fill
+    padded = struct.pack(">I", fill) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    out = small[:end] + padded + small[end:]
+    assert len(out) == size
+    return out
+
+
+def test_an_image_at_the_default_image_limit_fits_the_default_body_limit() -> None:
+    """The default `--max-image-bytes` is reachable: an image of exactly that many bytes, as
+    base64 in a request, is within the default `--max-body-bytes` and served."""
+    limit = ImageLimits().max_image_bytes
+    served(serve_one([], [png_of_size(limit)]))
+    refused_with(serve_one([], [png_of_size(limit + 1)]), f"over {limit} bytes")

@@ -418,29 +418,87 @@ def test_keepalives_go_out_while_the_engine_has_produced_nothing(tokenizer) -> N
     assert ids == {events[-1]["response"]["id"]}
 
 
-def test_an_engine_failing_after_the_200_is_an_error_event(tokenizer) -> None:
+CHAT_BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi."}]}
+RESPONSES_BODY = {"model": "m", "input": "Run the tests."}
+FAILING = {
+    "anthropic": ("/v1/messages", ANTHROPIC_BODY),
+    "chat": ("/v1/chat/completions", CHAT_BODY),
+    "responses": ("/v1/responses", RESPONSES_BODY),
+}
+
+
+def failing_mid_stream(srv: Any) -> None:
+    """The SGLang stand-in sends five tokens, then an error event (an engine fault)."""
+    original = srv._stream
+
+    async def failing(request, rid, n, event, *rest):
+        def broken(a, b, last):
+            if a >= 5:
+                return {"error": {"message": "CUDA error: device-side assert"}}
+            return event(a, b, last)
+
+        return await original(request, rid, n, broken, *rest)
+
+    srv._stream = failing
+
+
+@pytest.mark.parametrize("wire", list(FAILING))
+def test_an_engine_failing_after_the_200_is_an_error_event_and_logged_once(
+    tokenizer, wire, caplog
+) -> None:
+    fake = FakeSGLang(reply_for(tokenizer))
+    path, body = FAILING[wire]
+
+    async def scenario(url: str, srv: Any):
+        failing_mid_stream(srv)
+        return await raw_stream(url, path, body, "s-err")
+
+    with caplog.at_level("WARNING", logger="tokentrail"):
+        frames = serve(fake, SGLangEngine, tokenizer, scenario)
+    # Logged once, as a 5xx is: a WARNING with its reason, the session and the request id.
+    logged = [r for r in caplog.records if "device-side assert" in r.getMessage()]
+    assert len(logged) == 1, [r.getMessage() for r in caplog.records]
+    line = logged[0].getMessage()
+    assert logged[0].levelname == "WARNING" and path in line and "session s-err" in line
+    assert not any(r.exc_info for r in caplog.records)
+    if wire == "anthropic":
+        error = frames[-1].decode()
+        assert error.startswith("event: error")
+        data = json.loads(error.split("data: ", 1)[1])
+        assert data["type"] == "error" and data["error"]["type"] == "api_error"
+        assert "device-side assert" in data["error"]["message"]
+    elif wire == "chat":
+        data = json.loads(frames[-1].split(b"data: ", 1)[1])
+        assert data["error"]["code"] == 502 and "device-side assert" in data["error"]["message"]
+    else:
+        # `response.failed`, with its event line, type and sequence number, the response
+        # failed and its error: what Codex and the openai SDK read.
+        head, payload = frames[-1].split(b"\n", 1)
+        assert head == b"event: response.failed"
+        event = json.loads(payload.split(b"data: ", 1)[1])
+        events = [json.loads(f.split(b"data: ", 1)[1]) for f in frames]
+        assert event["type"] == "response.failed"
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert event["response"]["status"] == "failed"
+        assert event["response"]["id"] == events[0]["response"]["id"]
+        assert event["response"]["error"]["code"] == "server_error"
+        assert "device-side assert" in event["response"]["error"]["message"]
+
+
+def test_the_openai_sdk_reads_a_failed_responses_stream(tokenizer) -> None:
     fake = FakeSGLang(reply_for(tokenizer))
 
     async def scenario(url: str, srv: Any):
-        original = srv._stream
+        failing_mid_stream(srv)
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s-sdk", max_retries=0)
+        stream = await client.responses.create(**RESPONSES_BODY, stream=True)
+        return [event async for event in stream]
 
-        async def failing(request, rid, n, event, *rest):
-            def broken(a, b, last):
-                if a >= 5:
-                    return {"error": {"message": "CUDA error: device-side assert"}}
-                return event(a, b, last)
-
-            return await original(request, rid, n, broken, *rest)
-
-        srv._stream = failing
-        return await raw_stream(url, "/v1/messages", ANTHROPIC_BODY, "s-err")
-
-    frames = serve(fake, SGLangEngine, tokenizer, scenario)
-    error = frames[-1].decode()
-    assert error.startswith("event: error")
-    data = json.loads(error.split("data: ", 1)[1])
-    assert data["type"] == "error" and data["error"]["type"] == "api_error"
-    assert "device-side assert" in data["error"]["message"]
+    events = serve(fake, SGLangEngine, tokenizer, scenario)
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.status == "failed"
+    assert events[-1].response.error is not None
+    assert "device-side assert" in events[-1].response.error.message
 
 
 async def read_until_stalled(resp: aiohttp.ClientResponse, quiet_s: float = 0.3) -> bytes:

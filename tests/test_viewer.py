@@ -361,3 +361,103 @@ def test_a_journal_being_written_is_read_again_as_it_grows(tmp_path: Path) -> No
         journal.close()
     assert (before["turns"], after["turns"]) == (1, 3)
     assert after["generated"] == after["trained"] > before["generated"]
+
+
+SECURITY = {
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def _secured(headers) -> None:
+    for name, value in SECURITY.items():
+        assert headers.get(name) == value, name
+    csp = headers.get("Content-Security-Policy", "")
+    assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp
+
+
+def test_view_needs_its_printed_token_and_a_host_it_is_served_under(
+    tokenizer, tmp_path: Path
+) -> None:
+    """`tokentrail view` prints its URL with a token; without it the page and the API are a
+    401, with it (query, then the cookie it sets, or a bearer header) they answer; a request
+    naming another Host (DNS rebinding) is a 403 even with the token; every response carries
+    the security headers; listening beyond loopback warns, and without a token is refused."""
+    import socket
+    import subprocess
+    import sys
+
+    path = tmp_path / "j.db"
+    _record(tokenizer, path, "on", "fork", sessions=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "tokentrail", "view", str(path), "--port", str(port)]
+    refused = subprocess.run([*cmd, "--host", "0.0.0.0", "--no-token"], capture_output=True)
+    assert refused.returncode == 2 and b"--no-token with --host 0.0.0.0" in refused.stderr
+    view = subprocess.Popen(
+        [*cmd, "--host", "0.0.0.0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert view.stdout is not None
+        printed = view.stdout.readline()
+        assert f"http://localhost:{port}/?token=" in printed
+        token = printed.split("?token=", 1)[1].split()[0]
+        assert len(token) >= 32
+        asyncio.run(_probe_view(f"http://127.0.0.1:{port}", token))
+    finally:
+        view.terminate()
+        _, err = view.communicate(timeout=30)
+    assert "listens on 0.0.0.0: reachable from the network" in err
+
+
+async def _probe_view(url: str, token: str) -> None:
+    # A browser keeps a cookie of a page opened by address; aiohttp only when told to.
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        for route in ("/", "/api/sessions", "/static/app.js"):
+            async with http.get(url + route) as r:
+                assert r.status == 401, route
+                assert "token" in (await r.json())["error"]["message"]
+                _secured(r.headers)
+        async with http.get(f"{url}/api/sessions?token=wrong") as r:
+            assert r.status == 401
+        evil = {"Host": f"attacker.example:{url.rsplit(':', 1)[1]}"}
+        async with http.get(f"{url}/api/sessions?token={token}", headers=evil) as r:
+            assert r.status == 403 and "DNS rebinding" in (await r.json())["error"]["message"]
+            _secured(r.headers)
+        # The printed URL: the page, and a cookie that opens the rest.
+        async with http.get(f"{url}/?token={token}") as r:
+            assert r.status == 200 and "static/app.js" in await r.text()
+            _secured(r.headers)
+            cookie = r.cookies["tokentrail_view"]
+            assert cookie["httponly"] and cookie["samesite"] == "Strict"
+        async with http.get(f"{url}/api/sessions") as r:
+            assert r.status == 200 and len((await r.json())["sessions"]) == 1
+            _secured(r.headers)
+    async with aiohttp.ClientSession() as fresh:
+        bearer = {"Authorization": f"Bearer {token}"}
+        async with fresh.get(f"{url}/api/sessions", headers=bearer) as r:
+            assert r.status == 200
+        async with fresh.get(f"{url}/api/sessions", headers={**bearer, "Host": "localhost"}) as r:
+            assert r.status == 200
+
+
+def test_the_adapters_ui_sends_the_security_headers(tokenizer) -> None:
+    async def go() -> None:
+        adapter = Adapter(
+            engine=ScriptedEngine(tokenizer),
+            tokenizer=tokenizer,
+            config=AdapterConfig(admin_token=ADMIN),
+        )
+        runner, url = await start_server(adapter)
+        try:
+            async with aiohttp.ClientSession() as http:
+                bearer = {"Authorization": f"Bearer {ADMIN}"}
+                for route in ("/", "/static/app.js", "/static/style.css", "/api/sessions"):
+                    async with http.get(f"{url}{UI_PREFIX}{route}", headers=bearer) as r:
+                        assert r.status == 200, route
+                        _secured(r.headers)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())

@@ -38,6 +38,7 @@ DOCS_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images" / "view
 # The screenshots docs/operating/viewer.md shows.
 DOCS_SHOWS = {"sessions.png", "session.png", "masked_turn.png", "exported_sample.png"}
 SID = "cc-viewer"
+VIEW_TOKEN = "view-token"
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
 
 
@@ -237,7 +238,7 @@ def test_viewer_numbers_are_the_ledger_s_live_and_from_the_journal(
     assert masked_turns, f"restore=tree_only left no masked turn: {ledger['turns']}"
 
     with viewing(journal) as url:
-        driver.get(f"{url}/")
+        driver.get(f"{url}/?token={VIEW_TOKEN}")  # the URL `tokentrail view` prints
         row = _wait(driver, f"tr[data-sid='{SID}']")
         assert (
             _num(row.find_element(By.CSS_SELECTOR, "[data-field=generated]").text)
@@ -279,7 +280,7 @@ def test_viewer_numbers_are_the_ledger_s_live_and_from_the_journal(
     exported = tmp_path / "done.jsonl"
     write_samples(exported, trajectory.samples)
     with viewing(exported, "--tokenizer", "builtin:qwen3") as url:
-        driver.get(f"{url}/#/s/{SID}")
+        driver.get(f"{url}/?token={VIEW_TOKEN}#/s/{SID}")
         assert _num(_wait(driver, ".card [data-field=trained]").text) == ledger["trained_tokens"]
         driver.find_element(By.CSS_SELECTOR, "#samples tr[data-sample='0']").click()
         box = _wait(driver, "#tokens")
@@ -317,7 +318,10 @@ def viewing(path: Path, *args: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     view = subprocess.Popen(
-        [sys.executable, "-m", "tokentrail", "view", str(path), "--port", str(port), *args],
+        [
+            *(sys.executable, "-m", "tokentrail", "view", str(path)),
+            *("--port", str(port), "--token", VIEW_TOKEN, *args),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -339,7 +343,10 @@ def wait_healthy_view(url: str, proc: subprocess.Popen) -> None:
             out = proc.stdout.read().decode() if proc.stdout else ""
             raise RuntimeError(f"tokentrail view exited with {proc.returncode}: {out}")
         try:
-            with urllib.request.urlopen(f"{url}/api/source", timeout=1) as resp:
+            ask = urllib.request.Request(
+                f"{url}/api/source", headers={"Authorization": f"Bearer {VIEW_TOKEN}"}
+            )
+            with urllib.request.urlopen(ask, timeout=1) as resp:
                 if resp.status == 200:
                     return
         except OSError:

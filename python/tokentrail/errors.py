@@ -94,6 +94,13 @@ class TemplateBudgetExceeded(TemplateError):
     (`text.template_check`): it is refused before the server renders it."""
 
 
+class RenderBudgetExceeded(TemplateError):
+    """A chat template ran past the per-request render budget (`text.render_budget`): it
+    loops on something in this request. Refused like a request the template rejects (a 400
+    in the protocol's shape, not retried by the SDKs, so it does not spin again); nothing of
+    it was generated or recorded."""
+
+
 class OutputFormatError(InvalidInput):
     """An unknown parser or format name, or a message `format_output` cannot write."""
 

@@ -13,6 +13,7 @@ from tokentrail.adapter.offload import DEFAULT_WORKERS
 from tokentrail.adapter.protocols.common import KEEPALIVE_S
 from tokentrail.adapter.protocols.options import DEFAULT_WIRE, WireOptions
 from tokentrail.kinds import History, Restore, Retry, parse_kind
+from tokentrail.text.render_budget import DEFAULT_RENDER_BUDGET_S
 from tokentrail.text.vision import ImageLimits
 from tokentrail.trajectory.side import KNOWN_SIDE_REQUESTS, SideRules
 
@@ -55,6 +56,9 @@ class AdapterConfig:
     retry: Retry = Retry.REPLAY
     # Check a spliced tail against the full render every this many splices (1: every turn).
     splice_verify_every: int = 8
+    # Seconds one render of a request's prompt may run before it is stopped and the request
+    # refused (`text.render_budget`; 0: no bound).
+    render_budget_s: float = DEFAULT_RENDER_BUDGET_S
     default_max_tokens: int = 4096
     # Warn once per finished session whose tool-call turns lost more than this share.
     masked_warning_threshold: float = 0.05

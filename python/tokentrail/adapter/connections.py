@@ -125,6 +125,11 @@ class GuardedHandler(web_protocol.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._guard.admit(self):
             assert isinstance(transport, asyncio.Transport)
+            # A 5xx the middleware never sees: logged here, as it would log one.
+            logger.warning(
+                "a new connection answered 503: %d connections open, all busy (--max-connections)",
+                len(self._guard),
+            )
             transport.write(_refusal())
             transport.close()
             return

@@ -42,8 +42,10 @@ _INT64 = 2**63
 class Limits:
     """Every admission limit, with the defaults `tokentrail serve` uses. 0 turns a count off."""
 
-    # Bytes of one request body (the Anthropic API's own limit is 32 MB).
-    max_body_bytes: int = 16 * MiB
+    # Bytes of one request body: the Anthropic API's own limit, 32 MiB, which holds an image
+    # at the default `--max-image-bytes` (20 MiB, 26.7 MiB as base64) and the rest of the
+    # request with it.
+    max_body_bytes: int = 32 * MiB
     # Nesting of JSON values, the body itself being level 1 (a tool schema counts from there).
     max_json_depth: int = 64
     max_messages: int = 10_000

@@ -63,6 +63,19 @@ def _answered(request: web.Request, status: int, message: str) -> None:
         )
 
 
+def failed_in_stream(request: web.Request, status: int, message: str) -> None:
+    """Log, once, an error sent inside a stream whose 200 already went out: the same line a
+    5xx gets, since the status line cannot say it."""
+    logger.warning(
+        "%s %s failed in the stream (%d after the 200): %s (%s)",
+        request.method,
+        request.path,
+        status,
+        message,
+        request_notes.current().where(),
+    )
+
+
 def status_of(exc: BaseException, path: str | None = None) -> int:
     """The HTTP status an exception reaching a handler is answered with (on `path`): the one
     place that maps one to the other (the middleware answers with it, the metrics count it)."""

@@ -29,7 +29,7 @@ from tokentrail.engines.base import SamplingParams
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ResumeCheck
 from tokentrail.messages import Conversation
-from tokentrail.text.vision import ImageCache, ImageLimits, resolve_images
+from tokentrail.text.vision import ImageCache, ImageLimits, resolve_images, warm
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline
 from tokentrail.trajectory.tags import TurnTags
@@ -85,6 +85,8 @@ class RequestReader:
         self.default_max_tokens = default_max_tokens
         self.image_limits = image_limits or ImageLimits()
         self.image_cache = image_cache if image_cache is not None else ImageCache()
+        if pipeline.vision is not None:
+            warm(pipeline.vision)
 
     def parse(self, raw: bytes) -> dict[str, Any]:
         body = parse_body(raw, self.limits.max_json_depth)

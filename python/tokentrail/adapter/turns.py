@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import uuid
 from collections import deque
@@ -26,11 +25,13 @@ from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.limits import EngineSlots, Limits
 from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
 from tokentrail.adapter.metrics import Metrics
+from tokentrail.adapter.middleware import failed_in_stream
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import Outcome, fill_call_ids
 from tokentrail.adapter.requests import EXCLUDE_HEADER, TurnRequest
 from tokentrail.adapter.sessions import Session, Sessions
+from tokentrail.adapter.whole_reply import send_whole, write_reply
 from tokentrail.engines.base import (
     Engine,
     GenerateRequest,
@@ -115,6 +116,8 @@ class Turns:
         self.vocab_size = tokenizer.vocab_size
         self.timings: deque[TurnTiming] = deque(maxlen=100_000)
         self.engine_slots = EngineSlots(self.limits.engine_concurrency)
+        # A whole reply, built in a worker, to a client given `--idle-connection-timeout`.
+        self.send = partial(send_whole, offload=offload, timeout_s=limits.idle_connection_s)
         # Turns cut short by their client, being recorded (strong references).
         self._background: set[asyncio.Task[None]] = set()
 
@@ -163,7 +166,7 @@ class Turns:
             if answer is not None:
                 # Nothing is generated or recorded again: the recorded reply goes out.
                 self.sessions.answered_again(sid, answer)
-                return await write_reply(request, proto, answer.reply, turn.stream, turn.body)
+                return await self.send(request, proto, answer.reply, turn)
         if earlier:
             logger.debug("session %s: a retry generated again; turn %s superseded", sid, earlier)
             self.metrics.retried(recorded=False)
@@ -177,6 +180,7 @@ class Turns:
             session.answers.done(pending, None)
             if live is not None and live.started:
                 # The 200 went out: the error goes in the stream, in the protocol's shape.
+                failed_in_stream(request, exc.status, str(exc))
                 return await live.fail(exc.status, exc.kind, str(exc))
             raise
         except BaseException:
@@ -189,7 +193,7 @@ class Turns:
         if live is not None:
             response = await live.finish(answer.reply, live.parsed_reply)
         else:
-            response = await write_reply(request, proto, answer.reply, turn.stream, turn.body)
+            response = await self.send(request, proto, answer.reply, turn)
         if self.pipeline.splice_check_waits(sid):
             self.sessions.after(sid, self.pipeline.check_splice)
         timing.lap(Stage.RESPOND)
@@ -545,31 +549,3 @@ def token_logprobs(tokenizer: LoadedTokenizer, generation: Generation) -> list[t
         (tokenizer.decode([t]), float(lp))
         for t, lp in zip(ids[:end], generation.logprobs, strict=False)
     ]
-
-
-async def write_reply(
-    request: web.Request,
-    proto: WireProtocol,
-    reply: dict[str, Any],
-    stream: bool,
-    body: dict[str, Any],
-) -> web.StreamResponse:
-    """Write the whole response and flush it; raises if the client went away first."""
-    if stream:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        for frame in proto.stream(reply, body):
-            await response.write(frame)
-    else:
-        payload = json.dumps(reply, ensure_ascii=False).encode()
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.content_length = len(payload)
-        await response.prepare(request)
-        await response.write(payload)
-    await response.write_eof()
-    transport = request.transport
-    if transport is None or transport.is_closing():
-        raise ConnectionResetError("client disconnected before the response was flushed")
-    return response

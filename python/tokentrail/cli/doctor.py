@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +30,9 @@ from tokentrail.kinds import Verdict
 FLAGS = ("engine", "tokenizer", "chat_template", "journal", "admin_token", "engine_timeout")
 # A short prompt the engine is asked to continue by one token.
 PROBE = "The capital of France is"
+# How long one check may take: a one-token generation answers in well under this once the
+# engine is up; one that does not answer by then will not answer a harness either.
+CHECK_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -48,7 +52,25 @@ def add_command(sub: Any) -> None:
         description=__doc__,
     )
     settings.add_arguments(doctor, ServeSettings, only=FLAGS)
+    doctor.add_argument(
+        "--check-timeout",
+        type=_seconds,
+        default=CHECK_TIMEOUT_S,
+        metavar="SECONDS",
+        help="time one check may take before it fails (an engine that accepts a connection "
+        f"and never answers) (default: {CHECK_TIMEOUT_S:g} s)",
+    )
     doctor.set_defaults(func=_doctor)
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{raw} is out of range; allowed: more than 0 to 3600")
+    return value
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -61,7 +83,7 @@ def _doctor(args: argparse.Namespace) -> int:
         print(settings.to_toml(resolved), end="")
         return 0
     s = resolved.build(ServeSettings)
-    checks = run_checks(s)
+    checks = run_checks(s, check_timeout_s=args.check_timeout)
     for check in checks:
         print(check.line(), flush=True)
     failed = [c for c in checks if c.verdict is Verdict.FAIL]
@@ -69,8 +91,9 @@ def _doctor(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def run_checks(s: ServeSettings) -> list[Check]:
-    """Every check, in order; a check that needs what an earlier one could not load is a skip."""
+def run_checks(s: ServeSettings, check_timeout_s: float = CHECK_TIMEOUT_S) -> list[Check]:
+    """Every check, in order; a check that needs what an earlier one could not load is a skip.
+    The engine's check fails after `check_timeout_s` without an answer."""
     from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
     checks: list[Check] = []
@@ -87,7 +110,9 @@ def run_checks(s: ServeSettings) -> list[Check]:
         checks.append(Check("engine", Verdict.SKIP, "needs a tokenizer to encode a prompt"))
         checks.append(Check("template", Verdict.SKIP, "needs a tokenizer"))
     else:
-        checks.append(_guard("engine", s.engine, lambda: check_engine(s, tokenizer)))
+        checks.append(
+            _guard("engine", s.engine, lambda: check_engine(s, tokenizer, check_timeout_s))
+        )
         checks.append(
             _guard("template", s.chat_template or s.tokenizer, lambda: check_template(s, tokenizer))
         )
@@ -115,9 +140,10 @@ def _guard(what: str, value: str | None, check: Callable[[], Check]) -> Check:
         return Check(what, Verdict.FAIL, said if named else f"{value}: {said}")
 
 
-def check_engine(s: ServeSettings, tokenizer: Any) -> Check:
+def check_engine(s: ServeSettings, tokenizer: Any, timeout_s: float = CHECK_TIMEOUT_S) -> Check:
     """One short generation through tokentrail's client for the engine: it answers, in the wire
-    format the client reads (ids, one logprob each), with ids inside the vocabulary."""
+    format the client reads (ids, one logprob each), with ids inside the vocabulary, within
+    `timeout_s` (or `--engine-timeout`, if shorter)."""
     import tokentrail.sim  # noqa: F401 - registers the simulated model as an engine
     from tokentrail.engines import GenerateRequest, SamplingParams, create_engine
 
@@ -125,9 +151,11 @@ def check_engine(s: ServeSettings, tokenizer: Any) -> Check:
     prompt = tokenizer.encode(PROBE)
     req = GenerateRequest(prompt, SamplingParams(max_new_tokens=1, temperature=0.0), "doctor")
 
+    limit = min(timeout_s, s.engine_timeout)
+
     async def once() -> Any:
         try:
-            return await engine.generate(req)
+            return await asyncio.wait_for(engine.generate(req), limit)
         finally:
             await engine.close()
 
@@ -136,6 +164,14 @@ def check_engine(s: ServeSettings, tokenizer: Any) -> Check:
         gen = asyncio.run(once())
     except EngineError as exc:
         return Check("engine", Verdict.FAIL, f"{s.engine}: {exc}")
+    except asyncio.TimeoutError:
+        return Check(
+            "engine",
+            Verdict.FAIL,
+            f"{s.engine}: no answer to a one-token generation within {limit:g} s "
+            "(--check-timeout): the engine accepts connections but does not answer (still "
+            "loading, or stuck)",
+        )
     took = time.perf_counter() - start
     outside = [t for t in gen.output_ids if not 0 <= t < tokenizer.vocab_size]
     if outside:
@@ -192,8 +228,13 @@ def check_template(s: ServeSettings, tokenizer: Any) -> Check:
     )
 
 
+# The first bytes of every SQLite database file.
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 def check_journal(journal: str | None) -> Check:
-    """The journal file (or the directory it will be made in) can be written."""
+    """The journal file can be written: a SQLite database (or an empty file) that is a
+    regular file, or a file that can be made in an existing, writable directory."""
     if journal is None:
         return Check("journal", Verdict.WARN, "no --journal: sessions do not survive a restart")
     path = Path(journal)
@@ -202,7 +243,31 @@ def check_journal(journal: str | None) -> Check:
         return Check("journal", Verdict.FAIL, f"--journal {journal}: {target} does not exist")
     if path.is_dir():
         return Check("journal", Verdict.FAIL, f"--journal {journal}: is a directory")
+    if path.exists():
+        problem = _not_a_journal(path)
+        if problem is not None:
+            return Check("journal", Verdict.FAIL, f"--journal {journal}: {problem}")
+    elif not target.is_dir():
+        return Check("journal", Verdict.FAIL, f"--journal {journal}: {target} is not a directory")
     if not os.access(target, os.W_OK):
         return Check("journal", Verdict.FAIL, f"--journal {journal}: {target} is not writable")
     state = "exists; serve recovers from it" if path.exists() else "will be created"
     return Check("journal", Verdict.OK, f"{journal}: writable ({state})")
+
+
+def _not_a_journal(path: Path) -> str | None:
+    """Why an existing `path` cannot hold a journal (None: it can): a device, a pipe or a
+    kernel file (`/proc/self/mem`) is not a regular file that holds what is written to it."""
+    try:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            return "is not a regular file (a journal is a SQLite database file)"
+        with path.open("rb") as f:
+            head = f.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if head == b"" and path.stat().st_size == 0:
+        return None  # an empty file: SQLite makes the database in it
+    if not head.startswith(_SQLITE_HEADER):
+        return "is not a SQLite database (a journal is one; give a new file's path)"
+    return None

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
     from tokentrail.adapter.server import Adapter
 
 _L, _C, _I = Limits(), AdapterConfig(), ImageLimits()
+# Upper ends of the settings' ranges: threads a process can usefully run, and a time no
+# setting needs to exceed (115 days; a larger one is a typo or an overflow waiting).
+MAX_WORKERS = 256
+MAX_SECONDS = 10_000_000
 SERVER, ENGINE, HISTORY = SettingGroup.SERVER, SettingGroup.ENGINE, SettingGroup.HISTORY
 SESSIONS, LIMITS, JOURNAL = SettingGroup.SESSIONS, SettingGroup.LIMITS, SettingGroup.JOURNAL
 REPLAY, STREAMING, LOGGING = SettingGroup.REPLAY, SettingGroup.STREAMING, SettingGroup.LOGGING
@@ -65,7 +69,7 @@ class ServeSettings:
 
     # -- server
     host: str = setting("127.0.0.1", SERVER, "address to listen on")
-    port: int = setting(8300, SERVER, "TCP port to listen on", metavar="PORT")
+    port: int = setting(8300, SERVER, "TCP port to listen on", metavar="PORT", bounds=(0, 65535))
     admin_token: str | None = setting(
         None,
         SERVER,
@@ -81,6 +85,7 @@ class ServeSettings:
         # The machine's: the settings reference is the same wherever it is written.
         default_text="one per core, up to 4",
         into="config",
+        bounds=(0, MAX_WORKERS),
     )
     # -- engine and model
     engine: str = setting(
@@ -113,8 +118,9 @@ class ServeSettings:
         None, ENGINE, "the hot path's implementation", default_text="$TOKENTRAIL_BACKEND, else rust"
     )
     engine_timeout: float = setting(
-        600.0, ENGINE, "time an engine call may take (502 after)", unit="s"
-    )
+        600.0, ENGINE, "time an engine call may take (502 after)", unit="s",
+        bounds=(0.001, MAX_SECONDS),
+    )  # fmt: skip
     engine_concurrency: int = setting(
         _L.engine_concurrency, ENGINE, "engine calls at once; 0: any", into="limits"
     )
@@ -131,6 +137,11 @@ class ServeSettings:
         unit="splices",
         into="config",
     )
+    render_budget: float = setting(
+        _C.render_budget_s, HISTORY, "how long one render of a request's prompt may run (a "
+        "template that loops on some input): a 400 after; 0: no bound", unit="s",
+        into="config.render_budget_s", bounds=(0, MAX_SECONDS),
+    )  # fmt: skip
     request_memo: int = setting(
         _C.request_memo,
         HISTORY,
@@ -218,11 +229,11 @@ class ServeSettings:
     )  # fmt: skip
     session_idle_ttl: float = setting(
         _C.session_idle_ttl_s, SESSIONS, "evict sessions idle this long; 0: never", unit="s",
-        into="config.session_idle_ttl_s",
+        into="config.session_idle_ttl_s", bounds=(0, MAX_SECONDS),
     )  # fmt: skip
     finish_retention: float = setting(
         _C.finish_retention_s, SESSIONS, "how long a finish is kept to answer a repeat", unit="s",
-        into="config.finish_retention_s",
+        into="config.finish_retention_s", bounds=(0, MAX_SECONDS),
     )  # fmt: skip
     exclude_system: list[str] = setting(
         [],
@@ -262,15 +273,15 @@ class ServeSettings:
     )  # fmt: skip
     max_header_bytes: int = setting(
         _L.max_header_bytes, LIMITS, "one request line or header line", unit="bytes",
-        into="limits",
+        into="limits", bounds=(1024, None),
     )  # fmt: skip
     body_timeout: float = setting(
         _L.body_timeout_s, LIMITS, "time for a request body to arrive (408 after)", unit="s",
-        into="limits.body_timeout_s",
+        into="limits.body_timeout_s", bounds=(0, MAX_SECONDS),
     )  # fmt: skip
     idle_connection_timeout: float = setting(
         _L.idle_connection_s, LIMITS, "time a connection may sit without a request", unit="s",
-        into="limits.idle_connection_s",
+        into="limits.idle_connection_s", bounds=(0, MAX_SECONDS),
     )  # fmt: skip
     max_connections: int = setting(
         _L.max_connections, LIMITS, "open connections; 0: what the fd limit allows",
@@ -344,6 +355,7 @@ class ServeSettings:
         "went out for this long, so idle timeouts do not fire",
         unit="s",
         into="config.keepalive_s",
+        bounds=(0.01, MAX_SECONDS),
     )
     # -- logging
     log_level: str | None = setting(
@@ -398,6 +410,8 @@ def _serve(args: argparse.Namespace) -> int:
         s = resolved.build(ServeSettings)
         if s.log_level is not None:
             logging.getLogger().setLevel(s.log_level)
+        # Before the tokenizer loads (seconds): an address it cannot listen on fails now.
+        check_listen(s.host, s.port)
         adapter = build_adapter(s, resolved)
     except SettingError as exc:
         # A setting the operator gave is wrong: name it, no traceback (argparse's own code).
@@ -414,13 +428,44 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger(__name__).info(
         "memory budget: %d MB (--max-memory)", adapter.memory.max_bytes >> 20
     )
-    serve_forever(
-        adapter,
-        s.host,
-        s.port,
-        lambda url: print(f"tokentrail serving on {url}", flush=True),
-    )
+    try:
+        serve_forever(
+            adapter,
+            s.host,
+            s.port,
+            lambda url: print(f"tokentrail serving on {url}", flush=True),
+        )
+    except OSError as exc:  # taken between the check and the start
+        print(f"tokentrail serve: {_listen_error(s.host, s.port, exc)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise `SettingError`, naming `--host` or `--port`, when `host:port` cannot be listened
+    on (a port in use, an address not on this machine)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise SettingError(f"--host {host}: not an address to listen on ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        # As the server binds: a port in TIME_WAIT is free, one another process listens on not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise SettingError(_listen_error(host, port, exc)) from None
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    return (
+        f"--port {port}: cannot listen on {host}:{port} ({reason}); allowed: a free port, "
+        "0 to 65535 (0: any free one)"
+    )
 
 
 def build_adapter(s: ServeSettings, resolved: settings.Resolved) -> Adapter:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import types
 import typing
@@ -51,6 +52,9 @@ class Setting:
     # Where the value goes: "TARGET" or "TARGET.FIELD" (the setting's own name by default),
     # collected by `Resolved.into(TARGET)`; None: the command reads it itself.
     into: str | None = None
+    # A number's allowed range, both ends included (None: open); a number setting without
+    # one takes 0 and up. A float must also be finite.
+    bounds: tuple[float | None, float | None] | None = None
 
 
 def setting(
@@ -65,9 +69,10 @@ def setting(
     secret: bool = False,
     const: Any = None,
     into: str | None = None,
+    bounds: tuple[float | None, float | None] | None = None,
 ) -> Any:
     """A settings field: `default` (a list default is copied per instance) and its `Setting`."""
-    info = Setting(group, help, unit, choices, metavar, default_text, secret, const, into)
+    info = Setting(group, help, unit, choices, metavar, default_text, secret, const, into, bounds)
     meta = {"setting": info}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
@@ -168,11 +173,39 @@ class Field:
             raise SettingError(f"{where}: {raw!r} is not one of {', '.join(_TRUE + _FALSE)}")
         if self.kind in (int, float):
             try:
-                return self.kind(raw)
+                number = self.kind(raw)
             except ValueError:
                 what = "an integer" if self.kind is int else "a number"
                 raise SettingError(f"{where}: {raw!r} is not {what}") from None
+            return self._in_range(number, where)
         return self._check_one(raw, where)
+
+    @property
+    def bounds(self) -> tuple[float | None, float | None]:
+        return self.info.bounds or (0, None)
+
+    def range_text(self) -> str:
+        lo, hi = self.bounds
+        unit = f" {self.info.unit}" if self.info.unit else ""
+        if hi is None:
+            return f"{_plain(lo)}{unit} or more" if lo is not None else "any number"
+        if lo is None:
+            return f"at most {_plain(hi)}{unit}"
+        return f"{_plain(lo)} to {_plain(hi)}{unit}"
+
+    def _in_range(self, value: float, where: str) -> Any:
+        """A number within the setting's range (and finite), else `SettingError` naming the
+        setting, the value and the range."""
+        lo, hi = self.bounds
+        if (
+            not math.isfinite(value)
+            or (lo is not None and value < lo)
+            or (hi is not None and value > hi)
+        ):
+            raise SettingError(
+                f"{where}: {_plain(value)} is out of range; allowed: {self.range_text()}"
+            )
+        return value
 
     def check(self, value: Any, where: str) -> Any:
         """A value as a TOML file (or a parsed string) gives it, checked against the type."""
@@ -195,6 +228,8 @@ class Field:
             raise SettingError(f"{where}: {value!r} is not one of {', '.join(choices)}")
         if issubclass(self.kind, Enum):
             return self.kind(value)
+        if self.kind in (int, float):
+            self._in_range(typing.cast(float, value), where)
         return float(typing.cast(float, value)) if self.kind is float else value
 
 

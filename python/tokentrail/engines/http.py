@@ -54,6 +54,22 @@ def base_url(spec: str, address: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+# Answers past this size are decoded, and read into a `Generation`, in a worker thread: the
+# loop serves every other connection meanwhile.
+OFF_LOOP_BYTES = 256 * 1024
+OFF_LOOP_TOKENS = 4096
+
+
+def _json_of(raw: bytes | bytearray | None) -> Any:
+    return json.loads(raw.decode("utf-8") if raw is not None else "")
+
+
+def parse_off_loop(req: GenerateRequest, lifted: Mapping[str, Any] | None = None) -> bool:
+    """Whether an answer to `req` is read into a `Generation` in a worker: replay rows, or a
+    turn that may be long (a parse walks every token's id and logprob)."""
+    return bool(lifted) or req.sampling.max_new_tokens > OFF_LOOP_TOKENS
+
+
 class HTTPEngine:
     """One `aiohttp.ClientSession` per event loop, JSON in and out, errors as `EngineError`."""
 
@@ -150,7 +166,10 @@ class HTTPEngine:
         if lift and raw is not None:
             raw, lifted = lift_base64(raw)
         try:
-            return json.loads(raw.decode("utf-8") if raw is not None else ""), lifted
+            if raw is not None and len(raw) > OFF_LOOP_BYTES:
+                # A long turn's answer (ids and logprobs) takes a while to decode: off the loop.
+                return await asyncio.to_thread(_json_of, raw), lifted
+            return _json_of(raw), lifted
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise EngineError(f"{self.name} at {url} answered with invalid JSON", status) from None
 

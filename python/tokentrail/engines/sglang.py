@@ -21,7 +21,7 @@ import numpy as np
 from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
-from tokentrail.engines.http import HTTPEngine, base_url
+from tokentrail.engines.http import HTTPEngine, base_url, parse_off_loop
 from tokentrail.engines.registry import register_engine
 from tokentrail.engines.streaming import TokenSink
 from tokentrail.engines.wire_rows import Base64, decode_int32_base64
@@ -133,8 +133,8 @@ class SGLangEngine(HTTPEngine):
             await self._abort_in_background(self.abort(req.request_id))
             raise
         elapsed = time.perf_counter() - start
-        if lifted:
-            # Rows of a long turn take a while to decode: off the event loop.
+        if parse_off_loop(req, lifted):
+            # Rows, or a long turn, take a while to read: off the event loop.
             return await asyncio.to_thread(parse_generate_response, data, req, elapsed, lifted)
         return parse_generate_response(data, req, elapsed, lifted)
 
@@ -160,7 +160,7 @@ class SGLangEngine(HTTPEngine):
             raise
         elapsed = time.perf_counter() - start
         final = capture.final()
-        if req.replay.asks_rows():
+        if req.replay.asks_rows() or parse_off_loop(req):
             return await asyncio.to_thread(parse_generate_response, final, req, elapsed)
         return parse_generate_response(final, req, elapsed)
 

@@ -20,7 +20,7 @@ from tokentrail.compat import cancelling
 from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
-from tokentrail.engines.http import HTTPEngine, base_url
+from tokentrail.engines.http import HTTPEngine, base_url, parse_off_loop
 from tokentrail.engines.registry import register_engine
 from tokentrail.engines.streaming import TokenSink
 from tokentrail.engines.vllm_generate import (
@@ -170,8 +170,8 @@ class VLLMEngine(HTTPEngine):
             self._inflight.pop(req.request_id, None)
             self._aborted.discard(req.request_id)
         elapsed = time.perf_counter() - start
-        if lifted:
-            # Rows of a long turn take a while to decode: off the event loop.
+        if parse_off_loop(req, lifted):
+            # Rows, or a long turn, take a while to read: off the event loop.
             return await asyncio.to_thread(parse_completion_response, data, req, elapsed, lifted)
         return parse_completion_response(data, req, elapsed, lifted)
 

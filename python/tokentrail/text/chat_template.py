@@ -25,6 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from tokentrail.errors import TemplateError
 from tokentrail.kinds import REASONING_FIELDS
+from tokentrail.text.render_budget import within
 
 # What a failed tool result (`is_error`, Anthropic's flag) renders as: this marker before its
 # content. Templates render a tool message's content and nothing else of it, so the marker is
@@ -38,9 +39,12 @@ def render(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = True,
+    *,
+    budget_s: float = 0.0,
     **kwargs: Any,
 ) -> str:
-    """Render `messages` (and `tools`) with a Jinja chat template, as transformers would.
+    """Render `messages` (and `tools`) with a Jinja chat template, as transformers would,
+    within `budget_s` seconds (`text.render_budget`; 0: no budget).
 
     Extra keyword arguments (`enable_thinking`, `eos_token`, ...) are passed to the template.
     """
@@ -48,11 +52,14 @@ def render(
     kwargs.setdefault("documents", None)
     try:
         chat = [_normalize_message(m) for m in messages]
-        return compiled.render(
-            messages=chat,
-            tools=_plain(list(tools)) if tools is not None else None,
-            add_generation_prompt=add_generation_prompt,
-            **_plain(kwargs),
+        return within(
+            budget_s,
+            lambda: compiled.render(
+                messages=chat,
+                tools=_plain(list(tools)) if tools is not None else None,
+                add_generation_prompt=add_generation_prompt,
+                **_plain(kwargs),
+            ),
         )
     except TemplateError:
         raise  # the template's own `raise_exception`, or a message it cannot take
@@ -117,9 +124,11 @@ class ChatTemplate:
     gives the same ones whatever ids the harness used.
     """
 
-    def __init__(self, source: str, call_id: str = "call_{index}") -> None:
+    def __init__(self, source: str, call_id: str = "call_{index}", budget_s: float = 0.0) -> None:
+        """`budget_s`: how long one render may run (`text.render_budget`; 0: no budget)."""
         self.source = source
         self.call_id = call_id
+        self.budget_s = budget_s
         self.needs = template_needs(source)
 
     def render(
@@ -135,7 +144,9 @@ class ChatTemplate:
         numbered from `first_call_index` (the calls before them in the conversation)."""
         if self.needs.arguments_as_text or self.needs.call_ids:
             messages = self.shaped(messages, first_call_index)
-        return render(self.source, messages, tools, add_generation_prompt, **kwargs)
+        return render(
+            self.source, messages, tools, add_generation_prompt, budget_s=self.budget_s, **kwargs
+        )
 
     def shaped(
         self, messages: Sequence[Mapping[str, Any]], first_call_index: int = 0

@@ -1,9 +1,10 @@
 """The viewer's web app: one page (HTML, JS and CSS shipped in the package, nothing fetched
 from the network) and a JSON API over a `SessionSource`.
 
-`tokentrail view PATH` serves it alone on 127.0.0.1; a running adapter mounts the same routes
-at `/tokentrail/ui` behind its admin token (`guard`): the page and its assets hold no data and
-are open, every API route calls the guard first.
+`tokentrail view PATH` serves it alone on 127.0.0.1, behind its own token and Host allow-list
+(`view.access`); a running adapter mounts the same routes at `/tokentrail/ui` behind its admin
+token (`guard`): the page and its assets hold no data and are open, every API route calls the
+guard first. Every response carries the security headers (`view.access.SECURITY_HEADERS`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from tokentrail.errors import NotFound, RequestError, TokentrailError
+from tokentrail.view.access import ViewAccess, with_security_headers
 from tokentrail.view.sources import SessionSource
 
 logger = logging.getLogger(__name__)
@@ -64,21 +66,24 @@ class Viewer:
         raise web.HTTPFound(f"{request.path}/")
 
     async def index(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(body=self._index, content_type="text/html", charset="utf-8")
+        response = web.Response(body=self._index, content_type="text/html", charset="utf-8")
+        return with_security_headers(response)
 
     async def static(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         body = self._assets.get(name)
         if body is None:
             raise NotFound(f"no asset {name!r}")
-        return web.Response(body=body, content_type=_ASSETS[name], charset="utf-8")
+        response = web.Response(body=body, content_type=_ASSETS[name], charset="utf-8")
+        return with_security_headers(response)
 
     async def _json(self, request: web.Request, read: Callable[[], Any]) -> web.StreamResponse:
         if self.guard is not None:
             self.guard(request)
         # Linearizing a session and reading a journal take a while: off the event loop.
         body = await asyncio.to_thread(read)
-        return web.json_response(body, headers={"Cache-Control": "no-store"})
+        response = web.json_response(body, headers={"Cache-Control": "no-store"})
+        return with_security_headers(response)
 
     async def describe(self, request: web.Request) -> web.StreamResponse:
         return await self._json(request, self.source.describe)
@@ -104,23 +109,28 @@ class Viewer:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A named error as `{"error": {"type", "message"}}` with its status."""
+    """A named error as `{"error": {"type", "message"}}` with its status; every response with
+    the security headers."""
     try:
-        return await handler(request)
+        return with_security_headers(await handler(request))
     except TokentrailError as exc:
         body = {"error": {"type": exc.kind, "message": str(exc)}}
-        return web.json_response(body, status=exc.status)
+        return with_security_headers(web.json_response(body, status=exc.status))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         message = f"no route {request.method} {request.path}" if exc.status == 404 else exc.reason
-        return web.json_response(
-            {"error": {"type": "not_found_error", "message": message}}, status=exc.status
+        return with_security_headers(
+            web.json_response(
+                {"error": {"type": "not_found_error", "message": message}}, status=exc.status
+            )
         )
 
 
-def standalone_app(source: SessionSource) -> web.Application:
-    """The viewer alone (`tokentrail view`)."""
-    app = web.Application(middlewares=[_errors])
+def standalone_app(source: SessionSource, access: ViewAccess | None = None) -> web.Application:
+    """The viewer alone (`tokentrail view`), behind `access`: its token and Host allow-list
+    (None: the Host allow-list and no token, for a viewer in a test's own process)."""
+    access = access or ViewAccess(token=None)
+    app = web.Application(middlewares=[_errors, access.middleware])
     app.add_routes(Viewer(source).routes())
     return app

@@ -286,6 +286,14 @@ class ResponsesLive(LiveStream):
     def keepalive(self) -> bytes:
         return self.event("response.in_progress", response=self.head)
 
+    def error(self, status: int, kind: str, message: str) -> bytes:
+        """`response.failed`, as the Responses API ends a stream that failed: the response
+        with status `failed` and its `error` (Codex reports `error.message`; a bare error
+        frame it drops, and says only that the stream closed early)."""
+        code = "server_error" if status >= 500 else kind
+        failed = {**self.head, "status": "failed", "error": {"code": code, "message": message}}
+        return self.event("response.failed", response=failed)
+
     def _at(self) -> dict[str, Any]:
         assert self.key is not None
         return {"item_id": self.item_ids[self.key], "output_index": self.items - 1}
