@@ -26,18 +26,21 @@ The bench does not vendor slime: without `--slime` it says how to get a checkout
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import logging
 import multiprocessing
 import os
-import platform
+import pstats
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from report import Report, machine
 from sessions import (
     RecordedTurn,
     claude_code_tools,
@@ -55,10 +58,16 @@ PROTOCOL = AnthropicMessages()
 def run_tokentrail(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: list) -> dict:
     costs = replay_in_process(tokenizer, turns, replies)
     manager = costs.adapter.manager
+    session = manager._sessions.get("s")  # noqa: SLF001 - put back to time finish again
+
+    def finish() -> Any:
+        manager._sessions["s"] = session  # noqa: SLF001 - finish consumes it; reading it does not
+        return manager.finish("s")
+
     return {
         "times": costs.totals(),
         "after": costs.after,
-        "finish": lambda: manager.finish("s"),
+        "finish": finish,
         "manager": manager,
         "adapter": costs.adapter,
     }
@@ -94,7 +103,11 @@ def run_slime(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: li
         )
         times.append(time.perf_counter() - start)
 
+    tree, count = manager._trees.get("s"), manager._turn_count.get("s")  # noqa: SLF001
+
     def finish() -> Any:
+        # `get_trajectory` consumes the session (it only pops it): put it back to time it again.
+        manager._trees["s"], manager._turn_count["s"] = tree, count  # noqa: SLF001
         return manager.get_trajectory("s", base_sample=SlimeSample())
 
     return {"times": times, "finish": finish, "manager": manager}
@@ -120,24 +133,58 @@ def held_bytes(run: Any, name: str, tokenizer: LoadedTokenizer, turns: list, rep
     return held
 
 
+def finish_profile(finish: Any, times: int) -> list[tuple[str, float, float]]:
+    """Where finish's time goes: the functions taking the most of it by their own time
+    (process CPU, over `times` finishes), as (function, ms per finish, share)."""
+    profile = cProfile.Profile(time.process_time)
+    for _ in range(times):
+        profile.enable()
+        finish()
+        profile.disable()
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    total = sum(row[2] for row in stats.values())
+    rows = []
+    for (path, line, func), (_, _, own, _, _) in stats.items():
+        where = (
+            func if path == "~" else f"{Path(path).parent.name}/{Path(path).name}:{line}({func})"
+        )
+        rows.append((where, own / times * 1e3, own / total if total else 0.0))
+    return sorted(rows, key=lambda r: -r[1])[:12]
+
+
 def measure(
-    name: str, run: Any, tokenizer: LoadedTokenizer, turns: list, replies: list, repeats: int
+    name: str,
+    run: Any,
+    tokenizer: LoadedTokenizer,
+    turns: list,
+    replies: list,
+    repeats: int,
+    finishes: int,
 ) -> dict:
     """Times from `repeats` replays of the session, each figure the median over them (this
-    machine's noise moves one replay's p50 by tens of percent)."""
+    machine's noise moves one replay's p50 by tens of percent). Finish is timed `finishes`
+    times after each replay, the session put back after each, in process CPU time (what a
+    loaded machine's preemptions do not inflate)."""
     runs = []
     for _ in range(repeats):
         result = run(tokenizer, turns, replies)
-        start = time.perf_counter()
-        samples = result["finish"]()
-        finish_ms = (time.perf_counter() - start) * 1e3
+        spent = []
+        for _ in range(finishes):
+            start = time.process_time()
+            samples = result["finish"]()
+            spent.append((time.process_time() - start) * 1e3)
         ms = np.array(result["times"]) * 1e3
         late = ms[len(ms) // 2 :]
-        runs.append((float(np.percentile(late, 50)), float(np.percentile(late, 99)), finish_ms))
+        runs.append(
+            (float(np.percentile(late, 50)), float(np.percentile(late, 99)), min(spent), spent)
+        )
     if name == "tokentrail":
         samples = samples.samples
-    p50, p99, finish = (float(np.median([r[k] for r in runs])) for k in range(3))
+    p50, p99 = (float(np.median([r[k] for r in runs])) for k in range(2))
+    finish = float(np.median([t for r in runs for t in r[3]]))
     return {
+        "finish_min": min(r[2] for r in runs),
+        "profile": finish_profile(result["finish"], finishes) if name == "tokentrail" else [],
         "p50": p50,
         "p99": p99,
         "finish": finish,
@@ -160,6 +207,8 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=128)
     parser.add_argument("--context", type=int, default=65_536)
     parser.add_argument("--repeats", type=int, default=3, help="replays per side (medians)")
+    parser.add_argument("--finishes", type=int, default=20, help="finishes timed per replay")
+    parser.add_argument("--write", action="store_true", help="docs/performance/against_slime.md")
     args = parser.parse_args()
     if not args.slime:
         print(
@@ -175,38 +224,50 @@ def main() -> int:
     turns = record_session(tokenizer, args.turns, args.context)
     replies = parsed_replies(tokenizer, turns)
     # Each side in a process of its own: what one leaves on the heap does not slow the other.
-    slime = _in_child(measure, "slime", run_slime, tokenizer, turns, replies, args.repeats)
-    tt = _in_child(measure, "tokentrail", run_tokentrail, tokenizer, turns, replies, args.repeats)
+    sides = [
+        _in_child(measure, name, run, tokenizer, turns, replies, args.repeats, args.finishes)
+        for name, run in (("slime", run_slime), ("tokentrail", run_tokentrail))
+    ]
+    slime, tt = sides
     _, tools = claude_code_tools()
     last = len(json.loads(turns[-1].body)["messages"])
-    print(
+    out = Report("against_slime")
+    out.line(
         f"{len(turns)} turns, last request {len(turns[-1].body) / 1e3:.0f} KB / {last} messages, "
-        f"tools: {tools}; times over the second half of the session, medians of "
-        f"{args.repeats} replays"
+        f"tools: {tools}; prep: wall time over the second half of the session, medians of "
+        f"{args.repeats} replays; finish: process CPU, median of {args.repeats} x "
+        f"{args.finishes} finishes (slime's `get_trajectory`, tokentrail's `finish`)"
     )
-    print(f"{'':<14}{'slime':>12}{'tokentrail':>12}{'ratio':>9}")
+    out.line(f"{'':<14}{'slime':>12}{'tokentrail':>12}{'ratio':>9}")
     for key, label, unit in (
         ("p50", "prep p50", "ms"),
         ("p99", "prep p99", "ms"),
         ("finish", "finish", "ms"),
+        ("finish_min", "finish min", "ms"),
         ("memory", "memory", "MB"),
     ):
         scale = 1e-6 if unit == "MB" else 1.0
         a, b = slime[key] * scale, tt[key] * scale
-        print(f"{label + ' ' + unit:<14}{a:>12.2f}{b:>12.2f}{a / b:>8.1f}x")
-    print(f"{'samples':<14}{slime['samples']:>12}{tt['samples']:>12}")
+        out.line(f"{label + ' ' + unit:<14}{a:>12.2f}{b:>12.2f}{a / b:>8.1f}x")
+    out.line(f"{'samples':<14}{slime['samples']:>12}{tt['samples']:>12}")
     for side, r in (("slime", slime), ("tokentrail", tt)):
-        print(f"{side} prep p50 per replay: " + ", ".join(f"{v:.2f}" for v in r["p50s"]))
+        out.line(f"{side} prep p50 per replay: " + ", ".join(f"{v:.2f}" for v in r["p50s"]))
     checks = tt["checks"]
     if checks:
-        print(
+        out.line(
             f"tokentrail's splice checks after the reply: {len(checks)} in {len(turns)} turns, "
             f"p50 {np.percentile(checks, 50):.2f} ms, max {max(checks):.2f} ms"
         )
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, "
-        f"{platform.python_implementation()} {platform.python_version()}"
+    out.line()
+    out.line(
+        "where tokentrail's finish goes (cProfile, process CPU, own time per finish; the "
+        "profiler inflates Python calls, not the Rust core's)"
     )
+    for where, ms, share in tt["profile"]:
+        out.line(f"  {ms:>7.3f} ms {share:>6.1%}  {where}")
+    out.line(f"machine: {machine()}")
+    if args.write:
+        out.write("tokentrail next to slime's agent pipeline")
     return 0
 
 
