@@ -84,6 +84,25 @@ class _Writer:
     first: int  # the global seq of its first event
     bases: Bases = field(default_factory=Bases)
     tools: str | None = None  # hash of its last turn's tool list
+    # Its last turn's messages and tool list as the objects it was given, with the messages'
+    # digests: a harness resends the conversation every turn and the adapter's request memo
+    # hands back the very objects of what is unchanged, so only what follows them is digested
+    # and an unchanged tool list is not serialized again.
+    seen: Sequence[Message] = ()
+    seen_digests: list[Any] = field(default_factory=list)
+    seen_tools: object = None
+
+    def digests(self, messages: Sequence[Message]) -> list[Any]:
+        """Each message's `digest`, computed only past the leading run of the last turn's
+        objects."""
+        seen, n = self.seen, 0
+        for mine, theirs in zip(seen, messages, strict=False):
+            if mine is not theirs:
+                break
+            n += 1
+        digests = self.seen_digests[:n]
+        digests.extend(digest(m) for m in messages[n:])
+        return digests
 
 
 class Journal:
@@ -332,7 +351,7 @@ class Journal:
         output = np.asarray(output_ids, dtype=np.uint32)
         lps = np.asarray(logprobs, np.float32) if logprobs is not None and len(logprobs) else None
         tbase, prefix, shared = writer.bases.token_base(prompt)
-        digests = [digest(m) for m in translated]
+        digests = writer.digests(translated)
         mbase, keep = writer.bases.message_base(digests)
         ref, blob = _tools_ref(self._tool_lists, writer, tools)
         stored, images = self._images.split(metadata)  # Their bytes go into `images`, once.
@@ -366,6 +385,7 @@ class Journal:
             raise
         writer.bases.add(Base(n, np.concatenate([prompt, output]), digests), shared)
         writer.tools = ref
+        writer.seen, writer.seen_digests, writer.seen_tools = tuple(translated), digests, tools
         return n
 
     def _forget(self, sid: str) -> None:
@@ -386,6 +406,8 @@ def _tools_ref(
     as bytes, key order included: a template renders the schemas in their order)."""
     if tools is None:
         return None, None
+    if tools is writer.seen_tools and writer.tools is not None:
+        return writer.tools, None
     data = tools_bytes(tools)
     if writer.tools is not None and tool_lists.get(writer.tools) == data:
         return writer.tools, None
