@@ -60,14 +60,14 @@ def run_tokentrail(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replie
     manager = costs.adapter.manager
     session = manager._sessions.get("s")  # noqa: SLF001 - put back to time finish again
 
-    def finish() -> Any:
+    def prime() -> None:
         manager._sessions["s"] = session  # noqa: SLF001 - finish consumes it; reading it does not
-        return manager.finish("s")
 
     return {
         "times": costs.totals(),
         "after": costs.after,
-        "finish": finish,
+        "prime": prime,
+        "finish": lambda: manager.finish("s"),
         "manager": manager,
         "adapter": costs.adapter,
     }
@@ -104,13 +104,19 @@ def run_slime(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: li
         times.append(time.perf_counter() - start)
 
     tree, count = manager._trees.get("s"), manager._turn_count.get("s")  # noqa: SLF001
+    nodes = {id(n): n for leaf in tree.leaves() for n in leaf.path_from_root()} if tree else {}
+
+    def prime() -> None:
+        # `get_trajectory` consumes the session (it pops it and marks each turn trained): put
+        # it back as it was to time it again.
+        manager._trees["s"], manager._turn_count["s"] = tree, count  # noqa: SLF001
+        for node in nodes.values():
+            node.response_trained = False
 
     def finish() -> Any:
-        # `get_trajectory` consumes the session (it only pops it): put it back to time it again.
-        manager._trees["s"], manager._turn_count["s"] = tree, count  # noqa: SLF001
         return manager.get_trajectory("s", base_sample=SlimeSample())
 
-    return {"times": times, "finish": finish, "manager": manager}
+    return {"times": times, "prime": prime, "finish": finish, "manager": manager}
 
 
 def _traced(run: Any, tokenizer: LoadedTokenizer, turns: list, replies: list) -> tuple[int, Any]:
@@ -133,23 +139,88 @@ def held_bytes(run: Any, name: str, tokenizer: LoadedTokenizer, turns: list, rep
     return held
 
 
-def finish_profile(finish: Any, times: int) -> list[tuple[str, float, float]]:
-    """Where finish's time goes: the functions taking the most of it by their own time
-    (process CPU, over `times` finishes), as (function, ms per finish, share)."""
+def finish_profile(prime: Any, finish: Any, times: int) -> list[tuple[str, float]]:
+    """The functions taking the most of finish by their own time under cProfile (process CPU,
+    over `times` finishes), as (function, share). The profiler's cost per call inflates the
+    Python functions' shares against the Rust core's."""
     profile = cProfile.Profile(time.process_time)
     for _ in range(times):
+        prime()
         profile.enable()
         finish()
         profile.disable()
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-    total = sum(row[2] for row in stats.values())
+    total = sum(row[2] for row in stats.values()) or 1.0
     rows = []
     for (path, line, func), (_, _, own, _, _) in stats.items():
         where = (
             func if path == "~" else f"{Path(path).parent.name}/{Path(path).name}:{line}({func})"
         )
-        rows.append((where, own / times * 1e3, own / total if total else 0.0))
-    return sorted(rows, key=lambda r: -r[1])[:12]
+        rows.append((where, own / total))
+    return sorted(rows, key=lambda r: -r[1])[:10]
+
+
+class _TimedStore:
+    """A session's store whose `linearize` (the Rust core's) is timed."""
+
+    def __init__(self, store: Any, spent: dict[str, float]) -> None:
+        self._store, self._spent = store, spent
+
+    def linearize(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        try:
+            return self._store.linearize(*args, **kwargs)
+        finally:
+            self._spent["store.linearize (Rust)"] += time.process_time() - start
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def finish_phases(manager: Any, prime: Any, finish: Any, times: int) -> list[tuple[str, float]]:
+    """Process CPU per finish of each stage of tokentrail's linearization, timed without a
+    profiler (each stage wrapped where `linearize_session` calls it), and the rest."""
+    from tokentrail.trajectory import linearize
+
+    phases = ["build_ledger", "_sample", "tree_stats", "replay_rows", "subagent_prompts", "_chains"]
+    spent = dict.fromkeys(["store.linearize (Rust)", *phases], 0.0)
+    originals = {name: getattr(linearize, name) for name in phases}
+
+    def timed(name: str) -> Any:
+        fn = originals[name]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.process_time() - start
+
+        return run
+
+    total = 0.0
+    try:
+        for name in phases:
+            setattr(linearize, name, timed(name))
+        for _ in range(times):
+            prime()
+            session = manager._sessions["s"]  # noqa: SLF001 - timing its store's linearize
+            store = session.store
+            session.store = _TimedStore(store, spent)
+            start = time.process_time()
+            try:
+                finish()
+            finally:
+                total += time.process_time() - start
+                session.store = store
+    finally:
+        for name, fn in originals.items():
+            setattr(linearize, name, fn)
+    rows = [(name, t / times * 1e3) for name, t in spent.items()]
+    rows.append(
+        ("the rest (walk, tags, drifts, placements)", (total - sum(spent.values())) / times * 1e3)
+    )
+    return rows
 
 
 def measure(
@@ -170,6 +241,7 @@ def measure(
         result = run(tokenizer, turns, replies)
         spent = []
         for _ in range(finishes):
+            result["prime"]()
             start = time.process_time()
             samples = result["finish"]()
             spent.append((time.process_time() - start) * 1e3)
@@ -184,7 +256,12 @@ def measure(
     finish = float(np.median([t for r in runs for t in r[3]]))
     return {
         "finish_min": min(r[2] for r in runs),
-        "profile": finish_profile(result["finish"], finishes) if name == "tokentrail" else [],
+        "profile": finish_profile(result["prime"], result["finish"], finishes)
+        if name == "tokentrail"
+        else [],
+        "phases": finish_phases(result["manager"], result["prime"], result["finish"], finishes)
+        if name == "tokentrail"
+        else [],
         "p50": p50,
         "p99": p99,
         "finish": finish,
@@ -259,12 +336,15 @@ def main() -> int:
             f"p50 {np.percentile(checks, 50):.2f} ms, max {max(checks):.2f} ms"
         )
     out.line()
+    out.line("where tokentrail's finish goes: process CPU per finish, by stage (no profiler)")
+    for where, ms in tt["phases"]:
+        out.line(f"  {ms:>7.3f} ms {ms / tt['finish']:>6.1%}  {where}")
     out.line(
-        "where tokentrail's finish goes (cProfile, process CPU, own time per finish; the "
-        "profiler inflates Python calls, not the Rust core's)"
+        "and by function, own time under cProfile (shares of the profiled time; the profiler "
+        "inflates Python calls against the Rust core)"
     )
-    for where, ms, share in tt["profile"]:
-        out.line(f"  {ms:>7.3f} ms {share:>6.1%}  {where}")
+    for where, share in tt["profile"]:
+        out.line(f"  {share:>6.1%}  {where}")
     out.line(f"machine: {machine()}")
     if args.write:
         out.write("tokentrail next to slime's agent pipeline")

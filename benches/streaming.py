@@ -193,13 +193,13 @@ class Stages:
 
         original_events = engines_http.sse_events
 
-        async def events(resp: Any, limit: int) -> AsyncIterator[bytes]:
+        async def events(resp: Any, limit: int) -> AsyncIterator[list[bytes]]:
             first = True
-            async for event in original_events(resp, limit):
+            async for run in original_events(resp, limit):
                 if first:
                     stages.first_event.append(time.perf_counter())
                     first = False
-                yield event
+                yield run
 
         def on_gc(phase: str, info: dict[str, int]) -> None:
             if phase == "start":
@@ -316,11 +316,13 @@ def main() -> None:
     parser.add_argument("--lengths", default="500,2000")
     parser.add_argument("--first-tokens", type=int, default=64)
     parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--cpu-only", action="store_true", help="only the CPU table")
     args = parser.parse_args()
 
     # The stand-in and the client (the harness) in this process's loop, as measured before;
     # then each in a process of its own, as a real engine and harness are.
-    for own_process, own_client in ((False, False), (True, False), (True, True)):
+    placements = () if args.cpu_only else ((False, False), (True, False), (True, True))
+    for own_process, own_client in placements:
         rows = first_byte(args.turns, own_process, own_client, args.first_tokens, args.token_delay)
         where = (
             f"stand-in in {'its own process' if own_process else 'this loop'}, "
