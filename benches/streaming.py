@@ -33,8 +33,6 @@ import asyncio
 import contextlib
 import gc
 import multiprocessing
-import os
-import platform
 import statistics
 import sys
 import time
@@ -46,6 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import aiohttp  # noqa: E402
+from report import Report, machine  # noqa: E402
 
 import tokentrail.adapter.turns as turns_module  # noqa: E402
 import tokentrail.engines.http as engines_http  # noqa: E402
@@ -317,6 +316,7 @@ def main() -> None:
     parser.add_argument("--first-tokens", type=int, default=64)
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--cpu-only", action="store_true", help="only the CPU table")
+    parser.add_argument("--write", action="store_true", help="docs/performance/streaming.md")
     args = parser.parse_args()
 
     # The stand-in and the client (the harness) in this process's loop, as measured before;
@@ -342,9 +342,13 @@ def main() -> None:
         cpu = rows["sink CPU per call"][0]
         print(f"| LiveReply.sink CPU per call (decode, parse, delta) | {cpu:.3f} | | |")
         print()
-    print("CPU per turn, adapter and client (ms), streamed as sampled vs generated whole")
-    print("| tokens | SGLang stream | whole | streamed | streamed / whole |")
-    print("|---:|---|---:|---:|---:|")
+    out = Report("streaming")
+    out.line(
+        f"CPU per turn, adapter and client (ms, process CPU over {args.cpu_turns} turns), "
+        "streamed as sampled vs generated whole"
+    )
+    out.line("| tokens | SGLang stream | whole | streamed | streamed / whole |")
+    out.line("|---:|---|---:|---:|---:|")
     for n in (int(x) for x in args.lengths.split(",")):
         ids = reply_ids(n)
         for incremental in (False, True):
@@ -352,12 +356,13 @@ def main() -> None:
                 _, whole = asyncio.run(run_turns(url, False, args.cpu_turns))
                 _, live = asyncio.run(run_turns(url, True, args.cpu_turns))
             mode = "incremental" if incremental else "cumulative (default)"
-            print(f"| {n} | {mode} | {whole * 1000:.1f} | {live * 1000:.1f} | {live / whole:.2f} |")
-    print()
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, load average "
-        f"{os.getloadavg()[0]:.1f}, {platform.python_implementation()} {platform.python_version()}"
-    )
+            out.line(
+                f"| {n} | {mode} | {whole * 1000:.1f} | {live * 1000:.1f} | {live / whole:.2f} |"
+            )
+    out.line()
+    out.line(f"machine: {machine()}")
+    if args.write:
+        out.write("Streaming a turn as it is sampled: CPU")
 
 
 if __name__ == "__main__":
