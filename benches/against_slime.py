@@ -235,7 +235,11 @@ def measure(
     """Times from `repeats` replays of the session, each figure the median over them (this
     machine's noise moves one replay's p50 by tens of percent). Finish is timed `finishes`
     times after each replay, the session put back after each, in process CPU time (what a
-    loaded machine's preemptions do not inflate)."""
+    loaded machine's preemptions do not inflate). What the process holds before the first
+    replay (the tokenizer, the recorded session, imported modules) is frozen out of the
+    garbage collector's scans, as `tokentrail serve` freezes its startup heap."""
+    gc.collect()
+    gc.freeze()
     runs = []
     for _ in range(repeats):
         result = run(tokenizer, turns, replies)
