@@ -26,18 +26,21 @@ The bench does not vendor slime: without `--slime` it says how to get a checkout
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import logging
 import multiprocessing
 import os
-import platform
+import pstats
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from report import Report, machine
 from sessions import (
     RecordedTurn,
     claude_code_tools,
@@ -55,9 +58,15 @@ PROTOCOL = AnthropicMessages()
 def run_tokentrail(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: list) -> dict:
     costs = replay_in_process(tokenizer, turns, replies)
     manager = costs.adapter.manager
+    session = manager._sessions.get("s")  # noqa: SLF001 - put back to time finish again
+
+    def prime() -> None:
+        manager._sessions["s"] = session  # noqa: SLF001 - finish consumes it; reading it does not
+
     return {
         "times": costs.totals(),
         "after": costs.after,
+        "prime": prime,
         "finish": lambda: manager.finish("s"),
         "manager": manager,
         "adapter": costs.adapter,
@@ -94,10 +103,20 @@ def run_slime(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: li
         )
         times.append(time.perf_counter() - start)
 
+    tree, count = manager._trees.get("s"), manager._turn_count.get("s")  # noqa: SLF001
+    nodes = {id(n): n for leaf in tree.leaves() for n in leaf.path_from_root()} if tree else {}
+
+    def prime() -> None:
+        # `get_trajectory` consumes the session (it pops it and marks each turn trained): put
+        # it back as it was to time it again.
+        manager._trees["s"], manager._turn_count["s"] = tree, count  # noqa: SLF001
+        for node in nodes.values():
+            node.response_trained = False
+
     def finish() -> Any:
         return manager.get_trajectory("s", base_sample=SlimeSample())
 
-    return {"times": times, "finish": finish, "manager": manager}
+    return {"times": times, "prime": prime, "finish": finish, "manager": manager}
 
 
 def _traced(run: Any, tokenizer: LoadedTokenizer, turns: list, replies: list) -> tuple[int, Any]:
@@ -120,24 +139,133 @@ def held_bytes(run: Any, name: str, tokenizer: LoadedTokenizer, turns: list, rep
     return held
 
 
+def finish_profile(prime: Any, finish: Any, times: int) -> list[tuple[str, float]]:
+    """The functions taking the most of finish by their own time under cProfile (process CPU,
+    over `times` finishes), as (function, share). The profiler's cost per call inflates the
+    Python functions' shares against the Rust core's."""
+    profile = cProfile.Profile(time.process_time)
+    for _ in range(times):
+        prime()
+        profile.enable()
+        finish()
+        profile.disable()
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    total = sum(row[2] for row in stats.values()) or 1.0
+    rows = []
+    for (path, line, func), (_, _, own, _, _) in stats.items():
+        where = (
+            func if path == "~" else f"{Path(path).parent.name}/{Path(path).name}:{line}({func})"
+        )
+        rows.append((where, own / total))
+    return sorted(rows, key=lambda r: -r[1])[:10]
+
+
+class _TimedStore:
+    """A session's store whose `linearize` (the Rust core's) is timed."""
+
+    def __init__(self, store: Any, spent: dict[str, float]) -> None:
+        self._store, self._spent = store, spent
+
+    def linearize(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        try:
+            return self._store.linearize(*args, **kwargs)
+        finally:
+            self._spent["store.linearize (Rust)"] += time.process_time() - start
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def finish_phases(manager: Any, prime: Any, finish: Any, times: int) -> list[tuple[str, float]]:
+    """Process CPU per finish of each stage of tokentrail's linearization, timed without a
+    profiler (each stage wrapped where `linearize_session` calls it), and the rest."""
+    from tokentrail.trajectory import linearize
+
+    phases = ["build_ledger", "_sample", "tree_stats", "replay_rows", "subagent_prompts", "_chains"]
+    spent = dict.fromkeys(["store.linearize (Rust)", *phases], 0.0)
+    originals = {name: getattr(linearize, name) for name in phases}
+
+    def timed(name: str) -> Any:
+        fn = originals[name]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.process_time() - start
+
+        return run
+
+    total = 0.0
+    try:
+        for name in phases:
+            setattr(linearize, name, timed(name))
+        for _ in range(times):
+            prime()
+            session = manager._sessions["s"]  # noqa: SLF001 - timing its store's linearize
+            store = session.store
+            session.store = _TimedStore(store, spent)
+            start = time.process_time()
+            try:
+                finish()
+            finally:
+                total += time.process_time() - start
+                session.store = store
+    finally:
+        for name, fn in originals.items():
+            setattr(linearize, name, fn)
+    rows = [(name, t / times * 1e3) for name, t in spent.items()]
+    rows.append(
+        ("the rest (walk, tags, drifts, placements)", (total - sum(spent.values())) / times * 1e3)
+    )
+    return rows
+
+
 def measure(
-    name: str, run: Any, tokenizer: LoadedTokenizer, turns: list, replies: list, repeats: int
+    name: str,
+    run: Any,
+    tokenizer: LoadedTokenizer,
+    turns: list,
+    replies: list,
+    repeats: int,
+    finishes: int,
 ) -> dict:
     """Times from `repeats` replays of the session, each figure the median over them (this
-    machine's noise moves one replay's p50 by tens of percent)."""
+    machine's noise moves one replay's p50 by tens of percent). Finish is timed `finishes`
+    times after each replay, the session put back after each, in process CPU time (what a
+    loaded machine's preemptions do not inflate). What the process holds before the first
+    replay (the tokenizer, the recorded session, imported modules) is frozen out of the
+    garbage collector's scans, as `tokentrail serve` freezes its startup heap."""
+    gc.collect()
+    gc.freeze()
     runs = []
     for _ in range(repeats):
         result = run(tokenizer, turns, replies)
-        start = time.perf_counter()
-        samples = result["finish"]()
-        finish_ms = (time.perf_counter() - start) * 1e3
+        spent = []
+        for _ in range(finishes):
+            result["prime"]()
+            start = time.process_time()
+            samples = result["finish"]()
+            spent.append((time.process_time() - start) * 1e3)
         ms = np.array(result["times"]) * 1e3
         late = ms[len(ms) // 2 :]
-        runs.append((float(np.percentile(late, 50)), float(np.percentile(late, 99)), finish_ms))
+        runs.append(
+            (float(np.percentile(late, 50)), float(np.percentile(late, 99)), min(spent), spent)
+        )
     if name == "tokentrail":
         samples = samples.samples
-    p50, p99, finish = (float(np.median([r[k] for r in runs])) for k in range(3))
+    p50, p99 = (float(np.median([r[k] for r in runs])) for k in range(2))
+    finish = float(np.median([t for r in runs for t in r[3]]))
     return {
+        "finish_min": min(r[2] for r in runs),
+        "profile": finish_profile(result["prime"], result["finish"], finishes)
+        if name == "tokentrail"
+        else [],
+        "phases": finish_phases(result["manager"], result["prime"], result["finish"], finishes)
+        if name == "tokentrail"
+        else [],
         "p50": p50,
         "p99": p99,
         "finish": finish,
@@ -160,6 +288,8 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=128)
     parser.add_argument("--context", type=int, default=65_536)
     parser.add_argument("--repeats", type=int, default=3, help="replays per side (medians)")
+    parser.add_argument("--finishes", type=int, default=20, help="finishes timed per replay")
+    parser.add_argument("--write", action="store_true", help="docs/performance/against_slime.md")
     args = parser.parse_args()
     if not args.slime:
         print(
@@ -175,38 +305,53 @@ def main() -> int:
     turns = record_session(tokenizer, args.turns, args.context)
     replies = parsed_replies(tokenizer, turns)
     # Each side in a process of its own: what one leaves on the heap does not slow the other.
-    slime = _in_child(measure, "slime", run_slime, tokenizer, turns, replies, args.repeats)
-    tt = _in_child(measure, "tokentrail", run_tokentrail, tokenizer, turns, replies, args.repeats)
+    sides = [
+        _in_child(measure, name, run, tokenizer, turns, replies, args.repeats, args.finishes)
+        for name, run in (("slime", run_slime), ("tokentrail", run_tokentrail))
+    ]
+    slime, tt = sides
     _, tools = claude_code_tools()
     last = len(json.loads(turns[-1].body)["messages"])
-    print(
+    out = Report("against_slime")
+    out.line(
         f"{len(turns)} turns, last request {len(turns[-1].body) / 1e3:.0f} KB / {last} messages, "
-        f"tools: {tools}; times over the second half of the session, medians of "
-        f"{args.repeats} replays"
+        f"tools: {tools}; prep: wall time over the second half of the session, medians of "
+        f"{args.repeats} replays; finish: process CPU, median of {args.repeats} x "
+        f"{args.finishes} finishes (slime's `get_trajectory`, tokentrail's `finish`)"
     )
-    print(f"{'':<14}{'slime':>12}{'tokentrail':>12}{'ratio':>9}")
+    out.line(f"{'':<14}{'slime':>12}{'tokentrail':>12}{'ratio':>9}")
     for key, label, unit in (
         ("p50", "prep p50", "ms"),
         ("p99", "prep p99", "ms"),
         ("finish", "finish", "ms"),
+        ("finish_min", "finish min", "ms"),
         ("memory", "memory", "MB"),
     ):
         scale = 1e-6 if unit == "MB" else 1.0
         a, b = slime[key] * scale, tt[key] * scale
-        print(f"{label + ' ' + unit:<14}{a:>12.2f}{b:>12.2f}{a / b:>8.1f}x")
-    print(f"{'samples':<14}{slime['samples']:>12}{tt['samples']:>12}")
+        out.line(f"{label + ' ' + unit:<14}{a:>12.2f}{b:>12.2f}{a / b:>8.1f}x")
+    out.line(f"{'samples':<14}{slime['samples']:>12}{tt['samples']:>12}")
     for side, r in (("slime", slime), ("tokentrail", tt)):
-        print(f"{side} prep p50 per replay: " + ", ".join(f"{v:.2f}" for v in r["p50s"]))
+        out.line(f"{side} prep p50 per replay: " + ", ".join(f"{v:.2f}" for v in r["p50s"]))
     checks = tt["checks"]
     if checks:
-        print(
+        out.line(
             f"tokentrail's splice checks after the reply: {len(checks)} in {len(turns)} turns, "
             f"p50 {np.percentile(checks, 50):.2f} ms, max {max(checks):.2f} ms"
         )
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, "
-        f"{platform.python_implementation()} {platform.python_version()}"
+    out.line()
+    out.line("where tokentrail's finish goes: process CPU per finish, by stage (no profiler)")
+    for where, ms in tt["phases"]:
+        out.line(f"  {ms:>7.3f} ms {ms / tt['finish']:>6.1%}  {where}")
+    out.line(
+        "and by function, own time under cProfile (shares of the profiled time; the profiler "
+        "inflates Python calls against the Rust core)"
     )
+    for where, share in tt["profile"]:
+        out.line(f"  {share:>6.1%}  {where}")
+    out.line(f"machine: {machine()}")
+    if args.write:
+        out.write("tokentrail next to slime's agent pipeline")
     return 0
 
 

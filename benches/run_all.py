@@ -39,6 +39,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("checkpoint_kills.py", ["--sessions", "2", "--turns", "12", "--kills", "4"]),
     ("adapter_load.py", ["--sessions", "2", "--turns", "8"]),
     ("session_scaling.py", ["--quick"]),
+    ("journal_cost.py", ["--turns", "8", "--contexts", "8192", "--repeats", "1"]),
     ("turn_cost.py", ["--contexts", "4096,8192"]),
     ("against_slime.py", []),
     ("encode_speed.py", ["--vocabularies", "qwen3", "--full-tokens", "4000", "--repeats", "20"]),

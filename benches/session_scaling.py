@@ -1,17 +1,18 @@
-"""Per-turn prompt preparation, finish time and session memory: tokentrail vs the reference path.
+"""Per-turn prompt preparation against a full render and encode; finish time and session memory.
 
 Simulated coding sessions (32 and 128 turns; 16K, 64K and 128K-token final contexts; Qwen3
 vocabulary) are recorded once through the adapter into a journal, then every turn is prepared
 again in one process by both paths, on the same sessions:
 
-- reference: restore, jinja render, full `tokenizers` encode of the prompt, each turn's ids
-  kept as Python lists, and a finish that merges turns by comparing list slices in C (a turn
-  whose prompt starts with the sample so far extends it), as slime's `get_trajectory` does;
+- reference: restore, jinja render and a full `tokenizers` encode of every prompt;
 - tokentrail: restore, render, splice (only the new messages are tokenized, incrementally when a
   turn falls back to a full render), the Rust store and builder.
 
-Memory is what a finished-to-be session holds: Python allocations (tracemalloc) plus the Rust
-store's buffers, against the budget 2 x unique tokens x 9 bytes.
+Finish, samples and memory are tokentrail's alone: the comparison of finish and memory with
+slime's own `TrajectoryManager` (which gives one sample per conversation, as tokentrail does)
+is `benches/against_slime.py`. Memory is what a finished-to-be session holds: Python
+allocations (tracemalloc) plus the Rust store's buffers, against the budget
+2 x unique tokens x 9 bytes.
 
     python benches/session_scaling.py [--quick]
 """
@@ -22,8 +23,6 @@ import argparse
 import asyncio
 import gc
 import logging
-import os
-import platform
 import tempfile
 import time
 import tracemalloc
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from report import Report, machine
 
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.messages import Conversation
@@ -70,39 +70,10 @@ def record_session(tokenizer: LoadedTokenizer, turns: int, context: int) -> list
         return read_journal(path).served_turns()
 
 
-class SliceSessions:
-    """The reference's record and finish: token lists per turn, merged by slice compares."""
-
-    def __init__(self) -> None:
-        self.turns: dict[str, list[tuple[list[int], list[int]]]] = {}
-
-    def record(self, sid: str, prompt_ids: list[int], output_ids: list[int]) -> None:
-        self.turns.setdefault(sid, []).append((list(prompt_ids), list(output_ids)))
-
-    def finish(self, sid: str) -> list[tuple[list[int], list[int]]]:
-        """Samples as (tokens, loss mask): a turn extends the current sample when its prompt
-        starts with it, else starts a new one."""
-        samples: list[tuple[list[int], list[int]]] = []
-        tokens: list[int] = []
-        mask: list[int] = []
-        for prompt, output in self.turns.pop(sid, []):
-            if not tokens or prompt[: len(tokens)] != tokens:
-                if tokens:
-                    samples.append((tokens, mask))
-                tokens, mask = [], []
-            new = prompt[len(tokens) :]
-            tokens = tokens + new + output
-            mask = mask + [0] * len(new) + [1] * len(output)
-        if tokens:
-            samples.append((tokens, mask))
-        return samples
-
-
 def _build(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) -> tuple[Any, list]:
-    """Prepare and record every turn as the path would; return what holds the session (the
-    manager, or the reference's token lists) and the turn times."""
+    """Prepare every turn as the path would (tokentrail also records it); return the manager
+    and the turn times."""
     manager = TrajectoryManager()
-    reference = SliceSessions()
     # tokentrail: the adapter's own pipeline (restore, splice or incremental render, record).
     pipeline = TurnPipeline(manager, tokenizer)
     times = []
@@ -115,19 +86,22 @@ def _build(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) ->
         else:
             # The reference: restore, jinja render and a full encode of every prompt.
             restored = pipeline.restored(turn.sid, conversation)
-            ids = tokenizer.encode(pipeline.render(restored.render, turn.tools))
-            reference.record(turn.sid, ids, list(turn.output_ids))
+            tokenizer.encode(pipeline.render(restored.render, turn.tools))
         times.append(time.perf_counter() - start)
-    return (manager if name == "tokentrail" else reference), times
+    return manager, times
 
 
 def run_path(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) -> dict[str, float]:
     sid = turns[0].sid
     manager, times = _build(name, tokenizer, turns)
+    ms = np.array(times) * 1e3
+    out = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
+    if name != "tokentrail":
+        return out
     start = time.perf_counter()
-    finished = manager.finish(sid)
-    finish = time.perf_counter() - start
-    samples = finished.samples if name == "tokentrail" else finished
+    samples = manager.finish(sid).samples
+    out["finish_ms"] = (time.perf_counter() - start) * 1e3
+    out["samples"] = len(samples)
     # Memory in a second pass: tracemalloc slows allocation, so it stays out of the timings.
     gc.collect()
     tracemalloc.start()
@@ -136,18 +110,9 @@ def run_path(name: str, tokenizer: LoadedTokenizer, turns: list[JournaledTurn]) 
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - baseline
     tracemalloc.stop()
-    rust_bytes = 0
-    if name == "tokentrail":
-        store = manager._sessions[sid].store  # noqa: SLF001 - measuring what it holds
-        rust_bytes = store.heap_bytes()
-    ms = np.array(times) * 1e3
-    return {
-        "p50": float(np.percentile(ms, 50)),
-        "p99": float(np.percentile(ms, 99)),
-        "finish_ms": finish * 1e3,
-        "memory": held + rust_bytes,
-        "samples": len(samples),
-    }
+    store = manager._sessions[sid].store  # noqa: SLF001 - measuring what it holds
+    out["memory"] = held + store.heap_bytes()
+    return out
 
 
 def unique_tokens(turns: list[JournaledTurn]) -> int:
@@ -160,45 +125,39 @@ def unique_tokens(turns: list[JournaledTurn]) -> int:
     return sum(len(t) for t in store._tail) + sum(len(o) for o in store._output)  # noqa: SLF001
 
 
-def main(quick: bool) -> None:
+def main(quick: bool, write: bool) -> None:
     logging.getLogger("tokentrail").setLevel(logging.ERROR)
+    out = Report("session_scaling")
     tokenizer = load_tokenizer()
     grid = GRID[:2] if quick else GRID
-    print("session scaling: per-turn prompt preparation (restore, render, tokenize, record),")
-    print(
-        "finish (linearize), session memory; reference = full encode, token lists, "
-        "slice-compare finish (slime's get_trajectory)"
-    )
+    out.line("session scaling: per-turn prompt preparation (restore, render, tokenize, record)")
+    out.line("reference = jinja render and a full encode of every prompt; finish, memory and")
+    out.line("samples are tokentrail's (against slime's own manager: benches/against_slime.py)")
     head = (
-        f"{'turns':>5} {'context':>8} {'path':<11}{'prep p50 ms':>12}{'p99 ms':>9}"
-        f"{'finish ms':>11}{'memory MB':>11}{'budget MB':>11}{'samples':>8}"
+        f"{'turns':>5} {'context':>8}{'ref p50':>9}{'tt p50':>8}{'ratio':>7}{'ref p99':>9}"
+        f"{'tt p99':>8}{'ratio':>7}{'finish ms':>10}{'memory MB':>10}{'budget MB':>10}"
+        f"{'samples':>8}"
     )
-    print(head)
+    out.line(head)
     for n_turns, context in grid:
         turns = record_session(tokenizer, n_turns, context)
         final = len(turns[-1].prompt_ids) + len(turns[-1].output_ids)
         budget = 2 * unique_tokens(turns) * 9
-        rows = {name: run_path(name, tokenizer, turns) for name in ("reference", "tokentrail")}
-        for name, r in rows.items():
-            print(
-                f"{len(turns):>5} {final:>8} {name:<11}{r['p50']:>12.2f}{r['p99']:>9.2f}"
-                f"{r['finish_ms']:>11.1f}{r['memory'] / 1e6:>11.2f}{budget / 1e6:>11.2f}"
-                f"{r['samples']:>8}"
-            )
-        ref, tt = rows["reference"], rows["tokentrail"]
-        print(
-            f"{'':>5} {'':>8} {'ratio':<11}{ref['p50'] / tt['p50']:>11.1f}x"
-            f"{ref['p99'] / tt['p99']:>8.1f}x{ref['finish_ms'] / tt['finish_ms']:>10.1f}x"
-            f"{ref['memory'] / tt['memory']:>10.1f}x"
+        ref, tt = (run_path(name, tokenizer, turns) for name in ("reference", "tokentrail"))
+        out.line(
+            f"{len(turns):>5} {final:>8}{ref['p50']:>9.2f}{tt['p50']:>8.2f}"
+            f"{ref['p50'] / tt['p50']:>6.1f}x{ref['p99']:>9.2f}{tt['p99']:>8.2f}"
+            f"{ref['p99'] / tt['p99']:>6.1f}x{tt['finish_ms']:>10.2f}{tt['memory'] / 1e6:>10.2f}"
+            f"{budget / 1e6:>10.2f}{tt['samples']:>8}"
         )
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, "
-        f"{platform.python_implementation()} {platform.python_version()}"
-    )
+    out.line(f"machine: {machine()}")
+    if write:
+        out.write("Session scaling")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="only the 32-turn sessions")
+    parser.add_argument("--write", action="store_true", help="docs/performance/session_scaling.md")
     args = parser.parse_args()
-    main(args.quick)
+    main(args.quick, args.write)

@@ -33,8 +33,6 @@ import asyncio
 import contextlib
 import gc
 import multiprocessing
-import os
-import platform
 import statistics
 import sys
 import time
@@ -46,6 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import aiohttp  # noqa: E402
+from report import Report, machine  # noqa: E402
 
 import tokentrail.adapter.turns as turns_module  # noqa: E402
 import tokentrail.engines.http as engines_http  # noqa: E402
@@ -193,13 +192,13 @@ class Stages:
 
         original_events = engines_http.sse_events
 
-        async def events(resp: Any, limit: int) -> AsyncIterator[bytes]:
+        async def events(resp: Any, limit: int) -> AsyncIterator[list[bytes]]:
             first = True
-            async for event in original_events(resp, limit):
+            async for run in original_events(resp, limit):
                 if first:
                     stages.first_event.append(time.perf_counter())
                     first = False
-                yield event
+                yield run
 
         def on_gc(phase: str, info: dict[str, int]) -> None:
             if phase == "start":
@@ -316,11 +315,14 @@ def main() -> None:
     parser.add_argument("--lengths", default="500,2000")
     parser.add_argument("--first-tokens", type=int, default=64)
     parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--cpu-only", action="store_true", help="only the CPU table")
+    parser.add_argument("--write", action="store_true", help="docs/performance/streaming.md")
     args = parser.parse_args()
 
     # The stand-in and the client (the harness) in this process's loop, as measured before;
     # then each in a process of its own, as a real engine and harness are.
-    for own_process, own_client in ((False, False), (True, False), (True, True)):
+    placements = () if args.cpu_only else ((False, False), (True, False), (True, True))
+    for own_process, own_client in placements:
         rows = first_byte(args.turns, own_process, own_client, args.first_tokens, args.token_delay)
         where = (
             f"stand-in in {'its own process' if own_process else 'this loop'}, "
@@ -340,9 +342,13 @@ def main() -> None:
         cpu = rows["sink CPU per call"][0]
         print(f"| LiveReply.sink CPU per call (decode, parse, delta) | {cpu:.3f} | | |")
         print()
-    print("CPU per turn, adapter and client (ms), streamed as sampled vs generated whole")
-    print("| tokens | SGLang stream | whole | streamed | streamed / whole |")
-    print("|---:|---|---:|---:|---:|")
+    out = Report("streaming")
+    out.line(
+        f"CPU per turn, adapter and client (ms, process CPU over {args.cpu_turns} turns), "
+        "streamed as sampled vs generated whole"
+    )
+    out.line("| tokens | SGLang stream | whole | streamed | streamed / whole |")
+    out.line("|---:|---|---:|---:|---:|")
     for n in (int(x) for x in args.lengths.split(",")):
         ids = reply_ids(n)
         for incremental in (False, True):
@@ -350,12 +356,13 @@ def main() -> None:
                 _, whole = asyncio.run(run_turns(url, False, args.cpu_turns))
                 _, live = asyncio.run(run_turns(url, True, args.cpu_turns))
             mode = "incremental" if incremental else "cumulative (default)"
-            print(f"| {n} | {mode} | {whole * 1000:.1f} | {live * 1000:.1f} | {live / whole:.2f} |")
-    print()
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, load average "
-        f"{os.getloadavg()[0]:.1f}, {platform.python_implementation()} {platform.python_version()}"
-    )
+            out.line(
+                f"| {n} | {mode} | {whole * 1000:.1f} | {live * 1000:.1f} | {live / whole:.2f} |"
+            )
+    out.line()
+    out.line(f"machine: {machine()}")
+    if args.write:
+        out.write("Streaming a turn as it is sampled: CPU")
 
 
 if __name__ == "__main__":

@@ -105,13 +105,19 @@ impl SampleBuilder {
 
     /// How `prompt` (followed by `output_len` sampled tokens) relates to the held tokens.
     pub fn classify(&self, prompt: &[u32], output_len: usize) -> Drift {
-        drift::classify(
+        self.classify_from(prompt, output_len, 0)
+    }
+
+    /// `classify` for a prompt whose first `known` tokens are known to be the held ones.
+    pub fn classify_from(&self, prompt: &[u32], output_len: usize, known: usize) -> Drift {
+        drift::classify_from(
             &self.tokens,
             self.spans.last().map(Span::range),
             prompt,
             output_len,
             self.policy,
             self.fork_threshold,
+            known,
         )
     }
 

@@ -93,7 +93,23 @@ pub fn classify(
     policy: Policy,
     fork_threshold: usize,
 ) -> Drift {
-    let at = common_prefix_len(held, prompt);
+    classify_from(held, latest, prompt, output_len, policy, fork_threshold, 0)
+}
+
+/// `classify` for a caller that knows the first `known` tokens of `held` and `prompt` agree
+/// (a turn continuing the one the held tokens end with): only the rest is compared.
+pub fn classify_from(
+    held: &[u32],
+    latest: Option<Range<usize>>,
+    prompt: &[u32],
+    output_len: usize,
+    policy: Policy,
+    fork_threshold: usize,
+    known: usize,
+) -> Drift {
+    let skip = known.min(held.len()).min(prompt.len());
+    debug_assert_eq!(held[..skip], prompt[..skip]);
+    let at = skip + common_prefix_len(&held[skip..], &prompt[skip..]);
     if at == held.len() {
         return Drift {
             kind: DriftKind::Clean,

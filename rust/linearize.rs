@@ -49,6 +49,12 @@ pub trait TurnSource {
     /// Turn `index`, which is below `count()`. Its logprobs fit its output, as `Turn::new`
     /// checks them.
     fn turn(&mut self, index: usize) -> TurnRef<'_>;
+
+    /// How many leading tokens of turn `index`'s prompt are known, without comparing them, to
+    /// be turn `earlier`'s prompt and output (0: none are known).
+    fn known_shared(&self, _index: usize, _earlier: usize) -> usize {
+        0
+    }
 }
 
 impl TurnSource for &[Turn] {
@@ -162,9 +168,14 @@ pub fn linearize_from(
     let mut out = Linearized::default();
     for (c, chain) in chains.iter().enumerate() {
         let mut builder = SampleBuilder::with_threshold(policy, fork_threshold);
+        // The turn the builder's tokens end with: they are its prompt and output, whatever
+        // drift was healed on the way, so what the source knows a turn shares with it need
+        // not be compared again (on a long chain, most of every prompt).
+        let mut last: Option<usize> = None;
         for &t in chain {
+            let known = last.map_or(0, |u| turns.known_shared(t, u));
             let turn = turns.turn(t);
-            let mut drift = builder.classify(turn.prompt, turn.output.len());
+            let mut drift = builder.classify_from(turn.prompt, turn.output.len(), known);
             if !builder.spans().is_empty() {
                 out.drifts.push(DriftEvent {
                     chain: c,
@@ -188,6 +199,7 @@ pub fn linearize_from(
                 t as i64,
             )?;
             claimed[t] = true;
+            last = Some(t);
         }
         out.close(builder, c, max_sample_tokens);
     }

@@ -495,6 +495,14 @@ impl TurnSource for Replayed<'_> {
         self.arena.len()
     }
 
+    /// A turn's prompt is its parent's prompt and output up to its prefix.
+    fn known_shared(&self, index: usize, earlier: usize) -> usize {
+        match self.arena.parent(index) {
+            Some(parent) if parent == earlier => self.arena.prefix(index),
+            _ => 0,
+        }
+    }
+
     fn turn(&mut self, index: usize) -> TurnRef<'_> {
         self.cursor.hold(self.arena, index);
         TurnRef {

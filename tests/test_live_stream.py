@@ -290,8 +290,11 @@ def test_responses_events_go_out_as_sampled(tokenizer, wire) -> None:
     assert kinds[:2] == ["response.created", "response.in_progress"]
     assert kinds[-1] == "response.completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    for kind in ("reasoning_text", "output_text", "function_call_arguments"):
-        assert kinds.count(f"response.{kind}.delta") > 1, kind
+    # Events that arrive together are handed on together (the stand-in writes all it has at
+    # once): each item streams, and the call's arguments before and after the pause apart.
+    for kind in ("reasoning_text", "output_text"):
+        assert kinds.count(f"response.{kind}.delta") >= 1, kind
+    assert kinds.count("response.function_call_arguments.delta") > 1
     added = [(e.output_index, e.item.id) for e in events if e.type == "response.output_item.added"]
     assert added == [(i, item.id) for i, item in enumerate(final.output)]
     assert [o.type for o in final.output] == ["reasoning", "message", "function_call"]

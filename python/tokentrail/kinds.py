@@ -27,9 +27,10 @@ def parse_kind(
     if isinstance(value, kind):
         return value
     if isinstance(value, str):
-        for member in kind:
-            if member.value == value:
-                return member
+        # The enum's own value index (a dict): ledgers and journals read thousands of these.
+        member = kind._value2member_map_.get(value)
+        if member is not None:
+            return member  # type: ignore[return-value]
     allowed = ", ".join(repr(member.value) for member in kind)
     raise error(f"unknown {what} {value!r}; expected one of ({allowed})")
 

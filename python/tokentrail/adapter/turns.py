@@ -495,6 +495,7 @@ def journal_turn(
         weight_versions=generation.weight_versions,
         answer=answer,
         supersedes=supersedes,
+        keyed=(prepared.record_messages, prepared.keys or ()),
     )
 
 

@@ -154,6 +154,8 @@ class SGLangEngine(HTTPEngine):
                 self._headers(req),
                 answer_limit(req, honours_start=False),
                 capture.take,
+                on_run=capture.flush,
+                cumulative=capture.is_cumulative,
             )
         except asyncio.CancelledError:
             await self._abort_in_background(self.abort(req.request_id))
@@ -183,6 +185,9 @@ class StreamCapture:
     Each event carries `meta_info.completion_tokens` (all tokens so far) and either every
     `output_token_logprobs` entry so far (cumulative: SGLang's default) or only the new ones
     (`--incremental-streaming-output`, which also slices `output_ids`); the count tells which.
+    The tokens of the events that arrived together go to the sink at once (`flush`); once the
+    events are known to be cumulative, only the last of those is read (`is_cumulative`), so
+    what was already seen is not decoded again with every token.
     """
 
     def __init__(self, req: GenerateRequest, sink: TokenSink) -> None:
@@ -192,6 +197,20 @@ class StreamCapture:
         self.ids: list[int] = []
         self.last: dict[str, Any] | None = None
         self.limit = req.sampling.max_new_tokens + 1  # an end-of-turn token past the budget
+        self.cumulative = False
+        # Taken since the sink was last called.
+        self.pending_ids: list[int] = []
+        self.pending_logprobs: list[float] = []
+
+    def is_cumulative(self) -> bool:
+        return self.cumulative
+
+    def flush(self) -> None:
+        """Hand the tokens taken since the last call to the sink, in one run."""
+        if self.pending_ids:
+            ids, logprobs = self.pending_ids, self.pending_logprobs
+            self.pending_ids, self.pending_logprobs = [], []
+            self.sink(ids, logprobs)
 
     def take(self, obj: Any) -> None:
         if isinstance(obj, list) and len(obj) == 1:
@@ -210,6 +229,8 @@ class StreamCapture:
             total = len(entries)  # no count: take the events as cumulative
         if len(entries) == total and total >= have:
             new = entries[have:]
+            # An event repeating tokens already taken: every event holds all before it.
+            self.cumulative = self.cumulative or (have > 0 and total > 0)
         elif have + len(entries) == total:
             new = entries
         else:
@@ -233,11 +254,12 @@ class StreamCapture:
                 f"{self.req.sampling.max_new_tokens} allows",
             )
         self.last = obj
-        if ids:
-            self.sink(ids, logprobs)
+        self.pending_ids.extend(ids)
+        self.pending_logprobs.extend(logprobs)
 
     def final(self) -> dict[str, Any]:
         """The non-streamed answer these events add up to."""
+        self.flush()
         if self.last is None:
             raise EngineError("sglang stream ended without an event")
         meta = dict(self.last["meta_info"])

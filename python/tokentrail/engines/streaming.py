@@ -43,8 +43,12 @@ class EventTooLong(Exception):
     """An event longer than its bound (internal: the engine client names the fault)."""
 
 
-async def sse_events(resp: aiohttp.ClientResponse, max_event_bytes: int) -> AsyncIterator[bytes]:
-    """The `data` of each event in `resp`'s body, up to `[DONE]` (not included) or the end.
+async def sse_events(
+    resp: aiohttp.ClientResponse, max_event_bytes: int
+) -> AsyncIterator[list[bytes]]:
+    """The `data` of each event in `resp`'s body, up to `[DONE]` (not included) or the end:
+    every complete event of one read together, in order (an engine that samples faster than
+    the adapter reads hands over many at once, and they are taken as one run).
 
     Lines end with LF or CRLF; an event's `data:` lines are joined with LF (the SSE rule);
     comments (`:`) and other fields are skipped. Raises `EventTooLong` for an event over
@@ -54,30 +58,36 @@ async def sse_events(resp: aiohttp.ClientResponse, max_event_bytes: int) -> Asyn
     size = 0
     async for chunk in resp.content.iter_any():
         buffer += chunk
-        start = 0
-        while True:
-            end = buffer.find(b"\n", start)
-            if end < 0:
-                break
-            line = bytes(buffer[start:end]).rstrip(b"\r")
-            start = end + 1
+        end = buffer.rfind(b"\n")
+        if end < 0:
+            if len(buffer) > max_event_bytes:
+                raise EventTooLong
+            continue
+        # The complete lines, split in one pass; what follows the last LF waits for more.
+        lines = bytes(buffer[:end]).split(b"\n")
+        del buffer[: end + 1]
+        batch: list[bytes] = []
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
             if not line:
                 if data:
-                    event = b"\n".join(data)
+                    event = data[0] if len(data) == 1 else b"\n".join(data)
                     data, size = [], 0
                     if event == SSE_DONE:
+                        if batch:
+                            yield batch
                         return
-                    yield event
+                    batch.append(event)
                 continue
             if line.startswith(b"data:"):
-                value = line[5:]
-                if value.startswith(b" "):
-                    value = value[1:]
+                value = line[6:] if line.startswith(b"data: ") else line[5:]
                 size += len(value) + 1
                 if size > max_event_bytes:
                     raise EventTooLong
                 data.append(value)
-        del buffer[:start]
+        if batch:
+            yield batch
         if len(buffer) > max_event_bytes:
             raise EventTooLong
     if buffer:
@@ -87,4 +97,4 @@ async def sse_events(resp: aiohttp.ClientResponse, max_event_bytes: int) -> Asyn
     if data:
         event = b"\n".join(data)
         if event != SSE_DONE:
-            yield event
+            yield [event]

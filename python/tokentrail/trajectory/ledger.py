@@ -14,7 +14,7 @@ as one prefix tree (`layout`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from tokentrail.messages import tool_names
 from tokentrail.trajectory.layout_stats import TreeStats
 from tokentrail.trajectory.loss import LostSpan, lost_events, lost_turns
 from tokentrail.trajectory.tags import TurnTags
-from tokentrail.trajectory.tree import Node, iter_nodes
+from tokentrail.trajectory.tree import Node
 
 logger = logging.getLogger(__name__)
 
@@ -325,7 +325,7 @@ def is_superseded(node: Node) -> bool:
 
 
 def build_ledger(
-    root: Node,
+    nodes: Sequence[Node],
     lin: LinearizedLike,
     *,
     restored_echoes: int,
@@ -335,8 +335,11 @@ def build_ledger(
     replays: Sequence[str] = (),
     mask_superseded: bool = True,
     constrained_masked: Mapping[int, int] | None = None,
+    turn_tags: Mapping[int, TurnTags] | None = None,
 ) -> Ledger:
-    """Every generated turn of a session's tree, with its tokens trained or masked.
+    """Every generated turn of a session's tree (`nodes`, the tree walked once by the caller;
+    `turn_tags`, each generated turn's tags by store id when the caller read them already),
+    with its tokens trained or masked.
 
     A turn still in the tree is trained where a sample trains it and masked where linearization
     realigned or truncated it; an excluded turn (in no sample) is masked whole as `excluded`; a
@@ -356,16 +359,16 @@ def build_ledger(
             cov.add(ReplayCoverage.from_dict(metadata["replay"][channel]))
         for span in metadata.get("weight_versions", ()):
             trained[span["version"]] = trained.get(span["version"], 0) + span["trained"]
-    generated = generated_by_version(root)
+    generated = generated_by_version(nodes)
     versions = {
         v: {"generated": generated.get(v, 0), "trained": trained.get(v, 0)}
         for v in sorted({*generated, *trained})
     }
-    for node in iter_nodes(root):
+    for node in nodes:
         turn = node.turn
         if turn is not None:
             k = turn.id
-            tags = TurnTags.read(node.metadata)
+            tags = turn_tags[k] if turn_tags is not None else TurnTags.read(node.metadata)
             excluded = tags.excluded
             disconnected = tags.client_disconnected
             superseded = is_superseded(node)
@@ -419,10 +422,11 @@ def build_ledger(
     )
 
 
-def generated_by_version(root: Node) -> dict[str, int]:
-    """Output tokens per weight version over every generated turn, demoted ones included."""
+def generated_by_version(nodes: Iterable[Node]) -> dict[str, int]:
+    """Output tokens per weight version over every generated turn of `nodes`, demoted ones
+    included."""
     counts: dict[str, int] = {}
-    for node in iter_nodes(root):
+    for node in nodes:
         turns = [d.turn for d in node.demoted]
         if node.turn is not None:
             turns.append(node.turn)

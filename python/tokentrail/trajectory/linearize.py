@@ -30,7 +30,7 @@ from tokentrail.trajectory.prefix_tree import tree_stats
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tags import TurnTags
-from tokentrail.trajectory.tree import Node, iter_nodes, leaves
+from tokentrail.trajectory.tree import Node, iter_nodes
 from tokentrail.trajectory.turn import StoredTurn
 
 logger = logging.getLogger(__name__)
@@ -105,31 +105,42 @@ def linearize_session(
 
     Tokens of a turn sampled under a grammar are marked in their sample's metadata
     (`constrained`) and, under `ConstrainedPolicy.MASK`, masked as `constrained`."""
+    # The tree walked once: its leaves, and the nodes that hold a generated turn or a demoted
+    # one (what the ledger reads), each generated turn's tags read once.
+    leaves: list[Node] = []
+    marked: list[Node] = []
+    for node in iter_nodes(root):
+        if node.turn is not None or node.demoted:
+            marked.append(node)
+        if not node.children and node is not root:
+            leaves.append(node)
     # Store ids are turn indices - 1: a turn is pushed when it is recorded.
-    generated: dict[int, Node] = {n.turn.id: n for n in iter_nodes(root) if n.turn is not None}
+    generated: dict[int, Node] = {n.turn.id: n for n in marked if n.turn is not None}
+    tags = {k: TurnTags.read(n.metadata) for k, n in generated.items()}
     lin = store.linearize(
-        _chains(root, train_superseded),
+        _chains(leaves, tags, train_superseded),
         policy=policy.value,
         fork_threshold=fork_threshold,
         max_sample_tokens=max_sample_tokens,
     )
-    prompts = subagent_prompts(root)
+    prompts = subagent_prompts(generated.values())
     # Trained tokens the constrained policy masked, by store id.
     constrained_masked: dict[int, int] = {}
     samples = [
-        _sample(sid, built, generated, reward, extra_metadata, root, prompts)
+        _sample(sid, built, generated, tags, reward, extra_metadata, root, prompts)
         for built in lin.samples
     ]
     for sample, built in zip(samples, lin.samples, strict=True):
-        mark_constrained(sample, built, generated, train_constrained, constrained_masked)
+        mark_constrained(sample, built, tags, train_constrained, constrained_masked)
         versions = trained_versions(built, sample.loss_mask, [generated[t] for t in built.turns])
         if versions:
             sample.metadata["weight_versions"] = versions
         sample.metadata.update(extra_metadata or {})
         replay_rows(sample, built, store, replays, status)
     ledger = build_ledger(
-        root,
+        marked,
         lin,
+        turn_tags=tags,
         restored_echoes=restored,
         restored_by_tool=restored_by_tool,
         restored_by_id=restored_by_id or {},
@@ -165,7 +176,7 @@ def linearize_session(
 def mark_constrained(
     sample: Sample,
     built: BuiltSampleLike,
-    generated: Mapping[int, Node],
+    tags: Mapping[int, TurnTags],
     policy: ConstrainedPolicy,
     masked: dict[int, int],
 ) -> None:
@@ -175,8 +186,8 @@ def mark_constrained(
     response_start = len(built.tokens) - len(built.loss_mask)
     stretches = []
     for span in built.spans:
-        node = generated.get(span.turn)
-        if node is None or not TurnTags.read(node.metadata).constrained:
+        tag = tags.get(span.turn)
+        if tag is None or not tag.constrained:
             continue
         start, end = max(span.start - response_start, 0), span.end - response_start
         if start >= end:
@@ -192,7 +203,9 @@ def mark_constrained(
         sample.metadata["constrained_tokens"] = sum(end - start for start, end in stretches)
 
 
-def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
+def _chains(
+    leaves: Sequence[Node], tags: Mapping[int, TurnTags], train_superseded: bool
+) -> list[list[int]]:
     """Every root-to-leaf path's generated turns, as store ids.
 
     Excluded turns (side conversations) and turns cut short by a client that went away stay in
@@ -201,13 +214,11 @@ def _chains(root: Node, train_superseded: bool) -> list[list[int]]:
     answered fresh) is left out unless superseded turns train.
     """
     chains = []
-    for leaf in leaves(root):
+    for leaf in leaves:
         if is_superseded(leaf) and not train_superseded:
             continue
         chain = [
-            n.turn.id
-            for n in leaf.path()
-            if n.turn is not None and TurnTags.read(n.metadata).in_samples
+            n.turn.id for n in leaf.path() if n.turn is not None and tags[n.turn.id].in_samples
         ]
         if chain:
             chains.append(chain)
@@ -218,6 +229,7 @@ def _sample(
     sid: str,
     built: BuiltSampleLike,
     generated: dict[int, Node],
+    generated_tags: Mapping[int, TurnTags],
     reward: float,
     extra_metadata: dict[str, Any] | None,
     root: Node,
@@ -226,7 +238,7 @@ def _sample(
     nodes = [generated[t] for t in built.turns]
     turns: list[StoredTurn] = [n.turn for n in nodes if n.turn is not None]
     last = nodes[-1]
-    tags = [TurnTags.read(n.metadata) for n in nodes]
+    tags = [generated_tags[t] for t in built.turns]
     withheld = sorted({t for tag in tags for t in tag.withheld_tools})
     media: Counter[str] = Counter()
     for tag in tags:
@@ -247,7 +259,7 @@ def _sample(
         # Images/documents its turns' prompts held as placeholders, summed over the turns.
         "dropped_media": dict(sorted(media.items())),
     }
-    last_images = TurnTags.read(last.metadata).images
+    last_images = tags[-1].images
     if last_images:
         # The images of the last turn's prompt, which the sample's tokens begin with: each
         # one's bytes, processor grid and where its placeholder tokens start.

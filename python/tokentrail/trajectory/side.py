@@ -25,7 +25,7 @@ from typing import Any
 
 from tokentrail.errors import PolicyError
 from tokentrail.messages import Message
-from tokentrail.trajectory.tree import Node, iter_nodes
+from tokentrail.trajectory.tree import Node
 
 __all__ = [
     "KNOWN_SIDE_REQUESTS",
@@ -159,11 +159,11 @@ def system_fingerprint(messages: Sequence[Message]) -> str | None:
     return hashlib.sha256(_first_text(messages).encode()).hexdigest()[:16]
 
 
-def subagent_prompts(root: Node) -> list[tuple[str, Node]]:
-    """The prompts the session's generated turns handed to sub-agents, with the turn that
-    handed each one."""
+def subagent_prompts(nodes: Iterable[Node]) -> list[tuple[str, Node]]:
+    """The prompts the generated turns among `nodes` (a session's tree, walked once by the
+    caller) handed to sub-agents, with the turn that handed each one."""
     prompts: list[tuple[str, Node]] = []
-    for node in iter_nodes(root):
+    for node in nodes:
         message = node.message if node.turn is not None else None
         for call in (message or {}).get("tool_calls") or ():
             fn = call.get("function") or {}

@@ -96,9 +96,11 @@ class TurnTags:
     @classmethod
     def read(cls, metadata: Mapping[str, Any]) -> TurnTags:
         """The tags `as_metadata` wrote (or a journal of an older tokentrail holds)."""
-        known = {f.name for f in fields(cls)} - {"extra"}
         get = metadata.get
-        return cls(
+        # Filled in directly rather than through the frozen `__init__` (one `object.__setattr__`
+        # per field): finish reads the tags of every generated turn of a session.
+        tags = object.__new__(cls)
+        tags.__dict__.update(
             protocol=get("protocol"),
             request_id=get("request_id"),
             reply_id=get("reply_id"),
@@ -115,5 +117,13 @@ class TurnTags:
             constrained=bool(get("constrained")),
             echo_ids={int(i): tuple(ids) for i, ids in (get("echo_ids") or {}).items()},
             images=tuple(get("images") or ()),
-            extra={k: v for k, v in metadata.items() if k not in known},
+            extra={}
+            if _KNOWN.issuperset(metadata)
+            else {k: v for k, v in metadata.items() if k not in _KNOWN},
         )
+        return tags
+
+
+# The keys `read` takes as fields (the rest go to `extra`), computed once: `read` runs for
+# every generated turn of a session at finish.
+_KNOWN = frozenset(f.name for f in fields(TurnTags)) - {"extra"}

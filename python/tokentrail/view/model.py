@@ -153,7 +153,7 @@ def tree_view(root: Node, ledger: Ledger) -> list[dict[str, Any]]:
     with its nearest shown ancestor as `parent`, the messages skipped on the way (`via`), and
     the reason of the branch it starts (`reason`, None when it continues its parent's line)."""
     rows = {t.turn_index: t for t in ledger.turns}
-    prompts = subagent_prompts(root)
+    prompts = subagent_prompts(iter_nodes(root))
     out: list[dict[str, Any]] = [{"id": 0, "parent": None, "kind": "root", "label": ""}]
     # (node, shown ancestor id, reason of the branch it opens, messages since that ancestor)
     stack: list[tuple[Node, int, BranchReason | None, int]] = [

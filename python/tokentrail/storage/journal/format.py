@@ -32,7 +32,7 @@ from tokentrail.core.replay import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, ReplayGap, parse_kind
 from tokentrail.messages import Message, ToolSchema
-from tokentrail.trajectory.tree import message_key
+from tokentrail.trajectory.tree import MessageKey, message_key
 
 SCHEMA_VERSION = 3
 # The schemas whose events this reader decodes as its own: schema 2 differs only in having no
@@ -88,10 +88,12 @@ def prefix_len(a: np.ndarray, b: np.ndarray) -> int:
     return int(_core.common_prefix_len(a, b))
 
 
-def digest(message: Message) -> tuple[int, int]:
+def digest(message: Message, key: MessageKey | None = None) -> tuple[int, int]:
     """A message's identity for finding what a turn shares with its base (writer side only:
-    Python's string hash is per process). Key order is ignored, as in routing."""
-    key = message_key(message)
+    Python's string hash is per process). Key order is ignored, as in routing: `key`, when
+    given, is the message's routing key, computed already."""
+    if key is None:
+        key = message_key(message)
     return hash(key), len(key[1])
 
 

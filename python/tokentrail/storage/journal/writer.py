@@ -71,6 +71,7 @@ from tokentrail.storage.journal.session import (
     tail_lost,
 )
 from tokentrail.trajectory.loss import LostSpan
+from tokentrail.trajectory.tree import MessageKey
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,32 @@ class _Writer:
     first: int  # the global seq of its first event
     bases: Bases = field(default_factory=Bases)
     tools: str | None = None  # hash of its last turn's tool list
+    # Its last turn's messages and tool list as the objects it was given, with the messages'
+    # digests: a harness resends the conversation every turn and the adapter's request memo
+    # hands back the very objects of what is unchanged, so only what follows them is digested
+    # and an unchanged tool list is not serialized again.
+    seen: Sequence[Message] = ()
+    seen_digests: list[Any] = field(default_factory=list)
+    seen_tools: object = None
+
+    def digests(
+        self, messages: Sequence[Message], keyed: tuple[Sequence[Message], Sequence[MessageKey]]
+    ) -> list[Any]:
+        """Each message's `digest`, computed only past the leading run of the last turn's
+        objects, from the routing key the caller computed for it when there is one (`keyed`:
+        messages and their keys, position for position)."""
+        seen, n = self.seen, 0
+        for mine, theirs in zip(seen, messages, strict=False):
+            if mine is not theirs:
+                break
+            n += 1
+        digests = self.seen_digests[:n]
+        known, keys = keyed
+        for i in range(n, len(messages)):
+            m = messages[i]
+            key = keys[i] if i < len(keys) and i < len(known) and known[i] is m else None
+            digests.append(digest(m, key))
+        return digests
 
 
 class Journal:
@@ -320,8 +347,13 @@ class Journal:
         routed_experts: ReplayRows | None = None,
         indexer_topk: ReplayRows | None = None,
         weight_versions: tuple[WeightSpan, ...] = (),
+        keyed: tuple[Sequence[Message], Sequence[MessageKey]] = ((), ()),
     ) -> int:
         """Journal a generated turn; returns its session sequence number.
+
+        `keyed` are messages whose routing keys the caller computed, and those keys (the
+        pipeline's recorded messages): a message of `translated` at the same position that is
+        one of them is not keyed again.
 
         `answer` is what answers a retry of it again (the adapter's reply and the sampling it
         was made with), kept as given; `supersedes` says it was generated for a retry and
@@ -332,7 +364,7 @@ class Journal:
         output = np.asarray(output_ids, dtype=np.uint32)
         lps = np.asarray(logprobs, np.float32) if logprobs is not None and len(logprobs) else None
         tbase, prefix, shared = writer.bases.token_base(prompt)
-        digests = [digest(m) for m in translated]
+        digests = writer.digests(translated, keyed)
         mbase, keep = writer.bases.message_base(digests)
         ref, blob = _tools_ref(self._tool_lists, writer, tools)
         stored, images = self._images.split(metadata)  # Their bytes go into `images`, once.
@@ -366,6 +398,7 @@ class Journal:
             raise
         writer.bases.add(Base(n, np.concatenate([prompt, output]), digests), shared)
         writer.tools = ref
+        writer.seen, writer.seen_digests, writer.seen_tools = tuple(translated), digests, tools
         return n
 
     def _forget(self, sid: str) -> None:
@@ -386,6 +419,8 @@ def _tools_ref(
     as bytes, key order included: a template renders the schemas in their order)."""
     if tools is None:
         return None, None
+    if tools is writer.seen_tools and writer.tools is not None:
+        return writer.tools, None
     data = tools_bytes(tools)
     if writer.tools is not None and tool_lists.get(writer.tools) == data:
         return writer.tools, None
