@@ -1,7 +1,10 @@
 """Install a pinned PyPI package once into a virtual environment of its own under the test
 cache (`$TOKENTRAIL_CACHE/pip` or `~/.cache/tokentrail/pip`), for the real-harness tests: an
 agent's dependencies (hermes-agent's top-level `agent`, `tools`, `utils`; mini-swe-agent's
-litellm) never share an environment with tokentrail."""
+litellm) never share an environment with tokentrail. Its dependencies are held at the versions
+its tests last passed with, `constraints/<package>-<version>.txt` beside this file (a pin
+`scripts/bump-harnesses` moves has none until its tests pass: then `pip freeze` of the new
+environment is its file)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import sys
 from pathlib import Path
 
 from support.npm import default_cache_dir
+
+CONSTRAINTS = Path(__file__).parent / "constraints"
 
 
 def pip_install(package: str, version: str, executable: str, cache_dir: Path | None = None) -> Path:
@@ -31,9 +36,11 @@ def pip_install(package: str, version: str, executable: str, cache_dir: Path | N
         subprocess.run(
             [sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)], check=True
         )
+        held = CONSTRAINTS / f"{package}-{version}.txt"
         pip = subprocess.run(
             [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-             "--quiet", "--disable-pip-version-check", f"{package}=={version}"],
+             "--quiet", "--disable-pip-version-check", f"{package}=={version}",
+             *(["-c", str(held)] if held.exists() else [])],
             capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         if pip.returncode != 0 or not exe.exists():
