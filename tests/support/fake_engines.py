@@ -482,6 +482,8 @@ class FakeVLLM(_FakeServer):
     # `--enable-return-routed-experts`: every non-stream choice carries them, as a .npy.
     routing: KVRouting | None = None
     weight_version: str = "default"
+    # `VLLM_SERVER_DEV_MODE=1`: the RL routes, `GET /weight_info` among them, are served.
+    dev_mode: bool = False
     # Every completion answered, in order.
     answered: list[dict[str, Any]] = field(default_factory=list)
     # The served model's image processor (Qwen3-VL's `preprocessor_config.json`;
@@ -498,7 +500,9 @@ class FakeVLLM(_FakeServer):
     held: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def routes(self) -> list[web.RouteDef]:
+        dev = [web.get("/weight_info", self._weight_info)] if self.dev_mode else []
         return [
+            *dev,
             web.post("/v1/completions", self._completions),
             web.get("/v1/models", self._models),
             web.post("/v1/chat/completions/render", self._render),
@@ -659,6 +663,8 @@ class FakeVLLM(_FakeServer):
             "total_tokens": len(token_ids) + len(ids),
         }
         request_id = f"generate-tokens-{body.get('request_id') or rid}"
+        # Contiguous spans over the output, on the whole answer and the stream's last chunk.
+        spans = [{"version": self.weight_version, "start": 0, "end": len(ids)}]
         answer = {
             "request_id": request_id,
             "choices": [
@@ -667,6 +673,7 @@ class FakeVLLM(_FakeServer):
                     "logprobs": None if content is None else {"content": content},
                     "finish_reason": finish,
                     "token_ids": ids,
+                    "weight_versions": spans,
                 }
             ],
             "usage": usage,
@@ -684,6 +691,7 @@ class FakeVLLM(_FakeServer):
                 "logprobs": part,
                 "finish_reason": finish if last else None,
                 "token_ids": ids[start:end],
+                "weight_versions": spans if last else None,
             }
             return {"request_id": request_id, "choices": [choice]}
 
@@ -696,6 +704,9 @@ class FakeVLLM(_FakeServer):
         return await self._stream(
             request, rid, len(ids), event, stalled, after if options.get("include_usage") else []
         )
+
+    async def _weight_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
 
     async def _failing(self, rid: str) -> web.Response | None:
         """The `fail` answer, or after the `hang`, None: what `mode` makes of a request."""
@@ -768,10 +779,6 @@ class FakeVLLM(_FakeServer):
             buffer = io.BytesIO()
             np.save(buffer, rows.astype(np.uint8 if small else np.uint16), allow_pickle=False)
             choice["routed_experts"] = base64.b64encode(buffer.getvalue()).decode("ascii")
-        if body.get("return_weight_versions"):
-            choice["weight_versions"] = [
-                {"version": self.weight_version, "start": 0, "end": len(ids)}
-            ]
         usage = {
             "prompt_tokens": len(prompt),
             "completion_tokens": len(ids),
@@ -795,8 +802,9 @@ class FakeVLLM(_FakeServer):
     ) -> web.StreamResponse:
         """vLLM's completion stream (serving_completion `completion_stream_generator`): each
         chunk's choice holds its new `token_ids` and logprobs; the first also the
-        `prompt_token_ids`, the terminal one `finish_reason` and `weight_versions`; with
-        `stream_options.include_usage`, a last chunk with no choices and the usage."""
+        `prompt_token_ids`, the terminal one `finish_reason` (no `weight_versions`: vLLM 0.32
+        ignores `return_weight_versions`); with `stream_options.include_usage`, a last chunk
+        with no choices and the usage."""
         whole = answer["choices"][0]
         ids, lp = whole["token_ids"], whole["logprobs"]
 
@@ -826,8 +834,6 @@ class FakeVLLM(_FakeServer):
             }
             if start == 0:
                 choice["prompt_token_ids"] = whole["prompt_token_ids"]
-            if last and "weight_versions" in whole:
-                choice["weight_versions"] = whole["weight_versions"]
             return chunk(choice)
 
         async def stalled() -> Any:
