@@ -484,6 +484,10 @@ class FakeVLLM(_FakeServer):
     weight_version: str = "default"
     # `VLLM_SERVER_DEV_MODE=1`: the RL routes, `GET /weight_info` among them, are served.
     dev_mode: bool = False
+    # `--max-model-len`: in `GET /v1/models`, and a longer prompt is refused (400).
+    max_model_len: int = 40960
+    # `--enable-scale-out`: without it vLLM 0.32 answers its render and tokens routes 403.
+    scale_out: bool = True
     # Every completion answered, in order.
     answered: list[dict[str, Any]] = field(default_factory=list)
     # The served model's image processor (Qwen3-VL's `preprocessor_config.json`;
@@ -501,13 +505,25 @@ class FakeVLLM(_FakeServer):
 
     def routes(self) -> list[web.RouteDef]:
         dev = [web.get("/weight_info", self._weight_info)] if self.dev_mode else []
+        render, tokens = self._render, self._generate_tokens
+        if not self.scale_out:
+            render = tokens = self._scale_out_disabled
         return [
             *dev,
             web.post("/v1/completions", self._completions),
             web.get("/v1/models", self._models),
-            web.post("/v1/chat/completions/render", self._render),
-            web.post("/inference/v1/generate", self._generate_tokens),
+            web.post("/v1/chat/completions/render", render),
+            web.post("/inference/v1/generate", tokens),
         ]
+
+    async def _scale_out_disabled(self, request: web.Request) -> web.Response:
+        """vllm 0.32 `scale_out/factories.py`: the routes are there, and refuse."""
+        await self._record(request)
+        message = (
+            "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to "
+            "enable them."
+        )
+        return _vllm_error(message, 403, "PermissionDeniedError")
 
     async def _render(self, request: web.Request) -> web.Response:
         """`ServingRender`: the chat's token ids as the template and processor expand them,
@@ -705,6 +721,25 @@ class FakeVLLM(_FakeServer):
             request, rid, len(ids), event, stalled, after if options.get("include_usage") else []
         )
 
+    def _refusal(self, prompt: int, params: dict[str, Any]) -> web.Response | None:
+        """vLLM's 400 for a prompt over `max_model_len` and for a `top_p` out of (0, 1], with
+        its messages (vllm 0.32 `renderers`, `sampling_params.py`)."""
+        if prompt > self.max_model_len:
+            return _vllm_error(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt contains {prompt} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={prompt})",
+                400,
+            )
+        top_p = params.get("top_p", 1.0)
+        if not 0.0 < top_p <= 1.0:
+            return _vllm_error(
+                f"top_p must be in (0, 1], got {float(top_p)}. (parameter=top_p, value={top_p})",
+                400,
+            )
+        return None
+
     async def _weight_info(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": self.weight_version})
 
@@ -729,7 +764,7 @@ class FakeVLLM(_FakeServer):
             "owned_by": "vllm",
             "root": self.model,
             "parent": None,
-            "max_model_len": 40960,
+            "max_model_len": self.max_model_len,
         }
         return web.json_response({"object": "list", "data": [card]})
 
@@ -753,6 +788,9 @@ class FakeVLLM(_FakeServer):
                 }
                 return web.json_response({"error": error}, status=400)
         prompt = body["prompt"]
+        refusal = self._refusal(len(prompt), body)
+        if refusal is not None:
+            return refusal
         ids, logprobs, finish = self._truncate(prompt, body.get("max_tokens"))
         choice = {
             "index": 0,

@@ -127,6 +127,8 @@ TINY_MODELS: dict[str, TinySpec] = {
         "Qwen2_5_VLForConditionalGeneration",
         "builtin:qwen2.5-vl",
         {
+            # Qwen2.5-VL's decoder takes no `head_dim`: its heads are hidden_size / heads wide.
+            "num_attention_heads": _COMMON["hidden_size"] // HEAD_DIM,
             "head_dim": HEAD_DIM,
             "rope_parameters": {
                 "rope_type": "default",
