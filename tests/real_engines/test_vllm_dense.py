@@ -216,7 +216,7 @@ def test_a_client_that_goes_away_stops_vllms_request(
 ) -> None:
     served = adapters[engine_stream]
     host, port = served.url.removeprefix("http://").split(":")
-    aborted = vllm.metric("vllm:request_success_total", finished_reason="abort")
+    generated = vllm.metric("vllm:generation_tokens_total")
     since = len(proxy.exchanges)
     body = {
         "model": "m",
@@ -234,14 +234,16 @@ def test_a_client_that_goes_away_stops_vllms_request(
     deadline = time.monotonic() + 60
     while vllm.metric("vllm:num_requests_running") < 1:
         assert time.monotonic() < deadline, "the request never ran in vLLM"
-        time.sleep(0.05)
+        time.sleep(0.02)
     conn.sock.close()  # the harness goes away mid-turn
     gone = time.monotonic()
-    while vllm.metric("vllm:request_success_total", finished_reason="abort") <= aborted:
-        assert time.monotonic() - gone < 30, "vLLM never aborted the request"
+    while vllm.metric("vllm:num_requests_running") > 0:
+        assert time.monotonic() - gone < 60, "vLLM's request outlived its client"
         time.sleep(0.02)
     print(f"\nabort reached vLLM in {time.monotonic() - gone:.2f} s")
-    assert vllm.metric("vllm:num_requests_running") == 0
+    # Stopped, not finished: far fewer tokens sampled than asked for.
+    sampled = vllm.metric("vllm:generation_tokens_total") - generated
+    assert sampled < body["max_tokens"] // 2, sampled
     (call,) = [e for e in proxy.exchanges[since:] if e.path == "/v1/completions"]
     assert call.disconnected
 

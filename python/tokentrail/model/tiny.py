@@ -319,7 +319,8 @@ def _build(path: Path, config: dict[str, Any], tokenizer: LoadedTokenizer, seed:
 
 def _vision_template() -> str:
     """Qwen3's template with the VL models' image and video parts (`qwen_vl.jinja`)."""
-    return resources.files("tokentrail.text").joinpath("templates", "qwen_vl.jinja").read_text()
+    templates = resources.files("tokentrail.text").joinpath("templates")
+    return templates.joinpath("qwen_vl.jinja").read_text("utf-8")
 
 
 def _preprocessor_config(model_type: str, vision: Mapping[str, Any]) -> dict[str, Any]:
