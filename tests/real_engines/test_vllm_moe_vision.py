@@ -23,6 +23,8 @@ from tokentrail.model.audit import DEFAULT_TOLERANCE, recompute_samples
 from tokentrail.model.forward import THREADS_ENV, set_threads
 from tokentrail.trajectory.sample import Sample
 
+VL_TOLERANCE = 1e-3
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread() -> Iterator[None]:
@@ -36,11 +38,13 @@ def one_thread() -> Iterator[None]:
         os.environ[THREADS_ENV] = before
 
 
-def audited(samples: list[Sample], model_dir: Path, checked: int) -> None:
-    report = recompute_samples(model_dir, samples)
+def audited(
+    samples: list[Sample], model_dir: Path, checked: int, tolerance: float = DEFAULT_TOLERANCE
+) -> None:
+    report = recompute_samples(model_dir, samples, tolerance=tolerance)
     print(report.table())
     assert report.trained == checked > 0
-    assert report.within_tolerance == report.trained and report.max_error <= DEFAULT_TOLERANCE
+    assert report.within_tolerance == report.trained and report.max_error <= tolerance
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -95,4 +99,6 @@ def test_an_image_turn_on_the_vl_model(stream: bool, vllm_servers) -> None:
     checked = check_logprobs_are_the_engines(samples, answered(rec.exchanges))
     for sample in samples:
         assert sample.metadata["weight_versions"][0]["version"] == "default"
-    audited(samples, vllm.model_dir, checked)
+    # vLLM's own image processor and vision tower put the tokens after an image up to 6e-4
+    # nats from transformers' (text-only turns agree within 2e-6): the audit holds them to 1e-3.
+    audited(samples, vllm.model_dir, checked, tolerance=VL_TOLERANCE)

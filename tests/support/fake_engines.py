@@ -664,12 +664,13 @@ class FakeVLLM(_FakeServer):
         ids, logprobs, finish = self._truncate(token_ids, params.get("max_tokens"))
         content = None
         if params.get("logprobs") is not None:
+            # vllm 0.32 `GenerateLogProbsContent`: integer ids (the route has no tokenizer).
             content = [
                 {
-                    "token": f"token_id:{t}",
+                    "token_id": t,
                     "logprob": lp,
-                    "bytes": None,
-                    "top_logprobs": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None}],
+                    "rank": 1,
+                    "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}],
                 }
                 for t, lp in zip(ids, logprobs, strict=True)
             ]
@@ -847,14 +848,16 @@ class FakeVLLM(_FakeServer):
         ids, lp = whole["token_ids"], whole["logprobs"]
 
         def chunk(choice: dict[str, Any], usage: Any = None) -> dict[str, Any]:
-            return {
+            out = {
                 "id": answer["id"],
                 "object": "text_completion",
                 "created": answer["created"],
                 "model": answer["model"],
                 "choices": [choice] if choice else [],
-                "usage": usage,
             }
+            if usage is not None:  # vLLM leaves the key out of the other chunks
+                out["usage"] = usage
+            return out
 
         def event(start: int, end: int, last: bool) -> Any:
             choice: dict[str, Any] = {

@@ -40,8 +40,9 @@ VLLM_VERSION = "0.32.0"
 # Start-up took 35-180 s on a 2-core machine (most of it importing torch and vLLM, twice).
 START_TIMEOUT_S = 600.0
 # The served context: below the tiny models' max_position_embeddings (262,144), as a real
-# deployment's `--max-model-len` is, so the adapter must take it from the engine.
-MAX_MODEL_LEN = 2048
+# deployment's `--max-model-len` is, so the adapter must take it from the engine; above
+# Claude Code's and Codex's first prompts.
+MAX_MODEL_LEN = 32768
 # A VL model's profiling builds dummy images this large, not the processor's largest (16M
 # pixels, two minutes of preprocessing on two cores); videos are off.
 VL_LIMITS = {"image": {"count": 2, "width": 256, "height": 256}, "video": 0}
