@@ -484,8 +484,9 @@ class FakeVLLM(_FakeServer):
     weight_version: str = "default"
     # `VLLM_SERVER_DEV_MODE=1`: the RL routes, `GET /weight_info` among them, are served.
     dev_mode: bool = False
-    # `--max-model-len`: in `GET /v1/models`, and a longer prompt is refused (400).
-    max_model_len: int = 40960
+    # `--max-model-len`: in `GET /v1/models`, and a longer prompt is refused (400). By
+    # default a 256K context, which the 128K-token prompt tests fit.
+    max_model_len: int = 262144
     # `--enable-scale-out`: without it vLLM 0.32 answers its render and tokens routes 403.
     scale_out: bool = True
     # Every completion answered, in order.
@@ -589,7 +590,7 @@ class FakeVLLM(_FakeServer):
             "request_id": uuid.uuid4().hex,
             "token_ids": ids,
             "features": features,
-            "sampling_params": {"max_tokens": 40960 - len(ids)},
+            "sampling_params": {"max_tokens": self.max_model_len - len(ids)},
             "model": body.get("model"),
             "stream": False,
             "stream_options": None,
