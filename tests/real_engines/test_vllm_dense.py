@@ -1,6 +1,7 @@
 """A real vLLM (CPU build) serving the tiny Qwen3 behind `tokentrail serve --engine vllm://`:
 the official SDKs on the three protocols, streamed and not, with engine streaming on and off,
-record exactly the logprobs vLLM answered and pass the recompute audit; the served context
+record exactly the logprobs vLLM answered and pass the recompute audit, and so does a real
+Codex session; the served context
 (`--max-model-len`, not config.json) bounds prompts, and vLLM's own refusal of one over it is
 the protocol's 400; a client that goes away stops vLLM's request; every sample's weight
 versions are filled, and follow `/update_weight_version`. The stand-in `FakeVLLM` is held to
@@ -26,7 +27,6 @@ import anthropic
 import openai
 import pytest
 
-from support.claude_code import install_claude_code, run_claude
 from support.codex import install_codex, run_codex, write_home
 from support.fake_engines import FakeVLLM
 from support.real_sessions import (
@@ -342,21 +342,6 @@ def require_npm(what: str) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"npm is missing: cannot install {what}")
         pytest.skip(f"npm is missing: cannot install {what}")
-
-
-def test_a_claude_code_session_on_vllm(adapters, proxy: Recording, lm, tmp_path: Path) -> None:
-    require_npm("Claude Code")
-    exe = install_claude_code()
-    assert exe is not None
-    served = adapters[True]
-    since = len(proxy.exchanges)
-    run = run_claude(
-        exe, "Say hi.", base_url=served.url, session_id="cc-vllm", cwd=tmp_path, timeout=240
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    samples, ledger = finished_samples(served, "cc-vllm")
-    assert ledger["turns"]
-    assert_recorded_as_answered(samples, ledger, proxy, since, lm)
 
 
 def test_a_codex_session_on_vllm(adapters, proxy: Recording, lm, tmp_path: Path) -> None:
