@@ -185,15 +185,46 @@ def test_an_indexer_layer_count_the_model_lacks_is_a_shape_mismatch() -> None:
 
 def test_vllm_reads_the_npy_rows_from_the_prompt_start() -> None:
     kv = KVRouting(SHAPE)
-    fake = FakeVLLM(reply, routing=kv, weight_version="w3")
+    fake = FakeVLLM(reply, routing=kv, weight_version="w3", dev_mode=True)
     gen, srv = served(fake, VLLMEngine, request(start=1, indexer=INDEXER))
     body = srv.bodies("/v1/completions")[0]
-    assert body["routed_experts_prompt_start"] == 1 and body["return_weight_versions"] is True
+    # vLLM 0.32's /v1/completions has no `return_weight_versions` (it logs it as ignored).
+    assert body["routed_experts_prompt_start"] == 1 and "return_weight_versions" not in body
     held, _ = kv.rows_of(PROMPT + SAMPLED[:-1])
     assert gen.routed_experts.start == 1
     assert gen.routed_experts.rows.tolist() == held[1:].tolist()
     assert gen.indexer_topk == ReplayRows.missing(ReplayGap.NOT_SUPPORTED)
+    # From `GET /weight_info`, the same before and after the call.
     assert gen.weight_versions == (WeightSpan("w3", 0, 3),)
+
+
+def test_vllm_without_weight_routes_samples_with_its_initial_weights() -> None:
+    """A server without `VLLM_SERVER_DEV_MODE` serves no route that changes its weights: its
+    version is vLLM's own name for the weights it started with, asked for once."""
+
+    async def go() -> list[Any]:
+        async with FakeVLLM(reply) as srv:
+            engine = VLLMEngine(srv.url)
+            try:
+                return [await engine.generate(request(None)) for _ in range(2)]
+            finally:
+                await engine.close()
+
+    for gen in asyncio.run(go()):
+        assert gen.weight_versions == (WeightSpan("default", 0, 3),)
+
+
+def test_vllm_weights_updated_during_a_turn_leave_its_versions_unknown() -> None:
+    fake = FakeVLLM(reply, weight_version="step-1", dev_mode=True)
+
+    class Updated(VLLMEngine):
+        async def _generate_whole(self, req: GenerateRequest) -> Any:
+            generation = await super()._generate_whole(req)
+            fake.weight_version = "step-2"  # a trainer's /update_weight_version meanwhile
+            return generation
+
+    gen, _ = served(fake, Updated, request(None))
+    assert gen.output_ids == SAMPLED and gen.weight_versions == ()
 
 
 def test_vllm_without_the_flag_returns_none() -> None:

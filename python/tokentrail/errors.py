@@ -164,6 +164,25 @@ class EngineError(TokentrailError):
         return f"{self.message} (HTTP {self.engine_status})"
 
 
+class EngineRefusedRequest(EngineError):
+    """The engine answered that the request is wrong (HTTP 400, 413 or 422): a prompt over its
+    served context, a parameter out of its range. The harness gets the protocol's 400 with the
+    engine's own message, which an SDK does not retry and a harness can act on (compact its
+    context), not the 502 of an engine that failed."""
+
+
+# The engine statuses that mean "the request is wrong", not "the engine failed".
+ENGINE_REFUSALS = frozenset({400, 413, 422})
+
+
+def engine_error(message: str, engine_status: int | None) -> EngineError:
+    """The error for an engine's non-2xx answer: `EngineRefusedRequest` for a refusal of the
+    request itself (`ENGINE_REFUSALS`), else `EngineError`."""
+    if engine_status in ENGINE_REFUSALS:
+        return EngineRefusedRequest(message, engine_status)
+    return EngineError(message, engine_status)
+
+
 class EngineOutputError(EngineError):
     """The engine answered, but with output that cannot be trained on: a token id outside the
     vocabulary, a logprob that is not a finite number <= 0, logprobs and tokens that differ in

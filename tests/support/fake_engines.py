@@ -482,6 +482,13 @@ class FakeVLLM(_FakeServer):
     # `--enable-return-routed-experts`: every non-stream choice carries them, as a .npy.
     routing: KVRouting | None = None
     weight_version: str = "default"
+    # `VLLM_SERVER_DEV_MODE=1`: the RL routes, `GET /weight_info` among them, are served.
+    dev_mode: bool = False
+    # `--max-model-len`: in `GET /v1/models`, and a longer prompt is refused (400). By
+    # default a 256K context, which the 128K-token prompt tests fit.
+    max_model_len: int = 262144
+    # `--enable-scale-out`: without it vLLM 0.32 answers its render and tokens routes 403.
+    scale_out: bool = True
     # Every completion answered, in order.
     answered: list[dict[str, Any]] = field(default_factory=list)
     # The served model's image processor (Qwen3-VL's `preprocessor_config.json`;
@@ -498,12 +505,26 @@ class FakeVLLM(_FakeServer):
     held: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def routes(self) -> list[web.RouteDef]:
+        dev = [web.get("/weight_info", self._weight_info)] if self.dev_mode else []
+        render, tokens = self._render, self._generate_tokens
+        if not self.scale_out:
+            render = tokens = self._scale_out_disabled
         return [
+            *dev,
             web.post("/v1/completions", self._completions),
             web.get("/v1/models", self._models),
-            web.post("/v1/chat/completions/render", self._render),
-            web.post("/inference/v1/generate", self._generate_tokens),
+            web.post("/v1/chat/completions/render", render),
+            web.post("/inference/v1/generate", tokens),
         ]
+
+    async def _scale_out_disabled(self, request: web.Request) -> web.Response:
+        """vllm 0.32 `scale_out/factories.py`: the routes are there, and refuse."""
+        await self._record(request)
+        message = (
+            "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to "
+            "enable them."
+        )
+        return _vllm_error(message, 403, "PermissionDeniedError")
 
     async def _render(self, request: web.Request) -> web.Response:
         """`ServingRender`: the chat's token ids as the template and processor expand them,
@@ -569,7 +590,7 @@ class FakeVLLM(_FakeServer):
             "request_id": uuid.uuid4().hex,
             "token_ids": ids,
             "features": features,
-            "sampling_params": {"max_tokens": 40960 - len(ids)},
+            "sampling_params": {"max_tokens": self.max_model_len - len(ids)},
             "model": body.get("model"),
             "stream": False,
             "stream_options": None,
@@ -644,12 +665,13 @@ class FakeVLLM(_FakeServer):
         ids, logprobs, finish = self._truncate(token_ids, params.get("max_tokens"))
         content = None
         if params.get("logprobs") is not None:
+            # vllm 0.32 `GenerateLogProbsContent`: integer ids (the route has no tokenizer).
             content = [
                 {
-                    "token": f"token_id:{t}",
+                    "token_id": t,
                     "logprob": lp,
-                    "bytes": None,
-                    "top_logprobs": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None}],
+                    "rank": 1,
+                    "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}],
                 }
                 for t, lp in zip(ids, logprobs, strict=True)
             ]
@@ -659,6 +681,8 @@ class FakeVLLM(_FakeServer):
             "total_tokens": len(token_ids) + len(ids),
         }
         request_id = f"generate-tokens-{body.get('request_id') or rid}"
+        # Contiguous spans over the output, on the whole answer and the stream's last chunk.
+        spans = [{"version": self.weight_version, "start": 0, "end": len(ids)}]
         answer = {
             "request_id": request_id,
             "choices": [
@@ -667,6 +691,7 @@ class FakeVLLM(_FakeServer):
                     "logprobs": None if content is None else {"content": content},
                     "finish_reason": finish,
                     "token_ids": ids,
+                    "weight_versions": spans,
                 }
             ],
             "usage": usage,
@@ -684,6 +709,7 @@ class FakeVLLM(_FakeServer):
                 "logprobs": part,
                 "finish_reason": finish if last else None,
                 "token_ids": ids[start:end],
+                "weight_versions": spans if last else None,
             }
             return {"request_id": request_id, "choices": [choice]}
 
@@ -696,6 +722,28 @@ class FakeVLLM(_FakeServer):
         return await self._stream(
             request, rid, len(ids), event, stalled, after if options.get("include_usage") else []
         )
+
+    def _refusal(self, prompt: int, params: dict[str, Any]) -> web.Response | None:
+        """vLLM's 400 for a prompt over `max_model_len` and for a `top_p` out of (0, 1], with
+        its messages (vllm 0.32 `renderers`, `sampling_params.py`)."""
+        if prompt > self.max_model_len:
+            return _vllm_error(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt contains {prompt} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={prompt})",
+                400,
+            )
+        top_p = params.get("top_p", 1.0)
+        if not 0.0 < top_p <= 1.0:
+            return _vllm_error(
+                f"top_p must be in (0, 1], got {float(top_p)}. (parameter=top_p, value={top_p})",
+                400,
+            )
+        return None
+
+    async def _weight_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
 
     async def _failing(self, rid: str) -> web.Response | None:
         """The `fail` answer, or after the `hang`, None: what `mode` makes of a request."""
@@ -718,7 +766,7 @@ class FakeVLLM(_FakeServer):
             "owned_by": "vllm",
             "root": self.model,
             "parent": None,
-            "max_model_len": 40960,
+            "max_model_len": self.max_model_len,
         }
         return web.json_response({"object": "list", "data": [card]})
 
@@ -742,6 +790,9 @@ class FakeVLLM(_FakeServer):
                 }
                 return web.json_response({"error": error}, status=400)
         prompt = body["prompt"]
+        refusal = self._refusal(len(prompt), body)
+        if refusal is not None:
+            return refusal
         ids, logprobs, finish = self._truncate(prompt, body.get("max_tokens"))
         choice = {
             "index": 0,
@@ -768,10 +819,6 @@ class FakeVLLM(_FakeServer):
             buffer = io.BytesIO()
             np.save(buffer, rows.astype(np.uint8 if small else np.uint16), allow_pickle=False)
             choice["routed_experts"] = base64.b64encode(buffer.getvalue()).decode("ascii")
-        if body.get("return_weight_versions"):
-            choice["weight_versions"] = [
-                {"version": self.weight_version, "start": 0, "end": len(ids)}
-            ]
         usage = {
             "prompt_tokens": len(prompt),
             "completion_tokens": len(ids),
@@ -795,20 +842,23 @@ class FakeVLLM(_FakeServer):
     ) -> web.StreamResponse:
         """vLLM's completion stream (serving_completion `completion_stream_generator`): each
         chunk's choice holds its new `token_ids` and logprobs; the first also the
-        `prompt_token_ids`, the terminal one `finish_reason` and `weight_versions`; with
-        `stream_options.include_usage`, a last chunk with no choices and the usage."""
+        `prompt_token_ids`, the terminal one `finish_reason` (no `weight_versions`: vLLM 0.32
+        ignores `return_weight_versions`); with `stream_options.include_usage`, a last chunk
+        with no choices and the usage."""
         whole = answer["choices"][0]
         ids, lp = whole["token_ids"], whole["logprobs"]
 
         def chunk(choice: dict[str, Any], usage: Any = None) -> dict[str, Any]:
-            return {
+            out = {
                 "id": answer["id"],
                 "object": "text_completion",
                 "created": answer["created"],
                 "model": answer["model"],
                 "choices": [choice] if choice else [],
-                "usage": usage,
             }
+            if usage is not None:  # vLLM leaves the key out of the other chunks
+                out["usage"] = usage
+            return out
 
         def event(start: int, end: int, last: bool) -> Any:
             choice: dict[str, Any] = {
@@ -826,8 +876,6 @@ class FakeVLLM(_FakeServer):
             }
             if start == 0:
                 choice["prompt_token_ids"] = whole["prompt_token_ids"]
-            if last and "weight_versions" in whole:
-                choice["weight_versions"] = whole["weight_versions"]
             return chunk(choice)
 
         async def stalled() -> Any:

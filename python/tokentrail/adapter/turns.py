@@ -38,6 +38,7 @@ from tokentrail.engines.base import (
     Generation,
     ReplayRequest,
     SamplingParams,
+    ServedContext,
 )
 from tokentrail.engines.streaming import StreamingEngine, TokenSink
 from tokentrail.engines.validation import check_generation
@@ -46,7 +47,9 @@ from tokentrail.errors import (
     EngineError,
     EngineLimit,
     EngineOutputError,
+    EngineRefusedRequest,
     ReplayError,
+    RequestError,
     TokentrailError,
     UpstreamError,
 )
@@ -118,8 +121,26 @@ class Turns:
         self.engine_slots = EngineSlots(self.limits.engine_concurrency)
         # A whole reply, built in a worker, to a client given `--idle-connection-timeout`.
         self.send = partial(send_whole, offload=offload, timeout_s=limits.idle_connection_s)
+        # The engine's served context (`context_tokens`), once asked (0: it says none).
+        self._served_context: int | None = None
         # Turns cut short by their client, being recorded (strong references).
         self._background: set[asyncio.Task[None]] = set()
+
+    async def context_tokens(self) -> int:
+        """The context a request may fill: the engine's served context where it says one
+        (vLLM's `max_model_len`), asked once; else the model's from its config (0: unknown)."""
+        if self._served_context is None:
+            served = 0
+            if isinstance(self.engine, ServedContext):
+                try:
+                    served = await self.engine.served_context()
+                except EngineError as exc:  # asked again next turn
+                    logger.debug("the engine's served context is unknown for now: %s", exc)
+                    return self.settings.context_tokens
+            if served:
+                logger.info("the engine serves a context of %d tokens", served)
+            self._served_context = served
+        return self._served_context or self.settings.context_tokens
 
     # -- on the loop: the turn ------------------------------------------------------------------
 
@@ -150,10 +171,11 @@ class Turns:
             self.metrics.splice_fallback(prepared.fallback)
 
         prompt_tokens = len(prepared.prompt_ids)
-        self.limits.check_prompt(prompt_tokens, self.settings.context_tokens)
+        model_context = await self.context_tokens()
+        self.limits.check_prompt(prompt_tokens, model_context)
         budget = session.max_context_tokens or self.settings.max_context_tokens
         check_can_generate(prepared, budget, self.engine)
-        context = min((c for c in (self.settings.context_tokens, budget) if c), default=0)
+        context = min((c for c in (model_context, budget) if c), default=0)
         sampling = self.limits.fit_output(turn.sampling, prompt_tokens, context)
 
         key = sampling_key(sampling)
@@ -380,9 +402,13 @@ class Turns:
                 end_token_ids=self.tokenizer.end_token_ids,
             )
         except EngineError as exc:
+            await self.engine.abort(rid)
+            if isinstance(exc, EngineRefusedRequest):
+                # The request is wrong (over the served context, a parameter out of range):
+                # the protocol's 400, which the harness can act on and an SDK does not retry.
+                raise RequestError(f"the engine refused the request: {exc}") from None
             fault = exc.fault if isinstance(exc, EngineOutputError) else EngineFault.FAILED
             self.metrics.engine_error(str(fault))
-            await self.engine.abort(rid)
             raise UpstreamError(f"engine error: {exc}") from None
         return generation
 

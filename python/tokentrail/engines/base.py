@@ -194,6 +194,18 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class ServedContext(Protocol):
+    """An engine that says how many tokens (prompt and output together) it serves a request:
+    vLLM's `max_model_len`, which `--max-model-len` sets below the model's own context. The
+    adapter holds prompts and outputs to it rather than to the model's `config.json`."""
+
+    async def served_context(self) -> int:
+        """The served context length in tokens (0: the engine does not say). Raises
+        `EngineError` when the engine cannot be asked."""
+        ...
+
+
 def routed_from_zero(
     req: GenerateRequest, rows: Any, prompt: int, output: int
 ) -> ReplayRows | None:

@@ -27,7 +27,7 @@ from tokentrail.engines.base import (
 )
 from tokentrail.engines.streaming import EventTooLong, sse_events
 from tokentrail.engines.wire_rows import lift_base64
-from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError
+from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError, engine_error
 from tokentrail.kinds import EngineFault
 
 logger = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class HTTPEngine:
             raise EngineError(f"cannot reach {self.name} at {url}: {exc}") from None
         if not ok:
             message = error_message(raw) if raw is not None else "error answer too long"
-            raise EngineError(f"{self.name} at {url}: {message}", status)
+            raise engine_error(f"{self.name} at {url}: {message}", status)
         lifted: dict[str, memoryview] = {}
         if lift and raw is not None:
             raw, lifted = lift_base64(raw)
@@ -203,7 +203,7 @@ class HTTPEngine:
                 if not 200 <= status < 300:
                     raw = await read_bounded(resp, ERROR_BODY_BYTES)
                     message = error_message(raw) if raw is not None else "error answer too long"
-                    raise EngineError(f"{self.name} at {url}: {message}", status)
+                    raise engine_error(f"{self.name} at {url}: {message}", status)
                 first = True
                 try:
                     async for run in sse_events(resp, max_event_bytes):
@@ -255,7 +255,7 @@ class HTTPEngine:
                     f"{self.name} at {url} streamed an event that is not JSON"
                 ) from None
         if isinstance(obj, dict) and "error" in obj:
-            raise EngineError(
+            raise engine_error(
                 f"{self.name} at {url}: {error_message(event)}", _status_of(obj["error"])
             )
         return obj

