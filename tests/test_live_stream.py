@@ -421,11 +421,11 @@ def test_keepalives_go_out_while_the_engine_has_produced_nothing(tokenizer) -> N
     assert ids == {events[-1]["response"]["id"]}
 
 
-CHAT_BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi."}]}
+PLAIN_CHAT_BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Hi."}]}
 RESPONSES_BODY = {"model": "m", "input": "Run the tests."}
 FAILING = {
     "anthropic": ("/v1/messages", ANTHROPIC_BODY),
-    "chat": ("/v1/chat/completions", CHAT_BODY),
+    "chat": ("/v1/chat/completions", PLAIN_CHAT_BODY),
     "responses": ("/v1/responses", RESPONSES_BODY),
 }
 
