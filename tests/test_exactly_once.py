@@ -28,7 +28,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("point", "turn", "answered"), [("journaled", 2, 1), ("write-3", 3, 1), ("flushed", 2, 0)]
+    ("point", "turn", "answered"), [("journaled", 2, 1), ("write-1", 3, 1), ("flushed", 2, 0)]
 )
 def test_a_kill_between_journal_and_reply_is_answered_once(
     tmp_path: Path, clean: dict, point: str, turn: int, answered: int

@@ -10,8 +10,8 @@ of its TURN-th generated turn (counted from 1 in this process):
 - `journaled`: right after it;
 - `recorded`: after the turn is recorded in memory, before any byte of the reply is written;
 - `headers`: after the reply's headers went out;
-- `write-K`: after the K-th write of the reply's body (a streamed reply writes one SSE frame
-  per write; a JSON reply writes once);
+- `write-K`: after the K-th write of the reply's body (a reply streamed as sampled writes
+  as its frames go out; a reply written whole, SSE or JSON, writes once, before its end);
 - `flushed`: after the whole reply was written and flushed.
 
 Used by `benches/kill_sweep.py` and `tests/test_exactly_once.py`.

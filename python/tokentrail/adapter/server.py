@@ -56,6 +56,7 @@ from tokentrail.text.vision import ImageCache
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
+from tokentrail.trajectory.prompts import PromptBuilder
 from tokentrail.trajectory.sample import Sample
 from tokentrail.view.app import UI_PREFIX, Viewer
 from tokentrail.view.sources import LiveSource
@@ -102,8 +103,10 @@ class Adapter:
             side_rules=config.side_rules(),
             template_name=template_name,
         )
-        # Every render of a request's prompt runs within the budget (`text.render_budget`).
-        self.pipeline.splicer.chat.budget_s = config.render_budget_s
+        # Every render of a request's prompt runs within the budget (`text.render_budget`); a
+        # tokenizer object renders its own prompts (`ObjectPrompts`), outside tokentrail's.
+        if isinstance(self.pipeline.prompts, PromptBuilder):
+            self.pipeline.prompts.splicer.chat.budget_s = config.render_budget_s
         probe_template(self.pipeline.render, template_name or "the chat template")
         self.metrics = Metrics()
         self.journal = journal
