@@ -13,7 +13,12 @@ nothing is read from the directory but the config, so the logprob columns then m
 and only the plumbing is checked (every position has a routing row of the right shape, the
 session trains); the default reads the directory's weights, so the audit applies in full.
 
+`--moe-shape LAYERSxEXPERTSxTOPK` (default 48x128x8, Qwen3-30B-A3B's routing) gives the MoE
+model a real MoE's routing shape over the tiny widths, so the routed experts each engine returns
+are checked at the size a trainer replays: 48 layers x top-8 ids per token.
+
     python benches/gpu_real_engines.py [--engines sglang,vllm] [--turns 6] [--load-format auto]
+        [--moe-shape 48x128x8]
 """
 
 from __future__ import annotations
@@ -118,9 +123,13 @@ def main() -> None:
     parser.add_argument("--models", default="qwen3,qwen3-moe")
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    parser.add_argument("--moe-shape", default="48x128x8", help="LAYERSxEXPERTSxTOPK")
     args = parser.parse_args()
+    layers, experts, top_k = (int(n) for n in args.moe_shape.split("x"))
+    moe_fields = {"num_hidden_layers": layers, "num_experts": experts, "num_experts_per_tok": top_k}
     set_threads(4)
     print(f"machine: {platform.node()}, {os.cpu_count()} cores; load format {args.load_format}")
+    print(f"MoE routing shape: {layers} layers x top-{top_k} of {experts} experts")
     print("| engine | model | samples | trained | max abs err | mean abs err | routing match |")
     print("|---|---|---|---|---|---|---|")
     for engine in args.engines.split(","):
@@ -128,7 +137,7 @@ def main() -> None:
             print(f"| {engine} | - | not installed | | | | |")
             continue
         for name in args.models.split(","):
-            path = tiny_model(name)
+            path = tiny_model(name, overrides=moe_fields if name == "qwen3-moe" else None)
             moe = CausalLM(path).is_moe
             port = free_port()
             proc = subprocess.Popen(server_command(engine, path, port, args.load_format, moe))

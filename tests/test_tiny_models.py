@@ -62,3 +62,23 @@ def test_a_vl_models_image_processor_sizes_images_as_tokentrail_does(name: str) 
         assert processor.get_number_of_image_patches(height, width, {}) == t * h * w
     assert processor.patch_size == spec.patch_size and processor.merge_size == spec.merge_size
     assert list(processor.image_mean) == list(spec.image_mean)
+
+
+def test_a_tiny_moe_takes_a_real_moes_routing_shape() -> None:
+    """What `benches/gpu_real_engines.py --moe-shape` serves: Qwen3-30B-A3B's routing (48 layers,
+    top-8 of 128 experts) over the tiny widths, in a directory of its own; a forward pass
+    routes every token through 8 of the 128 experts in each of the 48 layers."""
+    from tokentrail.model.forward import CausalLM
+
+    shape = {"num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8}
+    path = tiny_model("qwen3-moe", overrides=shape)
+    assert path != tiny_model("qwen3-moe")
+    config = json.loads((path / "config.json").read_text())
+    assert {k: config[k] for k in shape} == shape
+    lm = CausalLM(path)
+    assert lm.routing is not None
+    assert (lm.routing.layers, lm.routing.top_k, lm.routing.num_experts) == (48, 8, 128)
+    _, rows = lm.forward([1, 2, 3])
+    assert rows is not None and rows.shape == (3, 48, 8)
+    assert ((rows >= 0) & (rows < 128)).all()
+    assert all(len(set(r)) == 8 for r in rows.reshape(-1, 8).tolist())  # 8 distinct experts

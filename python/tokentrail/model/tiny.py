@@ -233,23 +233,27 @@ def tiny_model(
     *,
     seed: int = DEFAULT_SEED,
     cache_dir: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> Path:
-    """The directory of tiny model `name` (`tiny_names()`), built on first use."""
-    path = _tiny_model(name, seed, str(cache_root(cache_dir)))
+    """The directory of tiny model `name` (`tiny_names()`), built on first use. `overrides`:
+    config fields over the tiny ones (a real MoE's layer and expert counts, as
+    `benches/gpu_real_engines.py --moe-shape` asks), a directory of its own."""
+    fields = json.dumps(dict(overrides or {}), sort_keys=True)
+    path = _tiny_model(name, seed, str(cache_root(cache_dir)), fields)
     if not (path / "model.safetensors").is_file():  # removed since: build it again
         _tiny_model.cache_clear()
-        path = _tiny_model(name, seed, str(cache_root(cache_dir)))
+        path = _tiny_model(name, seed, str(cache_root(cache_dir)), fields)
     return path
 
 
 @functools.lru_cache(maxsize=32)
-def _tiny_model(name: str, seed: int, cache_dir: str) -> Path:
+def _tiny_model(name: str, seed: int, cache_dir: str, overrides: str = "{}") -> Path:
     # Cached in process: finding the directory loads the vocabulary, which takes a second.
     import torch
     import transformers
 
     tokenizer = load_tokenizer(_spec(name).tokenizer, cache_dir)
-    config = tiny_config(name, tokenizer)
+    config = {**tiny_config(name, tokenizer), **json.loads(overrides)}
     key = json.dumps(
         [config, seed, BUILD_VERSION, torch.__version__, transformers.__version__], sort_keys=True
     )
