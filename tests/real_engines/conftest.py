@@ -1,6 +1,6 @@
-"""A real vLLM (its CPU build) per tiny model for the whole test session, one running at a time
-(each takes about 4 GB): tests are grouped by model, one module each, so each model's server
-starts once. Without the build (`.ci/vllm-env`), these tests skip, and fail under CI.
+"""A real vLLM (its CPU build) per tiny model, one running at a time (each takes about 4 GB) and
+none after its module: tests are grouped by model, so each model's server starts once. Without
+the build (`.ci/vllm-env`), these tests skip, and fail under CI.
 """
 
 from __future__ import annotations
@@ -58,3 +58,11 @@ def vllm_servers() -> Iterator[Servers]:
         servers.close()
         for name, seconds in servers.startup_s.items():
             print(f"\nvLLM start-up, tiny {name}: {seconds:.1f} s")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _servers_stop_with_their_module(vllm_servers: Servers) -> Iterator[None]:
+    """A module's server stops with the module (each module is one model's, or two models'
+    in turn), so none outlives `tests/real_engines/`: the rest of the suite needs the 4 GB."""
+    yield
+    vllm_servers.close()

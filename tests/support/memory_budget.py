@@ -7,7 +7,8 @@ the run holds of the machine's memory. The peak is printed at the end of the run
 whose peak is over the budget fails, so a test that adds a real engine cannot push CI into the
 OOM killer unnoticed.
 
-`TOKENTRAIL_TEST_MEMORY_BUDGET_GB` sets the budget (default 16 GB, on CI's 24 GB machine).
+`TOKENTRAIL_TEST_MEMORY_BUDGET_GB` sets the budget: by default 18 GB of CI's 24 GB machine, the
+rest left to the kernel, the page cache and the processes the run did not start.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-DEFAULT_BUDGET_GB = 16.0
+DEFAULT_BUDGET_GB = 18.0
 INTERVAL_S = 0.2
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from tokentrail.adapter import notes as request_notes
 from tokentrail.adapter.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
 from tokentrail.adapter.config import AdapterConfig
+from tokentrail.adapter.context import ContextLength
 from tokentrail.adapter.limits import EngineSlots, Limits
 from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
 from tokentrail.adapter.metrics import Metrics
@@ -38,7 +39,6 @@ from tokentrail.engines.base import (
     Generation,
     ReplayRequest,
     SamplingParams,
-    ServedContext,
 )
 from tokentrail.engines.streaming import StreamingEngine, TokenSink
 from tokentrail.engines.validation import check_generation
@@ -121,26 +121,10 @@ class Turns:
         self.engine_slots = EngineSlots(self.limits.engine_concurrency)
         # A whole reply, built in a worker, to a client given `--idle-connection-timeout`.
         self.send = partial(send_whole, offload=offload, timeout_s=limits.idle_connection_s)
-        # The engine's served context (`context_tokens`), once asked (0: it says none).
-        self._served_context: int | None = None
+        # What a prompt may fill: the engine's served context, else the model's.
+        self.context = ContextLength(engine, settings.context_tokens)
         # Turns cut short by their client, being recorded (strong references).
         self._background: set[asyncio.Task[None]] = set()
-
-    async def context_tokens(self) -> int:
-        """The context a request may fill: the engine's served context where it says one
-        (vLLM's `max_model_len`), asked once; else the model's from its config (0: unknown)."""
-        if self._served_context is None:
-            served = 0
-            if isinstance(self.engine, ServedContext):
-                try:
-                    served = await self.engine.served_context()
-                except EngineError as exc:  # asked again next turn
-                    logger.debug("the engine's served context is unknown for now: %s", exc)
-                    return self.settings.context_tokens
-            if served:
-                logger.info("the engine serves a context of %d tokens", served)
-            self._served_context = served
-        return self._served_context or self.settings.context_tokens
 
     # -- on the loop: the turn ------------------------------------------------------------------
 
@@ -171,7 +155,7 @@ class Turns:
             self.metrics.splice_fallback(prepared.fallback)
 
         prompt_tokens = len(prepared.prompt_ids)
-        model_context = await self.context_tokens()
+        model_context = await self.context.tokens()
         self.limits.check_prompt(prompt_tokens, model_context)
         budget = session.max_context_tokens or self.settings.max_context_tokens
         check_can_generate(prepared, budget, self.engine)
@@ -375,18 +359,7 @@ class Turns:
         """One engine call, its output checked; any failure is a 502 with an abort sent and
         nothing recorded, counted by fault. With a `sink`, the tokens go to it as the engine
         streams them (all at the end from an engine that does not stream)."""
-        request = GenerateRequest(
-            input_ids=prepared.prompt_ids,
-            sampling=sampling,
-            session_id=sid,
-            request_id=rid,
-            messages=prepared.record_messages,
-            tools=prepared.tools,
-            constraint=prepared.constraint,
-            replay=self.replay.from_position(prepared.replay_start),
-            images=list(prepared.conversation.images),
-            image_pad_id=prepared.image_pad_id,
-        )
+        request = generate_request(prepared, sampling, sid, rid, self.replay)
         try:
             async with self.engine_slots.slot():
                 if sink is not None and isinstance(self.engine, StreamingEngine):
@@ -522,6 +495,29 @@ def journal_turn(
         answer=answer,
         supersedes=supersedes,
         keyed=(prepared.record_messages, prepared.keys or ()),
+    )
+
+
+def generate_request(
+    prepared: PreparedTurn,
+    sampling: SamplingParams,
+    sid: str,
+    rid: str,
+    replay: ReplayRequest,
+) -> GenerateRequest:
+    """The engine request of a prepared turn: its prompt ids, what the engine constrains and
+    replays, and its images."""
+    return GenerateRequest(
+        input_ids=prepared.prompt_ids,
+        sampling=sampling,
+        session_id=sid,
+        request_id=rid,
+        messages=prepared.record_messages,
+        tools=prepared.tools,
+        constraint=prepared.constraint,
+        replay=replay.from_position(prepared.replay_start),
+        images=list(prepared.conversation.images),
+        image_pad_id=prepared.image_pad_id,
     )
 
 
