@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from support.vllm_server import VLLMServer, vllm_python
+from tokentrail.model.forward import THREADS_ENV, set_threads
 from tokentrail.model.tiny import tiny_model
 
 VISION = frozenset({"qwen2.5-vl", "qwen3-vl"})
@@ -66,3 +67,16 @@ def _servers_stop_with_their_module(vllm_servers: Servers) -> Iterator[None]:
     in turn), so none outlives `tests/real_engines/`: the rest of the suite needs the 4 GB."""
     yield
     vllm_servers.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """The recompute audit on one torch thread, beside a vLLM server on the other core."""
+    before = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = "1"
+    set_threads(1)
+    yield
+    if before is None:
+        os.environ.pop(THREADS_ENV, None)
+    else:
+        os.environ[THREADS_ENV] = before

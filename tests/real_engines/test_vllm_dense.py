@@ -38,22 +38,10 @@ from support.real_sessions import (
 from support.serve import Served, serving
 from support.vllm_server import MAX_MODEL_LEN, Recording, VLLMServer, recording
 from tokentrail.model.audit import DEFAULT_TOLERANCE, recompute_samples
-from tokentrail.model.forward import THREADS_ENV, CausalLM, set_threads
+from tokentrail.model.forward import CausalLM
 from tokentrail.trajectory.sample import Sample
 
 MODEL = "qwen3"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = os.environ.get(THREADS_ENV)
-    os.environ[THREADS_ENV] = "1"
-    set_threads(1)
-    yield
-    if before is None:
-        os.environ.pop(THREADS_ENV, None)
-    else:
-        os.environ[THREADS_ENV] = before
 
 
 @pytest.fixture(scope="module")

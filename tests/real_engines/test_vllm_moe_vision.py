@@ -8,8 +8,6 @@ Triton), so the MoE samples carry none and the audit checks logprobs only.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
@@ -20,22 +18,9 @@ from support.real_sessions import answered, check_logprobs_are_the_engines, run_
 from support.serve import serving
 from support.vllm_server import recording
 from tokentrail.model.audit import DEFAULT_TOLERANCE, recompute_samples
-from tokentrail.model.forward import THREADS_ENV, set_threads
 from tokentrail.trajectory.sample import Sample
 
 VL_TOLERANCE = 5e-3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = os.environ.get(THREADS_ENV)
-    os.environ[THREADS_ENV] = "1"
-    set_threads(1)
-    yield
-    if before is None:
-        os.environ.pop(THREADS_ENV, None)
-    else:
-        os.environ[THREADS_ENV] = before
 
 
 def audited(
