@@ -34,14 +34,13 @@ from support.engine_thread import engine_in_thread
 from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import resume_checks, serving, serving_in_thread
 from support.stand_in import scripted_reply
+from support.sub_agents import SubAgentScript, cd_call
 from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.core.replay import RoutingShape
-from tokentrail.engines.base import GenerateRequest
-from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.sim.moe import KVRouting
-from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
+from tokentrail.text.tokenizer import load_tokenizer
 
 CALC = "def add(a, b):\n    return a+b   \n\nprint(add(1, 2))\n"
 
@@ -215,21 +214,6 @@ SUBAGENT_PROMPT = (
 )
 
 
-class _TwoConversations(ScriptedEngine):
-    """The scripted engine with a second script for the sub-agent's conversation (a script
-    answers by the prompt's assistant count, which both conversations start at 0)."""
-
-    def __init__(self, tokenizer: LoadedTokenizer, main: list, sub: list) -> None:
-        super().__init__(tokenizer, main)
-        self.sub = sub
-
-    def choose(self, req: GenerateRequest) -> list[dict]:
-        first = next((m for m in req.messages if m.get("role") == "user"), {})
-        replies = self.sub if SUBAGENT_PROMPT in str(first.get("content")) else self.replies
-        index = self.reply_index(req.messages)
-        return replies[index] if index < len(replies) else FINAL_REPLY
-
-
 def test_real_claude_code_in_its_default_configuration_gives_one_sample_per_conversation(
     claude_exe_completion_order: Path, tmp_path: Path
 ) -> None:
@@ -260,7 +244,7 @@ def test_real_claude_code_in_its_default_configuration_gives_one_sample_per_conv
     ]
     tokenizer = load_tokenizer()
     adapter = Adapter(
-        engine=_TwoConversations(tokenizer, main, sub),
+        engine=SubAgentScript(tokenizer, main, sub, SUBAGENT_PROMPT),
         tokenizer=tokenizer,
         config=AdapterConfig(verify_resume=True),
     )
@@ -302,11 +286,7 @@ def test_real_claude_code_in_its_default_configuration_gives_one_sample_per_conv
 
 
 def _bash(repo: Path, command: str) -> dict:
-    return {
-        "type": "tool_use",
-        "name": "Bash",
-        "input": {"command": f"cd {repo} && {command}", "description": command[:40]},
-    }
+    return cd_call(repo, command, "Bash")
 
 
 @pytest.mark.parametrize("configuration", ["default", "quiet"])
@@ -348,7 +328,7 @@ def test_real_claude_code_with_cd_prefixed_bash_and_a_sub_agent(
     tokenizer = load_tokenizer()
     log = tmp_path / "access.log"
     adapter = Adapter(
-        engine=_TwoConversations(tokenizer, main, sub),
+        engine=SubAgentScript(tokenizer, main, sub, SUBAGENT_PROMPT),
         tokenizer=tokenizer,
         config=AdapterConfig(
             verify_resume=True,

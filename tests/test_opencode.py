@@ -21,11 +21,11 @@ import pytest
 from support.capture import capture, write_corpus
 from support.opencode import OPENCODE_VERSION, install_opencode, run_opencode
 from support.serve import resume_checks, serving_in_thread
+from support.sub_agents import SubAgentScript, cd_call
 from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.server import Adapter, AdapterConfig
 from tokentrail.engines.base import GenerateRequest
-from tokentrail.engines.scripted import FINAL_REPLY, ScriptedEngine
-from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
+from tokentrail.text.tokenizer import load_tokenizer
 
 SUBAGENT_PROMPT = "Search every file under the repository for TODO comments and list them."
 TITLE = [{"type": "text", "text": "Write HI and find TODOs"}]
@@ -44,30 +44,18 @@ def opencode_exe() -> Path:
     return exe
 
 
-class _Conversations(ScriptedEngine):
-    """The scripted engine answering opencode's three conversations: its title request, the
-    sub-agent's (its first user message holds the `task` prompt) and the main one."""
-
-    def __init__(self, tokenizer: LoadedTokenizer, main: list, sub: list) -> None:
-        super().__init__(tokenizer, main)
-        self.sub = sub
+class _Conversations(SubAgentScript):
+    """The sub-agent script answering opencode's title request too."""
 
     def choose(self, req: GenerateRequest) -> list[dict]:
         system = str(req.messages[0].get("content")) if req.messages else ""
         if "You are a title generator" in system:
             return TITLE
-        first = next((m for m in req.messages if m.get("role") == "user"), {})
-        replies = self.sub if SUBAGENT_PROMPT in str(first.get("content")) else self.replies
-        index = self.reply_index(req.messages)
-        return replies[index] if index < len(replies) else FINAL_REPLY
+        return super().choose(req)
 
 
 def _bash(repo: Path, command: str) -> dict:
-    return {
-        "type": "tool_use",
-        "name": "bash",
-        "input": {"command": f"cd {repo} && {command}", "description": command[:40]},
-    }
+    return cd_call(repo, command, "bash")
 
 
 def test_real_opencode_default_configuration_with_a_sub_agent(
@@ -98,7 +86,7 @@ def test_real_opencode_default_configuration_with_a_sub_agent(
     tokenizer = load_tokenizer()
     log = tmp_path / "access.log"
     adapter = Adapter(
-        engine=_Conversations(tokenizer, main, sub),
+        engine=_Conversations(tokenizer, main, sub, SUBAGENT_PROMPT),
         tokenizer=tokenizer,
         config=AdapterConfig(
             verify_resume=True,
