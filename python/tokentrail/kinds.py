@@ -87,8 +87,34 @@ class MaskReason(StrEnum):
     # Sampled under a structured-output grammar (a forced tool call): the engine computed its
     # logprob after the grammar's mask, so it is not the policy's (`ConstrainedPolicy.MASK`).
     CONSTRAINED = "constrained"
+    # Sampled by weights more trainer steps old than the trainer's `max_staleness` allows
+    # (`trajectory.staleness`): masked by the trainer after finish, never by the adapter.
+    STALE = "stale"
     # Never expected: a token no reason accounts for. Logged as an error when it happens.
     UNACCOUNTED = "unaccounted"
+
+
+class StalenessPolicy(StrEnum):
+    """What a trainer's `max_staleness` does with a sample holding tokens sampled by weights
+    too many steps old (`trajectory.staleness.limit_staleness`)."""
+
+    # Those tokens are masked (`MaskReason.STALE`); the rest of the sample trains.
+    MASK = "mask"
+    # The whole sample is left out of the batch.
+    DROP = "drop"
+
+
+class PauseMode(StrEnum):
+    """What vLLM's `/pause` does with the turns it is sampling while weights are pushed
+    (`integrations.weights.VLLMWeights.push`)."""
+
+    # Frozen and carried on under the new weights after `/resume`: a turn holds tokens of two
+    # versions, and every token says which sampled it.
+    KEEP = "keep"
+    # Finished under the old weights before the new ones load.
+    WAIT = "wait"
+    # Stopped (finish `abort`); what they sampled comes back to the adapter as it is.
+    ABORT = "abort"
 
 
 class ConstrainedPolicy(StrEnum):

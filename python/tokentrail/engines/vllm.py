@@ -11,6 +11,12 @@ render and tokens routes need `--enable-scale-out` (a 403 without). A server lau
 with `--enable-return-routed-experts` adds each choice's routed experts (base64 of a `.npy`),
 from `routed_experts_prompt_start` on; vLLM has no indexer top-k. vLLM aborts a request when
 its connection closes, so aborting is cancelling.
+
+`vllm-tokens://HOST:PORT` sends every turn, text too, to the tokens route, whose answer names
+the weight version of every output token (`weight_versions` spans): a turn sampled while
+`/pause?mode=keep`, a weight reload and `/resume` happened holds tokens of two versions, and
+the sample says which. That is the spec for RL with weights pushed while turns are in flight;
+the server needs `--enable-scale-out` (and `VLLM_SERVER_DEV_MODE=1` for the weight routes).
 """
 
 from __future__ import annotations
@@ -85,12 +91,16 @@ class VLLMEngine(HTTPEngine):
         model: str | None = None,
         timeout: float = 600.0,
         stream: bool = False,
+        tokens_route: bool = False,
     ) -> None:
         super().__init__(base_url, timeout=timeout)
         self.tokenizer = tokenizer
         self.model = model
         # Whether `generate` streams from the engine (`generate_streaming` always does).
         self.stream = stream
+        # Whether text turns go to the tokens route too (`vllm-tokens://`), for their
+        # per-token weight versions.
+        self.tokens_route = tokens_route
         self._inflight: dict[str, asyncio.Task[Any]] = {}
         self._aborted: set[str] = set()
         # The served model's `max_model_len` once `GET /v1/models` was read (0: none given).
@@ -182,7 +192,7 @@ class VLLMEngine(HTTPEngine):
     async def _call(self, req: GenerateRequest, model: str) -> tuple[Any, dict[str, memoryview]]:
         """One whole answer in `/v1/completions`' shape: from `/v1/completions`, or for a
         prompt with images from `/inference/v1/generate` after rendering them."""
-        if not req.images:
+        if not (req.images or self.tokens_route):
             return await self._request_answer(
                 "POST",
                 "/v1/completions",
@@ -191,7 +201,7 @@ class VLLMEngine(HTTPEngine):
                 max_bytes=answer_limit(req, echoes_prompt=True),
                 lift=req.replay.asks_rows(),
             )
-        body = await self.image_body(req, model)
+        body = await self.tokens_body(req, model)
         try:
             data, lifted = await self._request_answer(
                 "POST",
@@ -206,6 +216,13 @@ class VLLMEngine(HTTPEngine):
                 raise scale_out_refusal(self.base_url, exc) from None
             raise
         return as_completion(data), lifted
+
+    async def tokens_body(self, req: GenerateRequest, model: str) -> dict[str, Any]:
+        """The `/inference/v1/generate` body: a text prompt's ids as they are, a prompt with
+        images with the images rendered (`image_body`)."""
+        if req.images:
+            return await self.image_body(req, model)
+        return generate_body(req, model)
 
     async def image_body(self, req: GenerateRequest, model: str) -> dict[str, Any]:
         """The `/inference/v1/generate` body for a prompt with images: the images rendered by
@@ -292,8 +309,8 @@ class VLLMEngine(HTTPEngine):
     async def _stream(self, req: GenerateRequest, model: str, capture: StreamCapture) -> None:
         """One streamed answer into `capture`: from `/v1/completions`, or for a prompt with
         images from `/inference/v1/generate` (its chunks read in `/v1/completions`' shape)."""
-        if req.images:
-            path, body = GENERATE_PATH, await self.image_body(req, model)
+        if req.images or self.tokens_route:
+            path, body = GENERATE_PATH, await self.tokens_body(req, model)
             limit = answer_limit(req)
 
             def take(obj: Any) -> None:
@@ -307,7 +324,7 @@ class VLLMEngine(HTTPEngine):
         try:
             await self._request_stream(path, body, self._headers(req), limit, take)
         except EngineError as exc:
-            if req.images and exc.engine_status == 403:
+            if (req.images or self.tokens_route) and exc.engine_status == 403:
                 raise scale_out_refusal(self.base_url, exc) from None
             raise
 
@@ -329,11 +346,12 @@ def _ignore(ids: object, logprobs: object) -> None:
 
 def scale_out_refusal(base_url: str, exc: EngineError) -> EngineError:
     """What a 403 from the render or tokens route means: vLLM (0.32) serves them only when
-    started with `--enable-scale-out` (or `--tokens-only`), and a prompt with images needs
-    both."""
+    started with `--enable-scale-out` (or `--tokens-only`); a prompt with images needs both,
+    every turn of `vllm-tokens://` the tokens route."""
     return EngineError(
         f"vllm at {base_url} refuses {RENDER_PATH} and {GENERATE_PATH}, which a prompt with "
-        f"images needs: start vLLM with --enable-scale-out ({exc.message})",
+        f"images and every turn of vllm-tokens:// need: start vLLM with --enable-scale-out "
+        f"({exc.message})",
         403,
     )
 
@@ -523,3 +541,10 @@ def _routed_experts(
 @register_engine("vllm", "vllm://HOST:PORT")
 def _from_spec(spec: str, address: str, tokenizer: LoadedTokenizer, timeout: float) -> VLLMEngine:
     return VLLMEngine(base_url(spec, address), tokenizer, timeout=timeout)
+
+
+@register_engine("vllm-tokens", "vllm-tokens://HOST:PORT")
+def _tokens_from_spec(
+    spec: str, address: str, tokenizer: LoadedTokenizer, timeout: float
+) -> VLLMEngine:
+    return VLLMEngine(base_url(spec, address), tokenizer, timeout=timeout, tokens_route=True)

@@ -133,17 +133,21 @@ def sampling_params(req: GenerateRequest) -> dict[str, Any]:
     return params
 
 
-def generate_body(req: GenerateRequest, model: str, features: dict[str, Any]) -> dict[str, Any]:
-    """`GenerateRequest` of `/inference/v1/generate`: the ids, the placed images and vLLM's
-    own `SamplingParams`."""
-    return {
+def generate_body(
+    req: GenerateRequest, model: str, features: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """`GenerateRequest` of `/inference/v1/generate`: the ids, the placed images (none for a
+    text prompt) and vLLM's own `SamplingParams`."""
+    body = {
         "request_id": req.request_id,
         "model": model,
         "token_ids": token_list(req.input_ids),
-        "features": features,
         "sampling_params": sampling_params(req),
         "stream": False,
     }
+    if features is not None:
+        body["features"] = features
+    return body
 
 
 def as_completion(obj: Any) -> dict[str, Any]:

@@ -61,6 +61,9 @@ class TurnLedger:
     constrained: int = 0
     # The turn was cut by its `max_tokens` (finish reason `length`).
     length_truncated: bool = False
+    # The weight versions that sampled the turn, in order: more than one when the weights
+    # were updated while it was sampled (`/pause?mode=keep`, a reload, `/resume`).
+    weight_versions: list[str] = field(default_factory=list)
 
     @property
     def masked_total(self) -> int:
@@ -88,6 +91,7 @@ class TurnLedger:
             "retries": self.retries,
             "constrained": self.constrained,
             "length_truncated": self.length_truncated,
+            "weight_versions": list(self.weight_versions),
         }
 
 
@@ -223,6 +227,12 @@ class Ledger:
         return sum(1 for t in self.turns if t.length_truncated)
 
     @property
+    def turns_across_updates(self) -> int:
+        """Turns sampled under more than one weight version: the weights were updated while
+        they were sampled, and each token says which sampled it."""
+        return sum(1 for t in self.turns if len(t.weight_versions) > 1)
+
+    @property
     def splice_fallbacks(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for t in self.turns:
@@ -265,6 +275,7 @@ class Ledger:
                     retries=int(t.get("retries", 0)),
                     constrained=int(t.get("constrained", 0)),
                     length_truncated=bool(t.get("length_truncated", False)),
+                    weight_versions=[str(v) for v in t.get("weight_versions") or ()],
                 )
             )
         return cls(
@@ -296,6 +307,7 @@ class Ledger:
             "excluded_turns": self.excluded_turns,
             "constrained_tokens": self.constrained_tokens,
             "length_truncated_turns": self.length_truncated_turns,
+            "turns_across_updates": self.turns_across_updates,
             "dropped_media": self.dropped_media,
             "restored_echoes": self.restored_echoes,
             "restored_by_tool": dict(sorted(self.restored_by_tool.items())),
@@ -397,6 +409,7 @@ def build_ledger(
             row.superseded, row.retries = superseded, turn.retries
             row.constrained = turn.output_len if tags.constrained else 0
             row.length_truncated = turn.finish_reason == FinishReason.LENGTH
+            row.weight_versions = [span.version for span in turn.weight_versions]
             rows.append(row)
         for demoted in node.demoted:
             row = turn_fate(
@@ -410,6 +423,7 @@ def build_ledger(
             row.dropped_media = dict(demoted_tags.dropped_media)
             row.constrained = demoted.turn.output_len if demoted_tags.constrained else 0
             row.length_truncated = demoted.turn.finish_reason == FinishReason.LENGTH
+            row.weight_versions = [span.version for span in demoted.turn.weight_versions]
             rows.append(row)
     rows.sort(key=lambda r: r.turn_index)
     return Ledger(

@@ -1,0 +1,461 @@
+"""A closed RL loop on CPU with real parts only: a harness on the official OpenAI SDK talks to
+`tokentrail serve`, which samples from a real vLLM (its CPU build) serving a tiny real model;
+sessions are finished into samples, a policy-gradient step in torch trains on them, and the new
+weights go into the running vLLM through its own routes while the next sessions are in flight.
+
+    python examples/closed_loop.py --steps 12
+
+needs vLLM's CPU build (`.ci/vllm-env` installs it; `--vllm-python` or
+`$TOKENTRAIL_VLLM_PYTHON` points at another). Three arms run on one vLLM with the same seeds:
+
+- `trained`: the samples as tokentrail recorded them;
+- `frozen`: no training (the weights never change);
+- `shifted`: the loss mask and the rollout logprobs one token late, what a splice one token off
+  would hand a trainer.
+
+The task can be checked from the replies alone and learned from random weights in a few steps:
+the share of the words in a session's replies that are lowercase English-letter words. Per step
+the loop prints the sessions, the generated and trained tokens, the mean reward, the weight
+version served after the push, the tokens of turns sampled across the push, and the largest
+deviation from 1 of the importance ratio (the trainer's logprob against the one tokentrail
+recorded) over tokens the trainer's current weights sampled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import torch
+from transformers import AutoModelForCausalLM
+
+from tokentrail.engines.vllm_process import VLLMServer, free_port
+from tokentrail.integrations.finish_http import finish_over_http
+from tokentrail.integrations.weights import VLLMWeights
+from tokentrail.kinds import PauseMode, StalenessPolicy
+from tokentrail.model.tiny import tiny_model
+from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.staleness import limit_staleness, token_steps
+
+REPO = Path(__file__).resolve().parents[1]
+ARMS = ("trained", "frozen", "shifted")
+PROMPTS = (
+    "Write a few words about the sea.",
+    "Say something about trees.",
+    "Describe a city at night.",
+    "Tell me about your day.",
+)
+FOLLOW_UP = "Go on."
+WORD = re.compile(r"[a-z]+")
+ADMIN_TOKEN = "closed-loop"
+
+
+@dataclass
+class Config:
+    steps: int = 12
+    model: str = "qwen3"
+    prompts: int = 2
+    group: int = 8
+    turns: int = 2
+    max_tokens: int = 16
+    lr: float = 0.2
+    clip: float = 0.2
+    max_staleness: int = 1
+    seed: int = 0
+    pause_mode: str = str(PauseMode.KEEP)
+    arms: tuple[str, ...] = ARMS
+
+
+@dataclass
+class StepRow:
+    arm: str
+    step: int
+    sessions: int
+    generated: int
+    trained: int
+    reward: float
+    version: str
+    across_update_turns: int
+    across_update_tokens: int
+    stale_masked: int
+    ratio_dev_same_version: float
+    ratio_dev_stale: float
+    seconds: float
+
+
+# -- the harness ------------------------------------------------------------------------------
+
+
+def reward(replies: Sequence[str]) -> float:
+    """The share of whitespace-separated words in `replies` that are lowercase ASCII words."""
+    words = [w for text in replies for w in text.split()]
+    return sum(1 for w in words if WORD.fullmatch(w)) / len(words) if words else 0.0
+
+
+async def play(url: str, sid: str, prompt: str, cfg: Config, seed: int) -> list[str]:
+    """One session through the official SDK: the prompt, then `Go on.` after each reply."""
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=sid, max_retries=0, timeout=600)
+    messages: list[Any] = [{"role": "user", "content": prompt}]
+    replies = []
+    try:
+        for turn in range(cfg.turns):
+            answer = await client.chat.completions.create(
+                model="tiny",
+                messages=messages,
+                max_tokens=cfg.max_tokens,
+                temperature=1.0,
+                top_p=1.0,
+                seed=seed * 16 + turn,
+            )
+            text = answer.choices[0].message.content or ""
+            replies.append(text)
+            messages += [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": FOLLOW_UP},
+            ]
+    finally:
+        await client.close()
+    return replies
+
+
+# -- the trainer ------------------------------------------------------------------------------
+
+
+class Trainer:
+    """A GRPO step in torch: group-normalized rewards, the clipped importance ratio against the
+    rollout logprobs the samples carry, a token-level mean over trained tokens."""
+
+    def __init__(self, model_dir: Path, cfg: Config) -> None:
+        torch.manual_seed(cfg.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.cfg = cfg
+
+    def logprobs(self, sample: Sample) -> torch.Tensor:
+        tokens = torch.as_tensor(sample.tokens, dtype=torch.long)[None]
+        logits = self.model(tokens).logits[0, sample.prompt_length - 1 : -1]
+        targets = tokens[0, sample.prompt_length :]
+        return torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None])[:, 0]
+
+    def step(
+        self, batch: Sequence[tuple[Sample, float]], groups: Sequence[int], version: int
+    ) -> tuple[float, float]:
+        """One optimizer step on `batch` (sample, advantage); returns the largest |ratio - 1|
+        over trained tokens the current weights (`version`) sampled, and over older ones."""
+        self.model.train()
+        self.optimizer.zero_grad()
+        total = sum(int(s.loss_mask.sum()) for s, _ in batch) or 1
+        same, stale = 0.0, 0.0
+        for sample, advantage in batch:
+            mask = torch.as_tensor(sample.loss_mask, dtype=torch.float32)
+            if not mask.any():
+                continue
+            new = self.logprobs(sample)
+            old = torch.as_tensor(sample.rollout_log_probs, dtype=torch.float32)
+            ratio = torch.exp(new - old)
+            steps = token_steps(sample)
+            dev = (ratio.detach() - 1).abs().numpy()
+            trained = sample.loss_mask.astype(bool)
+            if (trained & (steps == version)).any():
+                same = max(same, float(dev[trained & (steps == version)].max()))
+            if (trained & (steps != version)).any():
+                stale = max(stale, float(dev[trained & (steps != version)].max()))
+            clipped = torch.clamp(ratio, 1 - self.cfg.clip, 1 + self.cfg.clip)
+            objective = torch.minimum(ratio * advantage, clipped * advantage)
+            (-(objective * mask).sum() / total).backward()
+        self.optimizer.step()
+        return same, stale
+
+    def save(self, path: Path) -> None:
+        if path.exists():
+            shutil.rmtree(path)
+        self.model.save_pretrained(path)
+
+
+def advantages(rewards: Sequence[float], groups: Sequence[int]) -> list[float]:
+    """GRPO's: each reward against its group's mean, over the group's standard deviation."""
+    out = []
+    for r, g in zip(rewards, groups, strict=True):
+        members = [x for x, h in zip(rewards, groups, strict=True) if h == g]
+        mean = sum(members) / len(members)
+        std = math.sqrt(sum((x - mean) ** 2 for x in members) / len(members))
+        out.append((r - mean) / (std + 1e-6))
+    return out
+
+
+def shifted(sample: Sample) -> Sample:
+    """The sample as a splice one token off would hand it over: the loss mask and the rollout
+    logprobs one position late against the tokens."""
+    mask = np.concatenate([[0], sample.loss_mask[:-1]]).astype(sample.loss_mask.dtype)
+    logprobs = np.concatenate([[0.0], sample.rollout_log_probs[:-1]]).astype(
+        sample.rollout_log_probs.dtype
+    )
+    return Sample(
+        sample.tokens, mask, logprobs, sample.response_length, sample.reward, sample.metadata
+    )
+
+
+# -- the loop ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tokentrail_serve(engine: str, model_dir: Path) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokentrail", "serve", "--port", str(port), "--engine", engine,
+         "--tokenizer", str(model_dir), "--admin-token", ADMIN_TOKEN, "--model-name", "tiny"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/healthz", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("tokentrail serve did not come up") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def generated_tokens(vllm: VLLMServer) -> float:
+    with urllib.request.urlopen(f"{vllm.url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    )
+
+
+async def rollouts(url: str, cfg: Config, arm: str, step: int) -> list[tuple[str, int, float]]:
+    """Every session of a step: `group` per prompt, the same seeds in every arm. Returns
+    (session id, group, reward) per session."""
+    jobs = []
+    for p in range(cfg.prompts):
+        prompt = PROMPTS[p % len(PROMPTS)]
+        for i in range(cfg.group):
+            sid = f"{arm}-{step}-{p}-{i}"
+            seed = (cfg.seed * 1000 + step) * 1000 + p * cfg.group + i
+            jobs.append((sid, p, play(url, sid, prompt, cfg, seed)))
+    replies = await asyncio.gather(*(job for _, _, job in jobs))
+    return [(sid, p, reward(r)) for (sid, p, _), r in zip(jobs, replies, strict=True)]
+
+
+async def push_while_in_flight(
+    vllm: VLLMServer, weights: VLLMWeights, path: Path, version: str, cfg: Config, before: float
+) -> None:
+    """Push once the step's sessions are sampling (vLLM has generated some of their tokens),
+    so turns are in flight across the update."""
+    wanted = before + cfg.prompts * cfg.group * 2
+    deadline = time.monotonic() + 60
+    while generated_tokens(vllm) < wanted and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    await asyncio.to_thread(weights.push, path, version, mode=PauseMode(cfg.pause_mode))
+
+
+async def run_arm(
+    arm: str, cfg: Config, vllm: VLLMServer, url: str, model_dir: Path, scratch: Path
+) -> list[StepRow]:
+    weights = VLLMWeights(vllm.url)
+    # Every arm starts from the same weights, served as version 0.
+    await asyncio.to_thread(weights.push, model_dir, "0", mode=PauseMode.WAIT)
+    trainer = None if arm == "frozen" else Trainer(model_dir, cfg)
+    rows = []
+    version = 0
+    push: asyncio.Task[None] | None = None
+    for step in range(cfg.steps):
+        start = time.perf_counter()
+        if trainer is not None and step > 0:
+            path = scratch / f"{arm}-{step % 2}"
+            trainer.save(path)
+            version = step
+            push = asyncio.ensure_future(
+                push_while_in_flight(vllm, weights, path, str(version), cfg, generated_tokens(vllm))
+            )
+        sessions = await rollouts(url, cfg, arm, step)
+        if push is not None:
+            await push
+            push = None
+        answers = [
+            await asyncio.to_thread(finish_over_http, url, sid, admin_token=ADMIN_TOKEN, reward=r)
+            for sid, _, r in sessions
+        ]
+        samples = [a.samples[0] for a in answers]
+        rewards = [r for _, _, r in sessions]
+        groups = [g for _, g, _ in sessions]
+        generated = sum(a.ledger["generated_tokens"] for a in answers)
+        across = [
+            t for a in answers for t in a.ledger["turns"] if len(t.get("weight_versions", ())) > 1
+        ]
+        kept, report = limit_staleness(samples, version, cfg.max_staleness, StalenessPolicy.MASK)
+        trained = sum(int(s.loss_mask.sum()) for s in kept)
+        dev_same = dev_stale = float("nan")
+        if trainer is not None:
+            batch = kept if arm == "trained" else [shifted(s) for s in kept]
+            adv = advantages(rewards, groups)
+            dev_same, dev_stale = await asyncio.to_thread(
+                trainer.step, list(zip(batch, adv, strict=True)), groups, version
+            )
+        rows.append(
+            StepRow(
+                arm=arm,
+                step=step,
+                sessions=len(sessions),
+                generated=generated,
+                trained=trained,
+                reward=sum(rewards) / len(rewards),
+                version=await asyncio.to_thread(weights.version),
+                across_update_turns=len(across),
+                across_update_tokens=sum(t["generated"] for t in across),
+                stale_masked=report.tokens_masked,
+                ratio_dev_same_version=dev_same,
+                ratio_dev_stale=dev_stale,
+                seconds=time.perf_counter() - start,
+            )
+        )
+        print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+HEADER = (
+    f"{'arm':8} {'step':>4} {'sessions':>8} {'generated':>9} {'trained':>7} {'reward':>6} "
+    f"{'version':>7} {'across':>11} {'stale':>5} {'ratio dev':>9} {'(stale)':>8} {'s':>5}"
+)
+
+
+def format_row(r: StepRow) -> str:
+    across = f"{r.across_update_turns}/{r.across_update_tokens}"
+    return (
+        f"{r.arm:8} {r.step:>4} {r.sessions:>8} {r.generated:>9} {r.trained:>7} "
+        f"{r.reward:>6.3f} {r.version:>7} {across:>11} {r.stale_masked:>5} "
+        f"{r.ratio_dev_same_version:>9.2e} {r.ratio_dev_stale:>8.2f} {r.seconds:>5.1f}"
+    )
+
+
+def summary(rows: Sequence[StepRow], cfg: Config) -> dict[str, Any]:
+    """Per arm: the mean reward of the first and of the last third of the steps."""
+    tail = max(1, cfg.steps // 3)
+    out: dict[str, Any] = {"config": asdict(cfg), "arms": {}}
+    for arm in cfg.arms:
+        curve = [r.reward for r in rows if r.arm == arm]
+        same = [r.ratio_dev_same_version for r in rows if r.arm == arm]
+        out["arms"][arm] = {
+            "curve": curve,
+            "first": sum(curve[:tail]) / tail,
+            "last": sum(curve[-tail:]) / tail,
+            "max_ratio_dev_same_version": max((d for d in same if d == d), default=None),
+            "across_update_turns": sum(r.across_update_turns for r in rows if r.arm == arm),
+            "across_update_tokens": sum(r.across_update_tokens for r in rows if r.arm == arm),
+        }
+    return out
+
+
+def plot(rows: Sequence[StepRow], cfg: Config, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    for arm in cfg.arms:
+        curve = [r.reward for r in rows if r.arm == arm]
+        ax.plot(range(len(curve)), curve, marker="o", label=arm)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_title(f"closed loop, tiny {cfg.model}, {cfg.prompts}x{cfg.group} sessions per step")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def vllm_python(given: str | None) -> Path:
+    path = given or os.environ.get("TOKENTRAIL_VLLM_PYTHON")
+    found = Path(path) if path else REPO / ".ci" / "venv-vllm" / "bin" / "python"
+    if not found.exists():
+        sys.exit(f"no vLLM at {found}: run .ci/vllm-env, or pass --vllm-python")
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    defaults = Config()
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--model", default=defaults.model, help="a tiny model: qwen3, qwen3-moe")
+    parser.add_argument("--prompts", type=int, default=defaults.prompts)
+    parser.add_argument("--group", type=int, default=defaults.group)
+    parser.add_argument("--turns", type=int, default=defaults.turns)
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--max-staleness", type=int, default=defaults.max_staleness)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--pause-mode", choices=[str(m) for m in (PauseMode.KEEP, PauseMode.WAIT)],
+        default=defaults.pause_mode,
+    )  # fmt: skip
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--vllm-python")
+    parser.add_argument("--json", type=Path, help="write the rows and the summary here")
+    parser.add_argument("--plot", type=Path, help="write the reward curves here (a PNG)")
+    args = parser.parse_args(argv)
+    cfg = Config(
+        steps=args.steps, model=args.model, prompts=args.prompts, group=args.group,
+        turns=args.turns, max_tokens=args.max_tokens, lr=args.lr,
+        max_staleness=args.max_staleness, seed=args.seed, pause_mode=args.pause_mode,
+        arms=tuple(a for a in args.arms.split(",") if a),
+    )  # fmt: skip
+    # Untied: vLLM 0.32's CPU build keeps a packed copy of a tied LM head that
+    # `reload_weights` leaves stale (the new embeddings are read, the old head samples).
+    model_dir = tiny_model(cfg.model, overrides={"tie_word_embeddings": False})
+    python = vllm_python(args.vllm_python)
+    started = time.perf_counter()
+    vllm = VLLMServer.start(python, model_dir, max_model_len=4096)
+    print(f"vLLM up in {vllm.startup_s:.0f} s at {vllm.url}; tiny {cfg.model}", flush=True)
+    rows: list[StepRow] = []
+    try:
+        engine = "vllm-tokens://" + vllm.url.removeprefix("http://")
+        with (
+            tokentrail_serve(engine, model_dir) as url,
+            tempfile.TemporaryDirectory(prefix="closed-loop-") as scratch,
+        ):
+            print(HEADER, flush=True)
+            for arm in cfg.arms:
+                rows += asyncio.run(run_arm(arm, cfg, vllm, url, model_dir, Path(scratch)))
+    finally:
+        vllm.stop()
+    result = summary(rows, cfg)
+    result["seconds"] = time.perf_counter() - started
+    print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1))
+    if args.json:
+        args.json.write_text(
+            json.dumps({**result, "rows": [asdict(r) for r in rows]}, indent=1) + "\n"
+        )
+    if args.plot:
+        plot(rows, cfg, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
