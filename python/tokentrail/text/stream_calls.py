@@ -28,14 +28,16 @@ from typing import Any
 from tokentrail.text import formats
 from tokentrail.text.formats.base import (
     JSON,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
     Malformed,
+    TaggedCalls,
     ToolFormat,
     ToolSchemas,
     parameter_schemas,
     schema_types,
     typed_value,
 )
-from tokentrail.text.formats.hermes import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TaggedCalls
 
 __all__ = ["CallDelta", "CallsReader", "arguments_text", "calls_reader"]
 
