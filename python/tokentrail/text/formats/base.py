@@ -33,8 +33,6 @@ class ToolFormat(ABC):
     name: ClassVar[str]
     # The text that opens a message's calls; a `</think>` after it is argument data.
     call_start: ClassVar[str]
-    # Set by formats that read the whole output themselves, reasoning included (harmony).
-    owns_reasoning: ClassVar[bool] = False
     # Where one call ends and what closes the calls so far: a stream reads each call whole
     # once its end is sampled (`text.stream_calls`); None: its calls are read at the end.
     call_end: ClassVar[str | None] = None
@@ -59,10 +57,6 @@ class ToolFormat(ABC):
         calls); `compact` writes JSON without spaces, as models sometimes do.
         """
 
-    def parse_message(self, text: str, reasoning: bool, tools: ToolSchemas) -> Message:
-        """The whole message, for formats that `owns_reasoning`; raises `Malformed`."""
-        raise NotImplementedError
-
     def write_message(
         self,
         message: Mapping[str, Any],
@@ -82,6 +76,15 @@ class ToolFormat(ABC):
         if reasoning is None:
             return body
         return reasoning.wrap(reasoning_of(message), body, opened=opened)
+
+
+class MessageFormat(ToolFormat):
+    """A format that reads the whole output itself, reasoning included (harmony): its reasoning
+    is no reasoning format's to split off."""
+
+    @abstractmethod
+    def parse_message(self, text: str, reasoning: bool, tools: ToolSchemas) -> Message:
+        """The whole message; `reasoning`: a reasoning parser was named. Raises `Malformed`."""
 
 
 TOOL_CALL_OPEN = "<tool_call>"
