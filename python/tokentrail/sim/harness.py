@@ -11,7 +11,6 @@ reproducible from its `SessionSpec` (seed, steps, context size).
 from __future__ import annotations
 
 import copy
-import json
 import random
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -492,10 +491,6 @@ class HarnessSim:
         if self.protocol == "anthropic":
             return list(payload["content"])
         return from_openai(payload) if self.protocol == "openai" else from_responses(payload)
-
-
-def transcript_json(result: SimResult) -> str:
-    return json.dumps(result.messages, indent=2, ensure_ascii=False)
 
 
 @dataclass
