@@ -70,7 +70,7 @@ from tokentrail.storage.journal.session import (
     session_rows,
     tail_lost,
 )
-from tokentrail.trajectory.loss import LostSpan
+from tokentrail.trajectory.lost import LostSpan
 from tokentrail.trajectory.tree import MessageKey
 
 logger = logging.getLogger(__name__)
