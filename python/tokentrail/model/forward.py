@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.core.replay import RoutingShape, model_shapes, read_model_config
+from tokentrail.core.routing import RoutingShape, model_shapes, read_model_config
 from tokentrail.errors import ModelError
 from tokentrail.model.vision import ModelImage, VisionInputs
 

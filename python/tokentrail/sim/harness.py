@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from tokentrail.adapter.answers import RETRY_HEADER
-from tokentrail.core.replay import RoutingShape
+from tokentrail.core.routing import RoutingShape
 from tokentrail.kinds import Retry, parse_kind
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
 from tokentrail.sim.wire import from_openai, from_responses, to_openai, to_responses, wire_tools

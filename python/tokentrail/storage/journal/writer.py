@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.core.replay import ReplayRows, WeightSpan
+from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, SyncMode, parse_kind
 from tokentrail.messages import Message, ToolSchema
