@@ -26,9 +26,9 @@ from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.replay import as_recorded
 from tokentrail.view.app import UI_PREFIX, standalone_app
-from tokentrail.view.model import FATES, SessionData, tree_view, turn_detail
 from tokentrail.view.samples import SamplesSource
 from tokentrail.view.sources import JournalSource
+from tokentrail.view.view_model import FATES, SessionData, tree_view, turn_detail
 
 ADMIN = "viewer-admin"
 SYS, U1 = system("be brief"), user("fix it")
