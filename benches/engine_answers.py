@@ -87,7 +87,7 @@ def status_kb(field: str) -> int:
 
 def client(path: str, url: str, tokens: int, dims: tuple[int, int, int], out: Any) -> None:
     from tokentrail import _core
-    from tokentrail.core.replay import RoutingShape
+    from tokentrail.core.routing import RoutingShape
     from tokentrail.engines import GenerateRequest, ReplayRequest, SamplingParams
     from tokentrail.engines.sglang import SGLangEngine
 
@@ -122,7 +122,7 @@ async def _generate(engine: Any, req: Any) -> Any:
 
 
 async def _plain(engine: Any, req: Any, shape: Any) -> Any:
-    from tokentrail.core.replay import checked_rows
+    from tokentrail.core.routing import checked_rows
     from tokentrail.engines.bound import answer_limit
     from tokentrail.engines.http import read_bounded
     from tokentrail.kinds import Replay

@@ -25,7 +25,7 @@ import urllib.request
 import anthropic
 
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
-from tokentrail.core.replay import RoutingShape
+from tokentrail.core.routing import RoutingShape
 from tokentrail.sim.model import SimulatedEngine
 from tokentrail.sim.moe import MoEEngine
 from tokentrail.storage.finish_wire import FinishFormat, read_finish

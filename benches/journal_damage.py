@@ -24,7 +24,7 @@ import numpy as np
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import read_journal
-from tokentrail.trajectory.loss import lost_turns, total
+from tokentrail.trajectory.lost import lost_turns, total
 
 SESSIONS, TURNS, FINISHED = 12, 6, 4
 Truth = dict[str, list[list[int]]]

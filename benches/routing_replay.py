@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
-from tokentrail.core.replay import RoutingShape
+from tokentrail.core.routing import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.sim.harness import Behaviour, HarnessSim, SessionSpec
 from tokentrail.sim.model import SimulatedEngine

@@ -37,7 +37,7 @@ from support.stand_in import scripted_reply
 from support.sub_agents import SubAgentScript, cd_call
 from tokentrail.adapter.access_log import AccessLog
 from tokentrail.adapter.server import Adapter, AdapterConfig
-from tokentrail.core.replay import RoutingShape
+from tokentrail.core.routing import RoutingShape
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.sim.moe import KVRouting
 from tokentrail.text.tokenizer import load_tokenizer

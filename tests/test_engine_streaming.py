@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.fake_engines import IM_END, FakeSGLang, FakeVLLM
-from tokentrail.core.replay import IndexerShape, RoutingShape
+from tokentrail.core.routing import IndexerShape, RoutingShape
 from tokentrail.engines import GenerateRequest, Generation, ReplayRequest, SamplingParams
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.engines.streaming import StreamingEngine

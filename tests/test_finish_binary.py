@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
-from tokentrail.core.replay import RoutingShape
+from tokentrail.core.routing import RoutingShape
 from tokentrail.integrations.finish_http import finish_over_http
 from tokentrail.sim.model import SimulatedEngine
 from tokentrail.sim.moe import MoEEngine

@@ -86,7 +86,7 @@ def assert_audit_passes(report, what: str) -> None:
 
 @pytest.mark.parametrize("name", tiny_names())
 def test_tiny_models_load_with_their_builtin_vocabulary(name: str) -> None:
-    from tokentrail.core.replay import model_shapes, read_model_config
+    from tokentrail.core.routing import model_shapes, read_model_config
     from tokentrail.model.tiny import TINY_MODELS
 
     path = tiny_model(name)

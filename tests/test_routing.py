@@ -30,7 +30,7 @@ from tokens import assistant, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord, cli
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.cli.serve import ServeSettings, replay_shapes, resolve_settings
-from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
+from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.engines import ScriptedEngine, SGLangEngine
 from tokentrail.errors import ReplayError, SettingError
 from tokentrail.kinds import History

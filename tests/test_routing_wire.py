@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from support.fake_engines import FakeSGLang, FakeVLLM, b64_int32
-from tokentrail.core.replay import (
+from tokentrail.core.routing import (
     IndexerShape,
     ReplayRows,
     RoutingShape,

@@ -789,7 +789,7 @@ def test_routed_experts_fill_slimes_field_at_a_real_moe_shape(hf) -> None:
     row, taken from the request that computed it, in slime's (len(tokens) - 1, layers, top-k)."""
     import numpy as np
 
-    from tokentrail.core.replay import RoutingShape
+    from tokentrail.core.routing import RoutingShape
     from tokentrail.sim.moe import KVRouting
 
     shape = RoutingShape(48, 8, 128)

@@ -14,7 +14,7 @@ import pytest
 
 from tokens import assistant, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord
-from tokentrail.core.replay import ReplayRows, RoutingShape
+from tokentrail.core.routing import ReplayRows, RoutingShape
 from tokentrail.sim.moe import KVRouting
 from tokentrail.storage.export import PackedBatch, pack_samples
 from tokentrail.trajectory.sample import Sample

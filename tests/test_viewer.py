@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tokens import assistant, play, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord
 from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
-from tokentrail.core.replay import ReplayRows, RoutingShape
+from tokentrail.core.routing import ReplayRows, RoutingShape
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import NotFound
 from tokentrail.kinds import Fallback, History, ReplayGap, Restore
@@ -26,9 +26,9 @@ from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.replay import as_recorded
 from tokentrail.view.app import UI_PREFIX, standalone_app
-from tokentrail.view.model import FATES, SessionData, tree_view, turn_detail
 from tokentrail.view.samples import SamplesSource
 from tokentrail.view.sources import JournalSource
+from tokentrail.view.view_model import FATES, SessionData, tree_view, turn_detail
 
 ADMIN = "viewer-admin"
 SYS, U1 = system("be brief"), user("fix it")

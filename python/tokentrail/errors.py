@@ -230,13 +230,6 @@ class NotFound(InvalidInput):
     kind = "not_found_error"
 
 
-class MethodNotAllowed(InvalidInput):
-    """A known route asked with a method it does not answer."""
-
-    status = 405
-    kind = "invalid_request_error"
-
-
 class ContextTooLong(InvalidInput):
     """A prompt over the session's context window: refused before generating, in words both
     SDK families' harnesses recognise ("prompt is too long", "maximum context length"), so

@@ -28,7 +28,7 @@ pyo3::import_exception!(tokentrail.errors, TokenizerError);
 pyo3::import_exception!(tokentrail.errors, ReplayError);
 pyo3::import_exception!(tokentrail.errors, BodyShapeError);
 
-/// tokentrail's Rust hot path: the same names and semantics as `tokentrail.reference`.
+/// tokentrail's Rust hot path: the same names and semantics as `tokentrail.core.reference`.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The package's one version: Cargo.toml's, which maturin also writes into the wheel.
@@ -56,8 +56,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Each variant becomes its named `ValueError` subclass from `tokentrail.errors` (or
-/// `tokentrail.tokenizer`), carrying the core's message.
+/// Each variant becomes its named `ValueError` subclass from `tokentrail.errors`, carrying the
+/// core's message.
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
         let message = err.to_string();

@@ -227,7 +227,8 @@ pub(super) fn linearized(py: Python<'_>, out: Linearized) -> PyResult<PyLineariz
     })
 }
 
-/// Samples flattened into one varlen-attention batch: see `tokentrail.export.PackedBatch`.
+/// Samples flattened into one varlen-attention batch: see
+/// `tokentrail.storage.export.PackedBatch`.
 #[pyclass(name = "Packed", module = "tokentrail._core", frozen, get_all)]
 pub(super) struct PyPacked {
     tokens: Py<PyArray1<u32>>,

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 from aiohttp import web
 
-from tokentrail.core.replay import IndexerShape
+from tokentrail.core.routing import IndexerShape
 from tokentrail.sim.moe import KVRouting
 
 # input_ids -> (output_ids, logprobs, finish reason "stop" | "length")

@@ -14,7 +14,7 @@ from typing import Any
 
 from tokentrail.errors import SessionDamaged
 from tokentrail.trajectory.linearize import Trajectory
-from tokentrail.trajectory.loss import LostSpan, describe, summary
+from tokentrail.trajectory.lost import LostSpan, describe, summary
 
 
 class DamagedSessions:

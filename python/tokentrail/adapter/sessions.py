@@ -9,7 +9,7 @@ A finish is kept for a retention window, so a repeated finish (a retry after a l
 returns the same samples and ledger; after the window it is a 410.
 
 A session recovered with journaled turns missing (a crash, a damaged journal) carries what it
-lost (`trajectory.loss`) into its finish's ledger and samples (`adapter.damaged`).
+lost (`trajectory.lost`) into its finish's ledger and samples (`adapter.damaged`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.replay import replay_turn
 from tokentrail.text.vision import ImageCache
 from tokentrail.trajectory.linearize import Trajectory
-from tokentrail.trajectory.loss import LostSpan
+from tokentrail.trajectory.lost import LostSpan
 from tokentrail.trajectory.pipeline import TurnPipeline
 from tokentrail.trajectory.side import SideRules
 

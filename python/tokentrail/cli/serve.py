@@ -556,7 +556,7 @@ def _naming(flag: str, value: str, *more: type[Exception]) -> Iterator[None]:
 def replay_shapes(s: ServeSettings) -> tuple[Any, Any]:
     """The routing and indexer shapes `--routed-experts` / `--indexer-topk` need: the flags'
     own, else the model's config.json (`--model-config`, else the tokenizer's directory)."""
-    from tokentrail.core.replay import (
+    from tokentrail.core.routing import (
         IndexerShape,
         RoutingShape,
         model_shapes,

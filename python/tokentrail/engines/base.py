@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from tokentrail.core.replay import (
+from tokentrail.core.routing import (
     IndexerShape,
     ReplayRows,
     RoutingShape,

@@ -171,10 +171,6 @@ class ScriptedEngine:
         """What the model writes for `message` in answer to `req`, end-of-turn token excluded."""
         return self.family.format_output(message, call_index=count_calls(req.messages))
 
-    def text_for(self, req: GenerateRequest) -> str:
-        """What the model writes for `req`, end-of-turn token excluded."""
-        return self.write(self.message_for(req), req)
-
     async def generate(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
         message = self.message_for(req)

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.core.replay import RoutingShape, weight_spans
+from tokentrail.core.routing import RoutingShape, weight_spans
 from tokentrail.engines.base import (
     Engine,
     GenerateRequest,

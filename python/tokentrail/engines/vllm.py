@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 from tokentrail.compat import cancelling
-from tokentrail.core.replay import ReplayRows, checked_rows, weight_spans
+from tokentrail.core.routing import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url, parse_off_loop

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
 from tokentrail.adapter.config import AdapterConfig
-from tokentrail.core.replay import (
+from tokentrail.core.routing import (
     RoutingShape,
     model_shapes,
     read_model_config,

@@ -5,7 +5,7 @@ the positions fed, and (for a MoE) the experts each router chose for each of the
 `routed_experts` layout (`[positions, num_hidden_layers, top_k]`, dense layers zeros).
 `logprobs` turns hidden states into the log-probabilities of given next tokens at a
 temperature. A vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) also takes the
-sequence's images (`model.vision`). The engine (`engines.transformers`) and the audit
+sequence's images (`model.vision`). The engine (`engines.transformers_lm`) and the audit
 (`model.audit`) share it, so the audit recomputes with the very code the rollout ran, not
 through the engine's cache.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.core.replay import RoutingShape, model_shapes, read_model_config
+from tokentrail.core.routing import RoutingShape, model_shapes, read_model_config
 from tokentrail.errors import ModelError
 from tokentrail.model.vision import ModelImage, VisionInputs
 

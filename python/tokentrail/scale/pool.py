@@ -177,9 +177,6 @@ class AdapterPool:
         """The base URL of the actor serving `sid` (as of the pool's last word with it)."""
         return self._slots[self._sessions.get(sid).actor].url
 
-    def actor_of(self, sid: str) -> int:
-        return self._sessions.get(sid).actor
-
     def sessions(self) -> dict[str, int]:
         """Every open session and the actor it lives on."""
         return self._sessions.open_sessions()

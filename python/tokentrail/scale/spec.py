@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.server import Adapter
-from tokentrail.core.replay import IndexerShape, RoutingShape
+from tokentrail.core.routing import IndexerShape, RoutingShape
 from tokentrail.engines.base import Engine
 from tokentrail.engines.registry import DEFAULT_TIMEOUT_S, create_engine, engine_names
 from tokentrail.errors import EngineSpecError, JournalError

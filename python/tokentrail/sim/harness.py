@@ -11,7 +11,6 @@ reproducible from its `SessionSpec` (seed, steps, context size).
 from __future__ import annotations
 
 import copy
-import json
 import random
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from tokentrail.adapter.answers import RETRY_HEADER
-from tokentrail.core.replay import RoutingShape
+from tokentrail.core.routing import RoutingShape
 from tokentrail.kinds import Retry, parse_kind
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
 from tokentrail.sim.wire import from_openai, from_responses, to_openai, to_responses, wire_tools
@@ -492,10 +491,6 @@ class HarnessSim:
         if self.protocol == "anthropic":
             return list(payload["content"])
         return from_openai(payload) if self.protocol == "openai" else from_responses(payload)
-
-
-def transcript_json(result: SimResult) -> str:
-    return json.dumps(result.messages, indent=2, ensure_ascii=False)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tokentrail.core.replay import RoutingShape, checked_rows, weight_spans
+from tokentrail.core.routing import RoutingShape, checked_rows, weight_spans
 from tokentrail.engines.base import Engine, GenerateRequest, Generation, ReplayRequest
 from tokentrail.engines.registry import register_engine
 from tokentrail.kinds import Replay

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
+from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import PolicyError
 from tokentrail.kinds import (
     ConstrainedPolicy,

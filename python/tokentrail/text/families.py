@@ -226,18 +226,31 @@ def count_calls(messages: Sequence[Mapping[str, Any]]) -> int:
 
 # --- the families, most specific markers first --------------------------------------------------
 
-_QWEN_TOKENS: Tokens = (
-    ("<|endoftext|>", True),
-    ("<|im_start|>", True),
-    ("<|im_end|>", True),
+# Token groups several families' vocabularies add, each said once.
+_THINK_TOKENS: Tokens = (("<think>", False), ("</think>", False))
+_TOOL_TAG_TOKENS: Tokens = (
     ("<tool_call>", False),
     ("</tool_call>", False),
     ("<tool_response>", False),
     ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
 )
-_IM_STOPS = ("<|im_end|>", "<|endoftext|>")
+_IM_END = "<|im_end|>"
+_QWEN_TOKENS: Tokens = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    (_IM_END, True),
+    *_TOOL_TAG_TOKENS,
+    *_THINK_TOKENS,
+)
+_IM_STOPS = (_IM_END, "<|endoftext|>")
+_DEEPSEEK_BOS, _DEEPSEEK_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+_DEEPSEEK_TOKENS: Tokens = (
+    (_DEEPSEEK_BOS, True),
+    (_DEEPSEEK_EOS, True),
+    ("<｜User｜>", False),
+    ("<｜Assistant｜>", False),
+    *_THINK_TOKENS,
+)
 
 register_family(
     Family(
@@ -284,19 +297,11 @@ register_family(
         tool_parser="deepseek_v32",
         reasoning_parser="deepseek_v3",
         template_file="deepseek_v3_2.jinja",
-        stop_tokens=("<｜end▁of▁sentence｜>",),
-        end_after_calls="<｜end▁of▁sentence｜>",
-        end_after_text="<｜end▁of▁sentence｜>",
-        tokens=(
-            ("<｜begin▁of▁sentence｜>", True),
-            ("<｜end▁of▁sentence｜>", True),
-            ("<｜User｜>", False),
-            ("<｜Assistant｜>", False),
-            ("<think>", False),
-            ("</think>", False),
-            ("｜DSML｜", False),
-        ),
-        bos_token="<｜begin▁of▁sentence｜>",
+        stop_tokens=(_DEEPSEEK_EOS,),
+        end_after_calls=_DEEPSEEK_EOS,
+        end_after_text=_DEEPSEEK_EOS,
+        tokens=(*_DEEPSEEK_TOKENS, ("｜DSML｜", False)),
+        bos_token=_DEEPSEEK_BOS,
         vocabulary="deepseek",
         markers=("｜DSML｜",),
         aliases=("deepseek",),
@@ -311,16 +316,11 @@ register_family(
         tool_parser="deepseek_v31",
         reasoning_parser="deepseek_v3",
         template_file="deepseek_v3_1.jinja",
-        stop_tokens=("<｜end▁of▁sentence｜>",),
-        end_after_calls="<｜end▁of▁sentence｜>",
-        end_after_text="<｜end▁of▁sentence｜>",
+        stop_tokens=(_DEEPSEEK_EOS,),
+        end_after_calls=_DEEPSEEK_EOS,
+        end_after_text=_DEEPSEEK_EOS,
         tokens=(
-            ("<｜begin▁of▁sentence｜>", True),
-            ("<｜end▁of▁sentence｜>", True),
-            ("<｜User｜>", False),
-            ("<｜Assistant｜>", False),
-            ("<think>", False),
-            ("</think>", False),
+            *_DEEPSEEK_TOKENS,
             ("<｜tool▁calls▁begin｜>", False),
             ("<｜tool▁calls▁end｜>", False),
             ("<｜tool▁call▁begin｜>", False),
@@ -329,7 +329,7 @@ register_family(
             ("<｜tool▁output▁begin｜>", False),
             ("<｜tool▁output▁end｜>", False),
         ),
-        bos_token="<｜begin▁of▁sentence｜>",
+        bos_token=_DEEPSEEK_BOS,
         vocabulary="deepseek",
         markers=("<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>"),
         aliases=("deepseek-v3.1-terminus",),
@@ -345,17 +345,14 @@ _GLM_TOKENS: Tokens = (
     ("<|user|>", True),
     ("<|assistant|>", True),
     ("<|observation|>", True),
-    ("<think>", False),
-    ("</think>", False),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<tool_response>", False),
-    ("</tool_response>", False),
+    *_THINK_TOKENS,
+    *_TOOL_TAG_TOKENS,
     ("<arg_key>", False),
     ("</arg_key>", False),
     ("<arg_value>", False),
     ("</arg_value>", False),
 )
+_GLM_STOPS = ("<|endoftext|>", "<|user|>", "<|observation|>")
 register_family(
     Family(
         name="glm4.7",
@@ -363,7 +360,7 @@ register_family(
         tool_parser="glm47",
         reasoning_parser="glm47",
         template_file="glm4_7.jinja",
-        stop_tokens=("<|endoftext|>", "<|user|>", "<|observation|>"),
+        stop_tokens=_GLM_STOPS,
         end_after_calls="<|observation|>",
         end_after_text="<|user|>",
         tokens=_GLM_TOKENS,
@@ -381,7 +378,7 @@ register_family(
         tool_parser="glm45",
         reasoning_parser="glm45",
         template_file="glm4_5.jinja",
-        stop_tokens=("<|endoftext|>", "<|user|>", "<|observation|>"),
+        stop_tokens=_GLM_STOPS,
         end_after_calls="<|observation|>",
         end_after_text="<|user|>",
         tokens=_GLM_TOKENS,
@@ -395,7 +392,7 @@ register_family(
 _KIMI_TOKENS: Tokens = (
     ("[BOS]", True),
     ("[EOS]", True),
-    ("<|im_end|>", True),
+    (_IM_END, True),
     ("<|im_user|>", True),
     ("<|im_assistant|>", True),
     ("<|im_system|>", True),
@@ -405,8 +402,7 @@ _KIMI_TOKENS: Tokens = (
     ("<|tool_call_begin|>", False),
     ("<|tool_call_argument_begin|>", False),
     ("<|tool_call_end|>", False),
-    ("<think>", False),
-    ("</think>", False),
+    *_THINK_TOKENS,
 )
 # Kimi K2.5's image placeholder tokens (`text.vision`), special like the turn markers.
 _KIMI_MEDIA_TOKENS: Tokens = (
@@ -422,9 +418,9 @@ register_family(
         tool_parser="kimi_k2",
         reasoning_parser="kimi_k2",
         template_file="kimi_k2_5.jinja",
-        stop_tokens=("<|im_end|>",),
-        end_after_calls="<|im_end|>",
-        end_after_text="<|im_end|>",
+        stop_tokens=(_IM_END,),
+        end_after_calls=_IM_END,
+        end_after_text=_IM_END,
         tokens=_KIMI_TOKENS + _KIMI_MEDIA_TOKENS,
         markers=("<|tool_calls_section_begin|>", "tools_ts_str"),
         aliases=("kimi-k2.6",),
@@ -441,9 +437,9 @@ register_family(
         tool_parser="kimi_k2",
         reasoning_parser="kimi_k2",
         template_file="kimi_k2.jinja",
-        stop_tokens=("<|im_end|>",),
-        end_after_calls="<|im_end|>",
-        end_after_text="<|im_end|>",
+        stop_tokens=(_IM_END,),
+        end_after_calls=_IM_END,
+        end_after_text=_IM_END,
         tokens=_KIMI_TOKENS,
         markers=("<|tool_calls_section_begin|>",),
         aliases=("kimi-k2-thinking",),
@@ -466,8 +462,7 @@ register_family(
             ("]~!b[", True),
             ("]~b]", True),
             ("[e~[", True),
-            ("<think>", False),
-            ("</think>", False),
+            *_THINK_TOKENS,
             ("<minimax:tool_call>", False),
             ("</minimax:tool_call>", False),
         ),
@@ -486,8 +481,8 @@ register_family(
         reasoning_parser="nemotron_v3",
         template_file="nemotron3.jinja",
         stop_tokens=_IM_STOPS,
-        end_after_calls="<|im_end|>",
-        end_after_text="<|im_end|>",
+        end_after_calls=_IM_END,
+        end_after_text=_IM_END,
         tokens=_QWEN_TOKENS,
         pad_token="<|endoftext|>",
         markers=("<function=", "truncate_history_thinking"),
@@ -505,8 +500,8 @@ register_family(
         reasoning_parser="qwen3",
         template_file="qwen3_6.jinja",
         stop_tokens=_IM_STOPS,
-        end_after_calls="<|im_end|>",
-        end_after_text="<|im_end|>",
+        end_after_calls=_IM_END,
+        end_after_text=_IM_END,
         tokens=_QWEN_TOKENS,
         pad_token="<|endoftext|>",
         vocabulary="qwen3.6",
@@ -527,8 +522,8 @@ QWEN3 = register_family(
         reasoning_parser="qwen3",
         template_file="qwen3.jinja",
         stop_tokens=_IM_STOPS,
-        end_after_calls="<|im_end|>",
-        end_after_text="<|im_end|>",
+        end_after_calls=_IM_END,
+        end_after_text=_IM_END,
         tokens=_QWEN_TOKENS,
         pad_token="<|endoftext|>",
         vocabulary="qwen3",

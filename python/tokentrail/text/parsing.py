@@ -17,7 +17,7 @@ from typing import Any
 from tokentrail.errors import OutputFormatError
 from tokentrail.messages import Message
 from tokentrail.text import formats
-from tokentrail.text.formats import Malformed, ReasoningFormat, ToolFormat
+from tokentrail.text.formats import Malformed, MessageFormat, ReasoningFormat, ToolFormat
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def parse_output(
         None if reasoning_parser is None else formats.reasoning_format(str(reasoning_parser))
     )
     try:
-        if tool_fmt is not None and tool_fmt.owns_reasoning:
+        if isinstance(tool_fmt, MessageFormat):
             message = tool_fmt.parse_message(text, reasoning_fmt is not None, tools)
         else:
             message = _parse(text, tool_fmt, reasoning_fmt, tools)

@@ -18,6 +18,7 @@ each call whole once its end is sampled; the rest (Llama 3's JSON, harmony) at t
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from abc import ABC, abstractmethod
@@ -28,14 +29,17 @@ from typing import Any
 from tokentrail.text import formats
 from tokentrail.text.formats.base import (
     JSON,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
     Malformed,
+    TaggedCalls,
     ToolFormat,
     ToolSchemas,
     parameter_schemas,
     schema_types,
     typed_value,
 )
-from tokentrail.text.formats.hermes import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TaggedCalls
+from tokentrail.text.json_echo import JSON_SPACE, JsonEcho, escaped
 
 __all__ = ["CallDelta", "CallsReader", "arguments_text", "calls_reader"]
 
@@ -62,175 +66,7 @@ def _partial(text: str, pos: int, marker: str) -> bool:
     return len(rest) < len(marker) and marker.startswith(rest)
 
 
-def _escaped(text: str) -> str:
-    """`text` as it stands inside a JSON string `json.dumps` writes."""
-    return json.dumps(text, ensure_ascii=False)[1:-1]
-
-
-_JSON_SPACE = " \t\n\r"
-_PLAIN = re.compile(r'[^"\\\x00-\x1f]+')
-_SCALAR = re.compile(r"[-+0-9.eEa-zA-Z]+")
-_HEX4 = re.compile(r"[0-9a-fA-F]{4}")
-_SIMPLE_ESCAPES = {
-    '"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"
-}  # fmt: skip
 _KEY = re.compile(r'"(?:[^"\\]|\\.)*"')
-
-
-class JsonEcho:
-    """One JSON value read incrementally from `pos`, written back as `json.dumps` writes it.
-
-    `feed(text)` reads what it can of `text[pos:]` and returns the canonical text of it that is
-    certain; `done` once the value is whole (`pos` is then just after it). Raises `Malformed` for
-    text that is not JSON.
-    """
-
-    def __init__(self, pos: int) -> None:
-        self.pos = pos
-        # Open containers: ("{" or "[", what comes next: "first", "key", "colon", "value",
-        # "after").
-        self.stack: list[list[str]] = []
-        self.in_string = False
-        self.done = False
-
-    def feed(self, text: str) -> str:
-        out: list[str] = []
-        while not self.done:
-            if not self._step(text, out):
-                break
-        return "".join(out)
-
-    def _value_done(self) -> None:
-        if self.stack:
-            self.stack[-1][1] = "after"
-        else:
-            self.done = True
-
-    def _step(self, text: str, out: list[str]) -> bool:
-        """One step; False when it needs more text."""
-        pos = self.pos
-        if self.in_string:
-            return self._string(text, out)
-        while pos < len(text) and text[pos] in _JSON_SPACE:
-            pos += 1
-        self.pos = pos
-        if pos >= len(text):
-            return False
-        ch = text[pos]
-        state = self.stack[-1][1] if self.stack else "value"
-        if state == "colon":
-            if ch != ":":
-                raise Malformed("expected ':'")
-            out.append(": ")
-            self.stack[-1][1] = "value"
-            self.pos = pos + 1
-            return True
-        if state == "after":
-            kind = self.stack[-1][0]
-            close = "}" if kind == "{" else "]"
-            if ch == ",":
-                out.append(", ")
-                self.stack[-1][1] = "key" if kind == "{" else "value"
-            elif ch == close:
-                out.append(close)
-                self.stack.pop()
-                self._value_done()
-            else:
-                raise Malformed("expected ',' or a close")
-            self.pos = pos + 1
-            return True
-        if state in ("first", "key"):
-            kind = self.stack[-1][0]
-            if state == "first" and ch == ("}" if kind == "{" else "]"):
-                out.append(ch)
-                self.stack.pop()
-                self.pos = pos + 1
-                self._value_done()
-                return True
-            if kind == "{":
-                if ch != '"':
-                    raise Malformed("expected a key")
-                self.stack[-1][1] = "colon"
-                out.append('"')
-                self.in_string = True
-                self.pos = pos + 1
-                return True
-            self.stack[-1][1] = "value"
-            return True
-        # A value.
-        if ch in "{[":
-            out.append(ch)
-            self.stack.append([ch, "first"])
-            self.pos = pos + 1
-            return True
-        if ch == '"':
-            out.append('"')
-            self.in_string = True
-            self.pos = pos + 1
-            return True
-        match = _SCALAR.match(text, pos)
-        if match is None:
-            raise Malformed("not a JSON value")
-        if match.end() == len(text):
-            return False  # a number or literal that may go on
-        try:
-            value = JSON.decode(match.group())
-        except ValueError:
-            raise Malformed("not a JSON value") from None
-        out.append(json.dumps(value, ensure_ascii=False))
-        self.pos = match.end()
-        self._value_done()
-        return True
-
-    def _string(self, text: str, out: list[str]) -> bool:
-        pos = self.pos
-        plain = _PLAIN.match(text, pos)
-        if plain is not None:
-            out.append(plain.group())
-            self.pos = pos = plain.end()
-        if pos >= len(text):
-            return False
-        ch = text[pos]
-        if ch == '"':
-            out.append('"')
-            self.in_string = False
-            self.pos = pos + 1
-            if self.stack and self.stack[-1][1] == "colon":
-                return True  # a key: its colon comes next
-            self._value_done()
-            return True
-        if ch != "\\":
-            raise Malformed("a control character in a string")
-        if pos + 1 >= len(text):
-            return False
-        kind = text[pos + 1]
-        if kind in _SIMPLE_ESCAPES:
-            out.append(_escaped(_SIMPLE_ESCAPES[kind]))
-            self.pos = pos + 2
-            return True
-        if kind != "u":
-            raise Malformed("a bad escape")
-        if len(text) < pos + 6:
-            if not _HEX4.match(text[pos + 2 :].ljust(4, "0")):
-                raise Malformed("a bad \\u escape")
-            return False
-        if not _HEX4.fullmatch(text, pos + 2, pos + 6):
-            raise Malformed("a bad \\u escape")
-        code = int(text[pos + 2 : pos + 6], 16)
-        end = pos + 6
-        if 0xD800 <= code <= 0xDBFF:
-            # A high surrogate joins a `\uDC00`-`\uDFFF` right after it (as json does).
-            follow = text[end : end + 6]
-            if len(follow) < 6 and "\\u".startswith(follow[:2]):
-                return False  # what follows may still be one
-            if follow[:2] == "\\u" and _HEX4.fullmatch(follow, 2, 6):
-                low = int(follow[2:], 16)
-                if 0xDC00 <= low <= 0xDFFF:
-                    code = 0x10000 + (((code - 0xD800) << 10) | (low - 0xDC00))
-                    end += 6
-        out.append(_escaped(chr(code)))
-        self.pos = end
-        return True
 
 
 class CallsReader(ABC):
@@ -339,12 +175,24 @@ class WholeCalls(CallsReader):
                 self.index += 1
 
 
+class _Hermes(enum.Enum):
+    """Where a Hermes call's reader is: what it reads next."""
+
+    OPEN = "open"  # the call's `{`
+    KEY = "key"  # a key, or the `}`
+    COLON = "colon"
+    BEFORE_VALUE = "before_value"  # the value's first character
+    VALUE = "value"  # inside the value
+    AFTER = "after"  # a comma, or the `}`
+    CLOSE = "close"  # the `</tool_call>`
+
+
 class HermesCalls(TaggedReader):
     """`{"name": NAME, "arguments": {...}}` in each block: the arguments object is echoed as
     it is sampled once the name is known (arguments written before the name wait for it)."""
 
     def begin(self) -> None:
-        self.state = "open"
+        self.state = _Hermes.OPEN
         self.key: str | None = None
         self.value: JsonEcho | None = None
         self.value_text: list[str] = []
@@ -358,9 +206,9 @@ class HermesCalls(TaggedReader):
             out.append(CallDelta(self.index, name, fragment))
 
     def call_step(self, text: str, out: list[CallDelta]) -> bool:
-        if self.state == "close":
+        if self.state is _Hermes.CLOSE:
             return self.end_call(text)
-        if self.state == "value":
+        if self.state is _Hermes.VALUE:
             assert self.value is not None
             piece = self.value.feed(text)
             streaming = self.key == "arguments" and not self.args_seen
@@ -385,34 +233,34 @@ class HermesCalls(TaggedReader):
                 self.name = name
                 self.started = True
                 self._emit(out, name, "".join(self.held))
-            self.state = "after"
+            self.state = _Hermes.AFTER
             return True
         pos = self.pos
         while pos < len(text) and (
-            text[pos] in _JSON_SPACE or (self.state == "open" and text[pos].isspace())
+            text[pos] in JSON_SPACE or (self.state is _Hermes.OPEN and text[pos].isspace())
         ):
             pos += 1
         self.pos = pos
         if pos >= len(text):
             return False
         ch = text[pos]
-        if self.state == "open":
+        if self.state is _Hermes.OPEN:
             if ch != "{":
                 raise Malformed("a call that is not a JSON object")
-            self.state, self.pos = "key", pos + 1
+            self.state, self.pos = _Hermes.KEY, pos + 1
             return True
-        if self.state in ("key", "after"):
+        if self.state is _Hermes.KEY or self.state is _Hermes.AFTER:
             if ch == "}":
                 if self.name is None:
                     raise Malformed("a call without a name")
                 if not self.args_seen:
                     self._emit(out, "", "{}")
-                self.state, self.pos = "close", pos + 1
+                self.state, self.pos = _Hermes.CLOSE, pos + 1
                 return True
-            if self.state == "after":
+            if self.state is _Hermes.AFTER:
                 if ch != ",":
                     raise Malformed("expected ','")
-                self.state, self.pos = "key", pos + 1
+                self.state, self.pos = _Hermes.KEY, pos + 1
                 return True
             match = _KEY.match(text, pos)
             if match is None:
@@ -423,18 +271,18 @@ class HermesCalls(TaggedReader):
                 self.key = JSON.decode(match.group())
             except ValueError:
                 raise Malformed("a bad key") from None
-            self.state, self.pos = "colon", match.end()
+            self.state, self.pos = _Hermes.COLON, match.end()
             return True
-        if self.state == "colon":
+        if self.state is _Hermes.COLON:
             if ch != ":":
                 raise Malformed("expected ':'")
-            self.state, self.pos = "before_value", pos + 1
+            self.state, self.pos = _Hermes.BEFORE_VALUE, pos + 1
             return True
-        if self.state == "before_value":
+        if self.state is _Hermes.BEFORE_VALUE:
             if self.key == "arguments" and not self.args_seen and ch != "{":
                 raise Malformed("arguments that are not an object")
             self.value, self.value_text = JsonEcho(pos), []
-            self.state = "value"
+            self.state = _Hermes.VALUE
             return True
         raise AssertionError(self.state)
 
@@ -446,13 +294,22 @@ _PARAMETER_CLOSE = "</parameter>"
 _FUNCTION_CLOSE = "</function>"
 
 
+class _Xml(enum.Enum):
+    """Where an XML call's reader is: what it reads next."""
+
+    FUNCTION = "function"  # the `<function=NAME>` tag
+    PARAMETERS = "parameters"  # a `<parameter=KEY>` tag or the `</function>`
+    VALUE = "value"  # a parameter's value, up to its `</parameter>`
+    CLOSE = "close"  # the `</tool_call>`
+
+
 class XmlCalls(TaggedReader):
     """`<function=NAME>` then `<parameter=KEY>\\nVALUE\\n</parameter>` each: a string
     parameter (by its schema) streams as JSON-escaped text, any other goes out whole when its
     `</parameter>` is sampled."""
 
     def begin(self) -> None:
-        self.state = "function"
+        self.state = _Xml.FUNCTION
         self.schemas: Mapping[str, Any] = {}
         self.count = 0
         self.seen: set[str] = set()
@@ -463,9 +320,9 @@ class XmlCalls(TaggedReader):
         self.sent = 0
 
     def call_step(self, text: str, out: list[CallDelta]) -> bool:
-        if self.state == "close":
+        if self.state is _Xml.CLOSE:
             return self.end_call(text)
-        if self.state == "function":
+        if self.state is _Xml.FUNCTION:
             match = _FUNCTION_NAME.match(text, self.pos)
             if match is None:
                 if _FUNCTION_PREFIX.match(text, self.pos):
@@ -476,9 +333,9 @@ class XmlCalls(TaggedReader):
                 raise Malformed("a call without a name")
             self.schemas = parameter_schemas(self.tools, name)
             out.append(CallDelta(self.index, name, ""))
-            self.state, self.pos = "parameters", match.end()
+            self.state, self.pos = _Xml.PARAMETERS, match.end()
             return True
-        if self.state == "value":
+        if self.state is _Xml.VALUE:
             return self._value(text, out)
         pos = self.pos
         while pos < len(text) and text[pos].isspace():
@@ -486,7 +343,7 @@ class XmlCalls(TaggedReader):
         self.pos = pos
         if text.startswith(_FUNCTION_CLOSE, pos):
             out.append(CallDelta(self.index, "", "}" if self.count else "{}"))
-            self.state, self.pos = "close", pos + len(_FUNCTION_CLOSE)
+            self.state, self.pos = _Xml.CLOSE, pos + len(_FUNCTION_CLOSE)
             return True
         if text.startswith(_PARAMETER_OPEN, pos):
             name_end = text.find(">", pos)
@@ -505,7 +362,7 @@ class XmlCalls(TaggedReader):
             self.count += 1
             out.append(CallDelta(self.index, "", head + ('"' if self.streams else "")))
             self.value_start = self.sent = name_end + 1
-            self.state, self.pos = "value", name_end + 1
+            self.state, self.pos = _Xml.VALUE, name_end + 1
             return True
         if pos < len(text) and not (
             _partial(text, pos, _PARAMETER_OPEN) or _partial(text, pos, _FUNCTION_CLOSE)
@@ -532,18 +389,18 @@ class XmlCalls(TaggedReader):
                 if stop > self.sent and text[stop - 1] == "\n":
                     stop -= 1  # the newline before `</parameter>` is layout, if it is one
                 if stop > self.sent:
-                    out.append(CallDelta(self.index, "", _escaped(text[self.sent : stop])))
+                    out.append(CallDelta(self.index, "", escaped(text[self.sent : stop])))
                     self.sent = stop
             return False
         end = close - 1 if close > self.sent and text[close - 1] == "\n" else close
         if self.streams:
-            tail = _escaped(text[self.sent : end]) if end > self.sent else ""
+            tail = escaped(text[self.sent : end]) if end > self.sent else ""
             out.append(CallDelta(self.index, "", tail + '"'))
         else:
             raw = text[self.sent : max(end, self.sent)]
             value = typed_value(raw, schema_types(self.schemas.get(self.key)))
             out.append(CallDelta(self.index, "", json.dumps(value, ensure_ascii=False)))
-        self.state, self.pos = "parameters", close + len(_PARAMETER_CLOSE)
+        self.state, self.pos = _Xml.PARAMETERS, close + len(_PARAMETER_CLOSE)
         return True
 
 

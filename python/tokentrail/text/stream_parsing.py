@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from tokentrail.messages import Message
 from tokentrail.text import formats
-from tokentrail.text.formats.base import ToolFormat, ToolSchemas, strip_newlines
+from tokentrail.text.formats.base import MessageFormat, ToolFormat, ToolSchemas, strip_newlines
 from tokentrail.text.formats.reasoning import THINK_CLOSE, THINK_OPEN, ThinkTags
 from tokentrail.text.stream_calls import CallDelta, CallsReader, arguments_text, calls_reader
 from tokentrail.text.tokenizer import LoadedTokenizer
@@ -138,7 +138,8 @@ class StreamParser:
         self.think: ThinkTags | None = reasoning if isinstance(reasoning, ThinkTags) else None
         self.phase = _Phase.START if reasoning is not None else _Phase.BODY
         live_tool = self.tool is None or (
-            not self.tool.owns_reasoning and type(self.tool).has_calls is ToolFormat.has_calls
+            not isinstance(self.tool, MessageFormat)
+            and type(self.tool).has_calls is ToolFormat.has_calls
         )
         if (reasoning is not None and self.think is None) or not live_tool:
             self.phase = _Phase.HELD

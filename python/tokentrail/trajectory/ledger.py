@@ -7,7 +7,7 @@ turn and in total, so a lost training signal is a number a trainer can see and g
 the model never saw (images and documents its prompts held as placeholders), how many sample
 tokens carry their replay rows (routed experts, indexer top-k) and why the others do not
 (`ReplayGap`), tokens per weight version, the journaled turns a crash or damage lost
-before linearization (`lost`, see `trajectory.loss`), and the samples' tokens as rows against
+before linearization (`lost`, see `trajectory.lost`), and the samples' tokens as rows against
 as one prefix tree (`layout`).
 """
 
@@ -31,7 +31,7 @@ from tokentrail.kinds import (
 )
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.layout_stats import TreeStats
-from tokentrail.trajectory.loss import LostSpan, lost_events, lost_turns
+from tokentrail.trajectory.lost import LostSpan, lost_events, lost_turns
 from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node
 

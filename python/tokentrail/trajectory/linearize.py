@@ -24,8 +24,8 @@ from tokentrail.kinds import (
 )
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
-from tokentrail.trajectory.loss import LostSpan
-from tokentrail.trajectory.loss import summary as loss_summary
+from tokentrail.trajectory.lost import LostSpan
+from tokentrail.trajectory.lost import summary as lost_summary
 from tokentrail.trajectory.prefix_tree import tree_stats
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
@@ -70,8 +70,8 @@ class Trajectory:
 
     @property
     def lost(self) -> dict[str, Any] | None:
-        """What the session lost before linearization (see `trajectory.loss`), or None."""
-        return loss_summary(self.ledger.lost)
+        """What the session lost before linearization (see `trajectory.lost`), or None."""
+        return lost_summary(self.ledger.lost)
 
     def mark_lost(self, spans: Sequence[LostSpan]) -> None:
         """Record, in the ledger and in every sample's metadata, the journaled turns the

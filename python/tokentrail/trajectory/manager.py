@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tokentrail.core.backend import TurnStoreLike, load_backend
-from tokentrail.core.replay import IndexerShape, ReplayRows, RoutingShape
+from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
 from tokentrail.kinds import (
     Backend,

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tokentrail.core.replay import ReplayRows, WeightSpan
+from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import PolicyError, RequestError
 from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice, parse_kind
 from tokentrail.messages import Conversation, Message, ToolSchema

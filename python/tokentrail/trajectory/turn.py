@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokentrail.core.ids import as_token_array
-from tokentrail.core.replay import ReplayRows, WeightSpan
+from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import LogprobLengthError, ReplayError, TokenIdError
 from tokentrail.kinds import Fallback, History, parse_kind
 

@@ -18,8 +18,8 @@ from tokentrail.errors import NotFound
 from tokentrail.storage.export import read_samples
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.sample import Sample
-from tokentrail.view.model import Decode, sample_row
 from tokentrail.view.sources import token_text
+from tokentrail.view.view_model import Decode, sample_row
 
 __all__ = ["SAMPLE_FATES", "SamplesSource", "is_sample_file"]
 

@@ -1,7 +1,7 @@
 """Where the viewer's sessions come from: a journal on disk (`tokentrail view PATH`), read again
 when it changes, or the sessions a running adapter holds (its `/tokentrail/ui`).
 
-Both hand the page the same JSON (`view.model`); a source is a `SessionSource`.
+Both hand the page the same JSON (`view.view_model`); a source is a `SessionSource`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.tree import Node
-from tokentrail.view.model import (
+from tokentrail.view.view_model import (
     Decode,
     SessionData,
     session_detail,

@@ -21,7 +21,7 @@ from aiohttp import web
 from tokentrail.adapter.config import AdapterConfig, SessionSettings
 from tokentrail.adapter.protocols.options import WireOptions
 from tokentrail.adapter.server import Adapter
-from tokentrail.core.replay import RoutingShape
+from tokentrail.core.routing import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.errors import PolicyError, SamplingParamsError, SessionError

@@ -22,7 +22,7 @@ from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.journal.rebuild import rebuild
 from tokentrail.storage.journal.session import SessionDamage
 from tokentrail.storage.replay import Settings, linearize_record
-from tokentrail.trajectory.loss import describe
+from tokentrail.trajectory.lost import describe
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tokentrail import _core
-from tokentrail.core.replay import ReplayRows, WeightSpan
+from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, ReplayGap, parse_kind
 from tokentrail.messages import Message, ToolSchema

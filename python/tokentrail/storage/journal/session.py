@@ -26,7 +26,7 @@ from tokentrail.storage.journal.format import (
     TurnDecoder,
 )
 from tokentrail.storage.journal.images import ImageReader
-from tokentrail.trajectory.loss import UNKNOWN, LostSpan
+from tokentrail.trajectory.lost import UNKNOWN, LostSpan
 
 
 @dataclass

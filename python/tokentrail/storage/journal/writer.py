@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.core.replay import ReplayRows, WeightSpan
+from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, SyncMode, parse_kind
 from tokentrail.messages import Message, ToolSchema
@@ -70,7 +70,7 @@ from tokentrail.storage.journal.session import (
     session_rows,
     tail_lost,
 )
-from tokentrail.trajectory.loss import LostSpan
+from tokentrail.trajectory.lost import LostSpan
 from tokentrail.trajectory.tree import MessageKey
 
 logger = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from tokentrail.text.formats import (  # noqa: F401 - importing a module registe
 )
 from tokentrail.text.formats.base import (
     Malformed,
+    MessageFormat,
     ReasoningFormat,
     ToolFormat,
     reasoning_format,
@@ -31,6 +32,7 @@ from tokentrail.text.formats.base import (
 
 __all__ = [
     "Malformed",
+    "MessageFormat",
     "ReasoningFormat",
     "ToolFormat",
     "reasoning_format",

@@ -3,7 +3,9 @@
 A *tool format* reads and writes a model family's tool-call markup (`hermes`, `kimi_k2`, ...);
 a *reasoning format* reads and writes the way it wraps its reasoning around the rest of its
 output (`qwen3`, `glm45`, ...). Each registers under the name `--tool-parser` and
-`--reasoning-parser` take, so a new family is a new module, not a new branch.
+`--reasoning-parser` take, so a new family is a new module, not a new branch. `TaggedCalls` is
+the shared base of the formats that write each call in a `<tool_call>` block (Hermes,
+Qwen3-Coder, GLM).
 """
 
 from __future__ import annotations
@@ -31,8 +33,6 @@ class ToolFormat(ABC):
     name: ClassVar[str]
     # The text that opens a message's calls; a `</think>` after it is argument data.
     call_start: ClassVar[str]
-    # Set by formats that read the whole output themselves, reasoning included (harmony).
-    owns_reasoning: ClassVar[bool] = False
     # Where one call ends and what closes the calls so far: a stream reads each call whole
     # once its end is sampled (`text.stream_calls`); None: its calls are read at the end.
     call_end: ClassVar[str | None] = None
@@ -57,10 +57,6 @@ class ToolFormat(ABC):
         calls); `compact` writes JSON without spaces, as models sometimes do.
         """
 
-    def parse_message(self, text: str, reasoning: bool, tools: ToolSchemas) -> Message:
-        """The whole message, for formats that `owns_reasoning`; raises `Malformed`."""
-        raise NotImplementedError
-
     def write_message(
         self,
         message: Mapping[str, Any],
@@ -80,6 +76,76 @@ class ToolFormat(ABC):
         if reasoning is None:
             return body
         return reasoning.wrap(reasoning_of(message), body, opened=opened)
+
+
+class MessageFormat(ToolFormat):
+    """A format that reads the whole output itself, reasoning included (harmony): its reasoning
+    is no reasoning format's to split off."""
+
+    @abstractmethod
+    def parse_message(self, text: str, reasoning: bool, tools: ToolSchemas) -> Message:
+        """The whole message; `reasoning`: a reasoning parser was named. Raises `Malformed`."""
+
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+
+def expect_close(text: str, pos: int, what: str) -> int:
+    """Index after the `</tool_call>` that must follow `pos` (whitespace allowed)."""
+    pos = skip_space(text, pos)
+    if text.startswith(TOOL_CALL_CLOSE, pos):
+        return pos + len(TOOL_CALL_CLOSE)
+    if TOOL_CALL_CLOSE not in text[pos:]:
+        raise Malformed("unclosed <tool_call>")
+    raise Malformed(f"unexpected text after {what}")
+
+
+class TaggedCalls(ToolFormat):
+    """Calls in `<tool_call>...</tool_call>` blocks; subclasses read and write one block."""
+
+    call_start = TOOL_CALL_OPEN
+    # The newlines a template puts between non-empty content and the first call.
+    content_to_call = "\n"
+
+    def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
+        first = text.index(TOOL_CALL_OPEN)
+        content = strip_newlines(text[:first], 0, len(self.content_to_call))
+        calls: list[ToolCall] = []
+        pos = first
+        while True:
+            # Each call is read by its own grammar up to its closing tag, not cut at the first
+            # `</tool_call>`: an argument may well contain tool-call markup.
+            call, pos = self.read_call(text, pos + len(TOOL_CALL_OPEN), tools)
+            calls.append(call)
+            following = text.find(TOOL_CALL_OPEN, pos)
+            between = text[pos:] if following < 0 else text[pos:following]
+            if between.strip():
+                # A message has no place for text after its calls; re-rendering would move it.
+                raise Malformed("text after a tool call")
+            if following < 0:
+                return content, calls
+            pos = following
+
+    @abstractmethod
+    def read_call(self, text: str, pos: int, tools: ToolSchemas) -> tuple[ToolCall, int]:
+        """The call whose `<tool_call>` ends at `pos`, and the index after its closing tag."""
+
+    def write(
+        self, content: str, calls: Sequence[Mapping[str, Any]], *, call_index: int, compact: bool
+    ) -> str:
+        parts = [content]
+        for i, call in enumerate(calls):
+            if i:
+                parts.append("\n")
+            elif content:
+                parts.append(self.content_to_call)
+            parts.append(self.write_call(call, compact))
+        return "".join(parts)
+
+    @abstractmethod
+    def write_call(self, call: Mapping[str, Any], compact: bool) -> str:
+        """The text of one call, its `<tool_call>` tags included."""
 
 
 class ReasoningFormat(ABC):

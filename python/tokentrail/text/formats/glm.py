@@ -13,8 +13,10 @@ from typing import Any
 from tokentrail.errors import OutputFormatError
 from tokentrail.messages import ToolCall
 from tokentrail.text.formats.base import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
     Malformed,
-    ToolFormat,
+    TaggedCalls,
     ToolSchemas,
     check_tag_text,
     function_of,
@@ -23,42 +25,26 @@ from tokentrail.text.formats.base import (
     register_tool_format,
     schema_types,
     skip_space,
-    strip_newlines,
     typed_value,
     value_text,
 )
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 KEY_OPEN, KEY_CLOSE = "<arg_key>", "</arg_key>"
 VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"
 
 
-class GlmCalls(ToolFormat):
-    call_start = CALL_OPEN
-    call_end = CALL_CLOSE
+class GlmCalls(TaggedCalls):
+    """GLM's `<tool_call>` blocks, split as every tagged format splits them; GLM reads and
+    writes one block its own way, and gives each call whole once its `</tool_call>` is sampled."""
+
+    call_end = TOOL_CALL_CLOSE
     content_newlines = 1
     # Whitespace the layout puts after the name and after each key/value tag.
     newline = ""
 
-    def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
-        first = text.index(CALL_OPEN)
-        content = strip_newlines(text[:first], 0, 1)
-        calls: list[ToolCall] = []
-        pos = first
-        while True:
-            call, pos = self._read_call(text, pos + len(CALL_OPEN), tools)
-            calls.append(call)
-            following = text.find(CALL_OPEN, pos)
-            between = text[pos:] if following < 0 else text[pos:following]
-            if between.strip():
-                raise Malformed("text after a tool call")
-            if following < 0:
-                return content, calls
-            pos = following
-
-    def _read_call(self, text: str, pos: int, tools: ToolSchemas) -> tuple[ToolCall, int]:
+    def read_call(self, text: str, pos: int, tools: ToolSchemas) -> tuple[ToolCall, int]:
         # The name runs to the first newline, argument or end of the call.
-        ends = [i for i in (text.find(t, pos) for t in ("\n", KEY_OPEN, CALL_CLOSE)) if i >= 0]
+        ends = [i for i in (text.find(t, pos) for t in ("\n", KEY_OPEN, TOOL_CALL_CLOSE)) if i >= 0]
         if not ends:
             raise Malformed("unclosed <tool_call>")
         name = text[pos : min(ends)].strip()
@@ -69,8 +55,8 @@ class GlmCalls(ToolFormat):
         pos = min(ends)
         while True:
             pos = skip_space(text, pos)
-            if text.startswith(CALL_CLOSE, pos):
-                return make_call(name, arguments), pos + len(CALL_CLOSE)
+            if text.startswith(TOOL_CALL_CLOSE, pos):
+                return make_call(name, arguments), pos + len(TOOL_CALL_CLOSE)
             if not text.startswith(KEY_OPEN, pos):
                 if pos >= len(text):
                     raise Malformed("unclosed <tool_call>")
@@ -95,13 +81,13 @@ class GlmCalls(ToolFormat):
         name, arguments = function_of(call)
         check_tag_text(name, "<\n", "a GLM tool name")
         nl = self.newline
-        parts = [f"{CALL_OPEN}{name}{nl}"]
+        parts = [f"{TOOL_CALL_OPEN}{name}{nl}"]
         for key, value in arguments.items():
             if not isinstance(key, str) or not key or key != key.strip() or "<" in key:
                 raise OutputFormatError(f"{key!r} cannot be written as <arg_key>")
             text = value_text(value, compact)
             parts.append(f"{KEY_OPEN}{key}{KEY_CLOSE}{nl}{VALUE_OPEN}{text}{VALUE_CLOSE}{nl}")
-        parts.append(CALL_CLOSE)
+        parts.append(TOOL_CALL_CLOSE)
         return "".join(parts)
 
 

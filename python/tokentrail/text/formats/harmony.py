@@ -18,8 +18,8 @@ from tokentrail.errors import OutputFormatError
 from tokentrail.messages import Message, ToolCall
 from tokentrail.text.formats.base import (
     Malformed,
+    MessageFormat,
     ReasoningFormat,
-    ToolFormat,
     ToolSchemas,
     check_tag_text,
     dumps,
@@ -46,10 +46,9 @@ def _message(channel: str, text: str, recipient: str | None = None) -> str:
 
 
 @register_tool_format
-class Harmony(ToolFormat):
+class Harmony(MessageFormat):
     name = "harmony"
     call_start = NEXT
-    owns_reasoning = True
 
     def split(self, text: str, tools: ToolSchemas) -> tuple[str, list[ToolCall]]:
         message = self.parse_message(text, True, tools)

@@ -15,10 +15,14 @@ from typing import Any
 from tokentrail.errors import OutputFormatError
 from tokentrail.messages import ToolCall
 from tokentrail.text.formats.base import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
     Malformed,
+    TaggedCalls,
     ToolSchemas,
     check_tag_text,
     dumps,
+    expect_close,
     function_of,
     make_call,
     parameter_schemas,
@@ -28,12 +32,6 @@ from tokentrail.text.formats.base import (
     strip_newlines,
     typed_value,
     value_text,
-)
-from tokentrail.text.formats.hermes import (
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    TaggedCalls,
-    expect_close,
 )
 
 _FUNCTION_OPEN = re.compile(r"\s*<function=([^>\n]*)>")

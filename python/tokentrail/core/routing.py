@@ -1,4 +1,5 @@
-"""What an engine reports per token beyond ids and logprobs, and the checks it must pass.
+"""Routing replay: what an engine reports per token beyond ids and logprobs, and the checks it
+must pass, so training computes the function sampling did.
 
 MoE routed experts and sparse-attention indexer top-k come back as rows `[tokens, layers, k]`
 for a stretch of a turn's prompt + output: `ReplayRows` is one turn's rows, or why it has none.
