@@ -19,6 +19,7 @@ from tokentrail.errors import JournalError
 from tokentrail.kinds import History, JournalEvent, Retry
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import check_journal, read_journal
+from tokentrail.storage.journal.record import JournaledTurn
 
 TOOLS = [
     {
@@ -30,17 +31,19 @@ TOOLS = [
 
 def _turn(journal: Journal, sid: str, messages: list[dict], prompt, output, k: int) -> int:
     return journal.turn(
-        sid,
-        translated=messages,
-        response_message={"role": "assistant", "content": f"a{k}"},
-        tools=TOOLS,
-        prompt_ids=prompt,
-        output_ids=output,
-        logprobs=[-0.5] * len(output),
-        finish_reason="stop",
-        ill_formed=False,
-        metadata={"k": k},
-        answer={"reply": {"k": k}},
+        JournaledTurn(
+            sid,
+            translated=messages,
+            response_message={"role": "assistant", "content": f"a{k}"},
+            tools=TOOLS,
+            prompt_ids=prompt,
+            output_ids=output,
+            logprobs=[-0.5] * len(output),
+            finish_reason="stop",
+            ill_formed=False,
+            metadata={"k": k},
+            answer={"reply": {"k": k}},
+        )
     )
 
 
