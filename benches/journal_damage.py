@@ -24,6 +24,7 @@ import numpy as np
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import read_journal
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.trajectory.lost import lost_turns, total
 
 SESSIONS, TURNS, FINISHED = 12, 6, 4
@@ -43,16 +44,18 @@ def write(path: Path, checkpoint: bool) -> Truth:
             messages = [*messages, {"role": "tool", "content": f"{sid}-{k} " + "r" * 1500}]
             prompt = held + rng.integers(0, 150_000, 400).tolist()
             journal.turn(
-                sid,
-                translated=list(messages),
-                response_message={"role": "assistant", "content": f"a{k}"},
-                tools=None,
-                prompt_ids=prompt,
-                output_ids=[1, 2, 3, k],
-                logprobs=[-0.5] * 4,
-                finish_reason="stop",
-                ill_formed=False,
-                metadata={},
+                JournaledTurn(
+                    sid,
+                    translated=list(messages),
+                    response_message={"role": "assistant", "content": f"a{k}"},
+                    tools=None,
+                    prompt_ids=prompt,
+                    output_ids=[1, 2, 3, k],
+                    logprobs=[-0.5] * 4,
+                    finish_reason="stop",
+                    ill_formed=False,
+                    metadata={},
+                )
             )
             truth.setdefault(sid, []).append(prompt)
             messages = [*messages, {"role": "assistant", "content": f"a{k}"}]

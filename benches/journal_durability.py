@@ -33,6 +33,7 @@ import numpy as np
 
 from tokentrail.sim.harness import CLAUDE_CODE_TOOLS
 from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal.record import JournaledTurn
 
 FIXTURE = (
     Path(__file__).resolve().parents[1] / "tests/fixtures/claude_code_2.1.197_edit_write_bash.json"
@@ -186,17 +187,19 @@ def run(schema: int, sync: str, context: int, turns: list[Turn], where: Path) ->
             writer.turn("s", t, tools)
         else:
             writer.turn(
-                "s",
-                translated=t.translated,
-                response_message=t.response,
-                tools=tools,
-                prompt_ids=t.prompt,
-                output_ids=t.output,
-                logprobs=t.logprobs,
-                finish_reason="stop",
-                ill_formed=False,
-                metadata={"protocol": "anthropic", "request_id": "r" * 32},
-                answer=t.answer,
+                JournaledTurn(
+                    "s",
+                    translated=t.translated,
+                    response_message=t.response,
+                    tools=tools,
+                    prompt_ids=t.prompt,
+                    output_ids=t.output,
+                    logprobs=t.logprobs,
+                    finish_reason="stop",
+                    ill_formed=False,
+                    metadata={"protocol": "anthropic", "request_id": "r" * 32},
+                    answer=t.answer,
+                )
             )
         times.append(time.perf_counter() - start)
         new_text += t.new_text

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal.record import JournaledTurn
 
 TURNS = 40
 CONTEXT = 64_000
@@ -95,17 +96,19 @@ def write(path: Path, gb: float) -> dict[str, int]:
             call = {"type": "function", "function": {"name": "Read", "arguments": {"p": f"{k}"}}}
             response = {"role": "assistant", "content": words, "tool_calls": [call]}
             journal.turn(
-                sid,
-                translated=list(messages),
-                response_message=response,
-                tools=tools,
-                prompt_ids=prompt,
-                output_ids=output,
-                logprobs=ids.uniform(-3, 0, len(output)).astype(np.float32),
-                finish_reason="stop",
-                ill_formed=False,
-                metadata={"protocol": "anthropic"},
-                answer={"protocol": "anthropic", "sampling": "{}", "reply": {"text": words}},
+                JournaledTurn(
+                    sid,
+                    translated=list(messages),
+                    response_message=response,
+                    tools=tools,
+                    prompt_ids=prompt,
+                    output_ids=output,
+                    logprobs=ids.uniform(-3, 0, len(output)).astype(np.float32),
+                    finish_reason="stop",
+                    ill_formed=False,
+                    metadata={"protocol": "anthropic"},
+                    answer={"protocol": "anthropic", "sampling": "{}", "reply": {"text": words}},
+                )
             )
             messages = [*messages, response]
             held = np.concatenate([prompt, output])

@@ -37,8 +37,8 @@ from tokentrail.messages import Conversation
 from tokentrail.sim.harness import Behaviour, HarnessSim, SessionSpec
 from tokentrail.sim.model import SimulatedEngine
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.journal.read import read_journal
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline

@@ -27,6 +27,7 @@ import numpy as np
 from aiohttp import web
 
 from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.text.tokenizer import load_tokenizer
 from tokentrail.view.app import standalone_app
 from tokentrail.view.sources import JournalSource
@@ -57,16 +58,18 @@ def write_journal(path: Path, turns: int, context: int, seed: int = 0) -> tuple[
         }
         reply = {"role": "assistant", "content": f"step {k}", "tool_calls": [call]}
         journal.turn(
-            SID,
-            translated=list(messages),
-            response_message=reply,
-            tools=None,
-            prompt_ids=prompt,
-            output_ids=output,
-            logprobs=np.full(out_len, -0.25, dtype=np.float32),
-            finish_reason="tool_calls",
-            ill_formed=False,
-            metadata={},
+            JournaledTurn(
+                SID,
+                translated=list(messages),
+                response_message=reply,
+                tools=None,
+                prompt_ids=prompt,
+                output_ids=output,
+                logprobs=np.full(out_len, -0.25, dtype=np.float32),
+                finish_reason="tool_calls",
+                ill_formed=False,
+                metadata={},
+            )
         )
         generated += out_len
         messages += [reply, {"role": "tool", "tool_call_id": f"call_{k}", "content": f"ok {k}"}]

@@ -3,6 +3,7 @@ schema-1 journals still read."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,12 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tokentrail.core.routing import ReplayRows, WeightSpan
 
 from tokentrail.adapter.config import SessionSettings
 from tokentrail.errors import JournalError
-from tokentrail.kinds import History, JournalEvent, Retry
+from tokentrail.kinds import Fallback, History, JournalEvent, ReplayGap, Retry
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import check_journal, read_journal
+from tokentrail.storage.journal.record import JournaledTurn
 
 TOOLS = [
     {
@@ -30,17 +33,19 @@ TOOLS = [
 
 def _turn(journal: Journal, sid: str, messages: list[dict], prompt, output, k: int) -> int:
     return journal.turn(
-        sid,
-        translated=messages,
-        response_message={"role": "assistant", "content": f"a{k}"},
-        tools=TOOLS,
-        prompt_ids=prompt,
-        output_ids=output,
-        logprobs=[-0.5] * len(output),
-        finish_reason="stop",
-        ill_formed=False,
-        metadata={"k": k},
-        answer={"reply": {"k": k}},
+        JournaledTurn(
+            sid,
+            translated=messages,
+            response_message={"role": "assistant", "content": f"a{k}"},
+            tools=TOOLS,
+            prompt_ids=prompt,
+            output_ids=output,
+            logprobs=[-0.5] * len(output),
+            finish_reason="stop",
+            ill_formed=False,
+            metadata={"k": k},
+            answer={"reply": {"k": k}},
+        )
     )
 
 
@@ -118,6 +123,45 @@ def test_turns_round_trip_and_store_only_what_is_new(tmp_path: Path) -> None:
     new_bytes = 4000 + 500 * 4 + 4 * 8
     assert max(sizes[1:]) < new_bytes + 1500
     assert db.execute("SELECT count(*) FROM blobs").fetchone() == (1,)
+
+
+def test_a_journaled_turn_reads_back_as_the_record_it_was(tmp_path: Path) -> None:
+    """Every field of the record the writer takes comes back from the reader: ids as
+    arrays, the answer, the retry flag, the replay rows and the weight versions."""
+    experts = np.array([[[1, 7]], [[3, 0]], [[5, 2]]], dtype=np.int64)
+    made = JournaledTurn(
+        "s",
+        translated=[{"role": "user", "content": "hi"}],
+        response_message={"role": "assistant", "content": "yo"},
+        tools=TOOLS,
+        prompt_ids=[11, 12, 13],
+        output_ids=[21, 22],
+        logprobs=[-0.25, -1.5],
+        finish_reason="length",
+        ill_formed=True,
+        metadata={"protocol": "anthropic"},
+        history=History.SPLICE,
+        fallback=Fallback.NO_BOUNDARY,
+        answer={"reply": {"text": "yo"}},
+        supersedes=True,
+        routed_experts=ReplayRows(experts, 1),
+        indexer_topk=ReplayRows.missing(ReplayGap.SHAPE_MISMATCH),
+        weight_versions=(WeightSpan("v7", 0, 1), WeightSpan("v8", 1, 2)),
+        seq=99,  # the journal numbers its events itself
+    )
+    journal = Journal(tmp_path / "j.db")
+    journal.session_opened("s", {})
+    assert journal.turn(made) == 2
+    journal.close()
+    (back,) = read_journal(tmp_path / "j.db").served_turns()
+    assert back.seq == 2 and back.sid == "s"
+    assert back.prompt_ids.tolist() == [11, 12, 13] and back.output_ids.tolist() == [21, 22]
+    assert back.logprobs.dtype == np.float32 and back.logprobs.tolist() == [-0.25, -1.5]
+    assert back.routed_experts.start == 1
+    assert np.array_equal(back.routed_experts.rows, experts)
+    same = ("prompt_ids", "output_ids", "logprobs", "routed_experts", "seq")
+    for name in {f.name for f in dataclasses.fields(JournaledTurn)} - set(same):
+        assert getattr(back, name) == getattr(made, name), name
 
 
 def test_branches_are_stored_against_their_own_base(tmp_path: Path) -> None:

@@ -172,6 +172,7 @@ def test_a_20_turn_session_stores_its_500kb_image_once(qwen3_vl, tmp_path: Path)
 WRITER = """
 import base64, hashlib, pathlib, sys, time
 from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal.record import JournaledTurn
 
 images = [pathlib.Path(p).read_bytes() for p in sys.argv[2:]]
 journal = Journal(sys.argv[1])
@@ -186,10 +187,11 @@ prompt = []
 for k in range(200):
     prompt = prompt + [k + 10] * 50
     held = images[:1] if k < 2 else images
-    journal.turn("s", translated=[{"role": "user", "content": f"step {k}"}],
+    tags = [tag(d, 3 + j) for j, d in enumerate(held)]
+    journal.turn(JournaledTurn("s", translated=[{"role": "user", "content": f"step {k}"}],
                  response_message={"role": "assistant", "content": "ok"}, tools=None,
                  prompt_ids=prompt, output_ids=[7, 8], logprobs=None, finish_reason="stop",
-                 ill_formed=False, metadata={"images": [tag(d, 3 + j) for j, d in enumerate(held)]})
+                 ill_formed=False, metadata={"images": tags}))
     print(f"ack {k}", flush=True)
     if k >= 3:
         time.sleep(0.05)

@@ -24,6 +24,7 @@ from tokentrail.sim.harness import HarnessSim, Workspace
 from tokentrail.storage.export import write_samples
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import read_journal
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.storage.replay import as_recorded
 from tokentrail.view.app import UI_PREFIX, standalone_app
 from tokentrail.view.samples import SamplesSource
@@ -337,16 +338,18 @@ def test_a_journal_being_written_is_read_again_as_it_grows(tmp_path: Path) -> No
         reply = assistant(f"step {k}", ("Edit", {"n": k}))
         output = sampled(reply)
         journal.turn(
-            "s",
-            translated=list(history),
-            response_message=reply,
-            tools=None,
-            prompt_ids=prompt_ids(history),
-            output_ids=output,
-            logprobs=[-0.5] * len(output),
-            finish_reason="stop",
-            ill_formed=False,
-            metadata={},
+            JournaledTurn(
+                "s",
+                translated=list(history),
+                response_message=reply,
+                tools=None,
+                prompt_ids=prompt_ids(history),
+                output_ids=output,
+                logprobs=[-0.5] * len(output),
+                finish_reason="stop",
+                ill_formed=False,
+                metadata={},
+            )
         )
         history = [*history, reply, tool(f"result {k}")]
 

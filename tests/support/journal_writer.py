@@ -34,6 +34,7 @@ import numpy as np
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import read_journal
+from tokentrail.storage.journal.record import JournaledTurn
 
 WIDTH = 1500
 OUTPUT = 8
@@ -82,16 +83,18 @@ def main(argv: list[str]) -> int:
             prompt = prompt + output + rng.integers(0, 150_000, WIDTH).tolist()
             output = rng.integers(0, 150_000, OUTPUT).tolist()
             journal.turn(
-                sid,
-                translated=_messages(sid, k),
-                response_message={"role": "assistant", "content": f"{sid} answer {k}"},
-                tools=None,
-                prompt_ids=prompt,
-                output_ids=output,
-                logprobs=[-0.25] * OUTPUT,
-                finish_reason="stop",
-                ill_formed=False,
-                metadata={},
+                JournaledTurn(
+                    sid,
+                    translated=_messages(sid, k),
+                    response_message={"role": "assistant", "content": f"{sid} answer {k}"},
+                    tools=None,
+                    prompt_ids=prompt,
+                    output_ids=output,
+                    logprobs=[-0.25] * OUTPUT,
+                    finish_reason="stop",
+                    ill_formed=False,
+                    metadata={},
+                )
             )
             held[sid] = (prompt, output)
             done[sid] = k + 1

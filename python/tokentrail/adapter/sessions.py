@@ -42,7 +42,7 @@ from tokentrail.errors import (
 )
 from tokentrail.kinds import Closed, History, JournalEvent, JournalState, Retry
 from tokentrail.storage.journal import Journal
-from tokentrail.storage.journal.format import JournaledTurn
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.storage.replay import replay_turn
 from tokentrail.text.vision import ImageCache
 from tokentrail.trajectory.linearize import Trajectory

@@ -55,6 +55,7 @@ from tokentrail.errors import (
 )
 from tokentrail.kinds import EngineFault, Retry, Stage, ToolChoice
 from tokentrail.storage.journal import Journal
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import (
@@ -476,8 +477,8 @@ def journal_turn(
     supersedes: bool = False,
 ) -> int:
     """Journal a served turn (before its reply leaves); returns its session sequence number."""
-    return journal.turn(
-        prepared.sid,
+    turn = JournaledTurn(
+        sid=prepared.sid,
         translated=prepared.conversation.messages,
         response_message=parsed.message,
         tools=prepared.conversation.tools,
@@ -489,13 +490,13 @@ def journal_turn(
         metadata=metadata,
         history=prepared.history,
         fallback=prepared.fallback,
+        answer=answer,
+        supersedes=supersedes,
         routed_experts=generation.routed_experts,
         indexer_topk=generation.indexer_topk,
         weight_versions=generation.weight_versions,
-        answer=answer,
-        supersedes=supersedes,
-        keyed=(prepared.record_messages, prepared.keys or ()),
     )
+    return journal.turn(turn, keyed=(prepared.record_messages, prepared.keys or ()))
 
 
 def generate_request(

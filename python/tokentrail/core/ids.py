@@ -1,11 +1,19 @@
-"""Token ids checked once, the same way for every caller: the reference core, `TurnRecord`
+"""Token ids: their type, and one check for every caller. The reference core, `TurnRecord`
 validation and the exporters all refuse a bad id with the same named error."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import numpy.typing as npt
 
 from tokentrail.errors import TokenIdError
+
+# Token ids and their logprobs as the package takes them: lists, or numpy arrays (what it
+# hands back once it has checked or stored them).
+TokenIds = Sequence[int] | npt.NDArray[np.integer]
+Logprobs = Sequence[float] | npt.NDArray[np.floating]
 
 _MAX_TOKEN_ID = 2**32 - 1
 

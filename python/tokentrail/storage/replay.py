@@ -27,8 +27,8 @@ from tokentrail.kinds import (
     parse_kind,
 )
 from tokentrail.messages import Conversation
-from tokentrail.storage.journal.format import JournaledTurn
 from tokentrail.storage.journal.read import JournalContents
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.storage.journal.session import SessionRecord
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.trajectory.ledger import Ledger, ReplayCoverage

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tokentrail.core.backend import TurnStoreLike, load_backend
+from tokentrail.core.ids import TokenIds
 from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
 from tokentrail.kinds import (
@@ -50,8 +51,8 @@ SessionReader = Callable[[Node, TurnStoreLike, Trajectory], T]
 class SpliceAnchor:
     """The generated turn a splice continues: its tokens, its message, and its position."""
 
-    prompt_ids: Any
-    output_ids: Any
+    prompt_ids: TokenIds
+    output_ids: TokenIds
     finish_reason: str | None
     message: Message
     index: int
@@ -235,7 +236,7 @@ class TrajectoryManager:
         self,
         sid: str,
         prompt_messages: Sequence[Message],
-        prompt_ids: Any,
+        prompt_ids: TokenIds,
         keys: list[MessageKey] | None = None,
     ) -> list[int]:
         """Turns a request with this prompt repeats (see `trajectory.retry`), latest first."""
@@ -343,7 +344,7 @@ class TrajectoryManager:
             return None if node is None else _conversation_of(node)
 
     def replay_start(
-        self, sid: str, messages: Sequence[Message], prompt_ids: Any, keys: list[MessageKey] | None
+        self, sid: str, messages: Sequence[Message], ids: TokenIds, keys: list[MessageKey] | None
     ) -> int:
         """Where the engine should start reporting replay rows for a turn of these messages and
         prompt ids: positions before it are rows the session's earlier turns hold."""
@@ -355,7 +356,7 @@ class TrajectoryManager:
             # `record_turn` files the turn under this generated ancestor: a rewrite merge
             # demotes the leaf it continues through, so it finds the same one.
             parent = _store_id(walk(session.root, keys)[0].generated_ancestor())
-            return session.store.replay_start(parent, prompt_ids)
+            return session.store.replay_start(parent, ids)
 
     def restored_by_tool(self, sid: str) -> dict[str, int]:
         session = self._sessions.get(sid)

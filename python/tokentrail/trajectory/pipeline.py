@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from tokentrail.core.ids import Logprobs, TokenIds
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import PolicyError, RequestError
 from tokentrail.kinds import Fallback, History, Restore, Stage, ToolChoice, parse_kind
@@ -43,7 +44,7 @@ from tokentrail.trajectory.splice import Splicer
 from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.timing import TurnTiming
 from tokentrail.trajectory.tree import MessageKey
-from tokentrail.trajectory.turn import Logprobs, TokenIds, TurnRecord
+from tokentrail.trajectory.turn import TurnRecord
 
 logger = logging.getLogger(__name__)
 

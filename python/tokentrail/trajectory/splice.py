@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokentrail.core.ids import TokenIds
 from tokentrail.errors import TemplateError
 from tokentrail.kinds import Fallback, FinishReason
 from tokentrail.messages import Message, ToolCall, ToolSchema
@@ -203,7 +204,7 @@ class Splicer:
             return Fallback.NO_BOUNDARY
         return full[cut + len(end) :]
 
-    def _ends_turn(self, output: Sequence[int] | npt.NDArray[np.uint32]) -> bool:
+    def _ends_turn(self, output: TokenIds) -> bool:
         """Whether `output` ends with a stop token of the family (an engine may report a turn
         whose last token, at the budget, was its end as cut by the length limit)."""
         if not len(output):
@@ -215,8 +216,8 @@ class Splicer:
     def splice(
         self,
         *,
-        held_prompt: Sequence[int],
-        held_output: Sequence[int],
+        held_prompt: TokenIds,
+        held_output: TokenIds,
         finish_reason: str | None,
         last_assistant: Message,
         new_messages: Sequence[Message],

@@ -11,15 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
-from tokentrail.core.ids import as_token_array
+from tokentrail.core.ids import Logprobs, TokenIds, as_token_array
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import LogprobLengthError, ReplayError, TokenIdError
 from tokentrail.kinds import Fallback, History, parse_kind
-
-TokenIds = Sequence[int] | npt.NDArray[np.integer]
-Logprobs = Sequence[float] | npt.NDArray[np.floating]
 
 
 @dataclass

@@ -32,6 +32,7 @@ from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, ReplayGap, parse_kind
 from tokentrail.messages import Message, ToolSchema
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.trajectory.tree import MessageKey, message_key
 
 SCHEMA_VERSION = 3
@@ -159,55 +160,53 @@ class EncodedTurn:
     ids: bytes
 
 
-def encode_turn(
-    *,
-    mbase: int,
-    keep: int,
-    new: list[Message],
-    tools_ref: str | None,
-    tbase: int,
-    prefix: int,
-    tail: np.ndarray,
-    output: np.ndarray,
-    logprobs: np.ndarray | None,
-    response: Message | None,
-    finish_reason: str | None,
-    ill_formed: bool,
-    metadata: dict[str, Any],
-    history: History | None,
-    fallback: Fallback | None,
-    answer: dict[str, Any] | None,
-    supersedes: bool,
-    routed_experts: ReplayRows | None = None,
-    indexer_topk: ReplayRows | None = None,
-    weight_versions: Sequence[WeightSpan] = (),
-) -> EncodedTurn:
+@dataclass(frozen=True)
+class TurnBase:
+    """What a turn is stored against: the branch whose messages it continues (`mbase`, its
+    first `keep` messages shared), the branch whose ids it continues (`tbase`, its first
+    `prefix` prompt ids shared; 0: none), and the hash of its tool list in `blobs`."""
+
+    mbase: int
+    keep: int
+    tbase: int
+    prefix: int
+    tools_ref: str | None
+
+
+def encode_turn(turn: JournaledTurn, base: TurnBase) -> EncodedTurn:
+    """`turn`'s event: what is new since `base`. Its metadata is stored as given (the writer
+    has taken its images' bytes out); empty logprobs are stored as none."""
+    tail = np.asarray(turn.prompt_ids, dtype=np.uint32)[base.prefix :]
+    output = np.asarray(turn.output_ids, dtype=np.uint32)
+    lps = turn.logprobs
+    logprobs = np.asarray(lps, np.float32) if lps is not None and len(lps) else None
+    history, fallback = turn.history, turn.fallback
     data = {
-        "mbase": mbase,
-        "keep": keep,
-        "new": new,
-        "tools": tools_ref,
-        "tbase": tbase,
-        "prefix": prefix,
+        "mbase": base.mbase,
+        "keep": base.keep,
+        "new": list(turn.translated[base.keep :]),
+        "tools": base.tools_ref,
+        "tbase": base.tbase,
+        "prefix": base.prefix,
         "tail": len(tail),
         "output": len(output),
         "logprobs": logprobs is not None,
-        "response": response,
-        "finish_reason": finish_reason,
-        "ill_formed": ill_formed,
-        "metadata": metadata,
+        "response": turn.response_message,
+        "finish_reason": turn.finish_reason,
+        "ill_formed": turn.ill_formed,
+        "metadata": turn.metadata,
         "history": None if history is None else history.value,
         "fallback": None if fallback is None else fallback.value,
-        "answer": answer,
-        "supersedes": supersedes,
+        "answer": turn.answer,
+        "supersedes": turn.supersedes,
     }
     # Replay data, only when the engine reported some (most turns carry none).
-    if routed_experts is not None:
-        data["routed_experts"] = replay_json(routed_experts)
-    if indexer_topk is not None:
-        data["indexer_topk"] = replay_json(indexer_topk)
-    if weight_versions:
-        data["weight_versions"] = [span.to_dict() for span in weight_versions]
+    if turn.routed_experts is not None:
+        data["routed_experts"] = replay_json(turn.routed_experts)
+    if turn.indexer_topk is not None:
+        data["indexer_topk"] = replay_json(turn.indexer_topk)
+    if turn.weight_versions:
+        data["weight_versions"] = [span.to_dict() for span in turn.weight_versions]
     parts = [tail.astype("<u4", copy=False).tobytes(), output.astype("<u4", copy=False).tobytes()]
     if logprobs is not None:
         parts.append(logprobs.astype("<f4", copy=False).tobytes())
@@ -276,33 +275,6 @@ def decode_ids(data: dict[str, Any], ids: bytes) -> DecodedIds:
         lps = np.frombuffer(ids, dtype="<f4", offset=4 * (n_tail + n_out), count=n_out)
         lps = lps.astype(np.float32)
     return DecodedIds(words[:n_tail].astype(np.uint32), words[n_tail:].astype(np.uint32), lps)
-
-
-@dataclass
-class JournaledTurn:
-    """One turn event, decoded."""
-
-    sid: str
-    seq: int  # the session's sequence number of the event
-    translated: list[Message]
-    response_message: Message | None
-    tools: list[ToolSchema] | None
-    prompt_ids: np.ndarray
-    output_ids: np.ndarray
-    logprobs: np.ndarray | None
-    finish_reason: str | None
-    ill_formed: bool
-    metadata: dict[str, Any]
-    history: History | None = None
-    fallback: Fallback | None = None
-    # What the adapter needs to answer a retry of this turn again (its reply), if recorded.
-    answer: dict[str, Any] | None = None
-    # It was generated for a retry and replaces the earlier turns of the same prompt.
-    supersedes: bool = False
-    # What the engine reported beyond ids (MoE routing, indexer top-k, weight versions).
-    routed_experts: ReplayRows | None = None
-    indexer_topk: ReplayRows | None = None
-    weight_versions: tuple[WeightSpan, ...] = ()
 
 
 @dataclass

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tokentrail.errors import JournalError
-from tokentrail.kinds import Fallback, History, JournalState
-from tokentrail.messages import Message, ToolSchema
+from tokentrail.kinds import JournalState
 from tokentrail.storage.journal.format import IMAGES_TABLE, SCHEMA_VERSION
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.storage.journal.v1 import read_v1
 
 logger = logging.getLogger(__name__)
@@ -37,22 +37,7 @@ class MigrationTarget(Protocol):
 
     def session_opened(self, sid: str, settings: dict[str, Any]) -> None: ...
 
-    def turn(
-        self,
-        sid: str,
-        *,
-        translated: list[Message],
-        response_message: Message | None,
-        tools: list[ToolSchema] | None,
-        prompt_ids: Any,
-        output_ids: Any,
-        logprobs: Any,
-        finish_reason: str | None,
-        ill_formed: bool,
-        metadata: dict[str, Any],
-        history: History | None = None,
-        fallback: Fallback | None = None,
-    ) -> int: ...
+    def turn(self, turn: JournaledTurn) -> int: ...
 
     def lost(self, sid: str, first: int, events: int, reason: str) -> None: ...
 
@@ -77,20 +62,7 @@ def migrate_v1(path: Path, open_journal: Callable[[Path], MigrationTarget]) -> P
             if record.settings is not None:
                 journal.session_opened(record.sid, record.settings)
             for turn in record.turns:
-                journal.turn(
-                    record.sid,
-                    translated=turn.translated,
-                    response_message=turn.response_message,
-                    tools=turn.tools,
-                    prompt_ids=turn.prompt_ids,
-                    output_ids=turn.output_ids,
-                    logprobs=turn.logprobs,
-                    finish_reason=turn.finish_reason,
-                    ill_formed=turn.ill_formed,
-                    metadata=turn.metadata,
-                    history=turn.history,
-                    fallback=turn.fallback,
-                )
+                journal.turn(turn)
             if record.damage is not None:
                 journal.lost(record.sid, len(record.turns) + 1, -1, record.damage)
             if record.state == JournalState.FINISHED:

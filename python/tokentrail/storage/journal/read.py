@@ -21,7 +21,6 @@ from tokentrail.storage.journal.format import (
     END_STATES,
     ROW_COLUMNS,
     SAME_EVENTS,
-    JournaledTurn,
     Row,
     session_crc,
 )
@@ -31,6 +30,7 @@ from tokentrail.storage.journal.receipts import (
     receipts_path,
     session_kinds,
 )
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.storage.journal.scan import Scan, readable, scan_rows
 from tokentrail.storage.journal.session import Blobs, SessionRecord, read_record, tail_lost
 from tokentrail.storage.journal.v1 import read_v1, schema_version

@@ -21,11 +21,11 @@ from tokentrail.messages import ToolSchema
 from tokentrail.storage.journal.format import (
     END_STATES,
     ROW_COLUMNS,
-    JournaledTurn,
     Row,
     TurnDecoder,
 )
 from tokentrail.storage.journal.images import ImageReader
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.trajectory.lost import UNKNOWN, LostSpan
 
 

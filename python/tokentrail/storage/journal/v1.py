@@ -9,6 +9,7 @@ small); opening one to serve migrates it to the current schema (`journal.Journal
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -20,7 +21,8 @@ import numpy as np
 
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, parse_kind
-from tokentrail.storage.journal.format import END_STATES, JournaledTurn
+from tokentrail.storage.journal.format import END_STATES
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.storage.journal.scan import Scan, readable, scan_rows
 from tokentrail.storage.journal.session import SessionRecord
 from tokentrail.trajectory.ledger import parse_history_label
@@ -76,9 +78,8 @@ def read_v1(path: Path) -> tuple[dict[str, str], list[SessionRecord]]:
         except (ValueError, KeyError, TypeError) as exc:
             record.damage = f"event {seq}: unreadable ({exc})"
     for record in sessions.values():
-        record.turns = [t for t in record.turns if t.seq not in retracted]
-        for i, turn in enumerate(record.turns, 1):
-            turn.seq = i
+        kept = (t for t in record.turns if t.seq not in retracted)
+        record.turns = [dataclasses.replace(t, seq=i) for i, t in enumerate(kept, 1)]
     problems = [r for r in sessions.values() if r.damage]
     if refused or scan.unreadable or problems:
         logger.warning(

@@ -22,6 +22,7 @@ and the file is rebuilt from every intact event (the damaged one is moved aside,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 import threading
@@ -34,14 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
-from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, SyncMode, parse_kind
+from tokentrail.kinds import JournalEvent, JournalState, SyncMode, parse_kind
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.storage.journal.format import (
     END_STATES,
     Base,
     Bases,
+    TurnBase,
     TurnDecoder,
     blob_hash,
     digest,
@@ -62,6 +63,7 @@ from tokentrail.storage.journal.open import (
     prepare,
 )
 from tokentrail.storage.journal.receipts import Receipts, session_kinds
+from tokentrail.storage.journal.record import JournaledTurn
 from tokentrail.storage.journal.session import (
     Blobs,
     Event,
@@ -329,66 +331,33 @@ class Journal:
 
     def turn(
         self,
-        sid: str,
+        turn: JournaledTurn,
         *,
-        translated: list[Message],
-        response_message: Message | None,
-        tools: list[ToolSchema] | None,
-        prompt_ids: Any,
-        output_ids: Any,
-        logprobs: Any,
-        finish_reason: str | None,
-        ill_formed: bool,
-        metadata: dict[str, Any],
-        history: History | None = None,
-        fallback: Fallback | None = None,
-        answer: dict[str, Any] | None = None,
-        supersedes: bool = False,
-        routed_experts: ReplayRows | None = None,
-        indexer_topk: ReplayRows | None = None,
-        weight_versions: tuple[WeightSpan, ...] = (),
         keyed: tuple[Sequence[Message], Sequence[MessageKey]] = ((), ()),
     ) -> int:
-        """Journal a generated turn; returns its session sequence number.
+        """Journal a generated turn of `turn.sid`; returns its session sequence number (the
+        record's own `seq` is not read).
 
         `keyed` are messages whose routing keys the caller computed, and those keys (the
-        pipeline's recorded messages): a message of `translated` at the same position that is
-        one of them is not keyed again.
+        pipeline's recorded messages): a message of `turn.translated` at the same position
+        that is one of them is not keyed again.
 
-        `answer` is what answers a retry of it again (the adapter's reply and the sampling it
-        was made with), kept as given; `supersedes` says it was generated for a retry and
-        replaces the earlier turns of its prompt.
+        `turn.answer` is what answers a retry of it again (the adapter's reply and the
+        sampling it was made with), kept as given; `turn.supersedes` says it was generated for
+        a retry and replaces the earlier turns of its prompt.
         """
+        sid, translated, tools = turn.sid, turn.translated, turn.tools
         writer = self._writer(sid)
-        prompt = np.asarray(prompt_ids, dtype=np.uint32)
-        output = np.asarray(output_ids, dtype=np.uint32)
-        lps = np.asarray(logprobs, np.float32) if logprobs is not None and len(logprobs) else None
+        prompt = np.asarray(turn.prompt_ids, dtype=np.uint32)
+        output = np.asarray(turn.output_ids, dtype=np.uint32)
         tbase, prefix, shared = writer.bases.token_base(prompt)
         digests = writer.digests(translated, keyed)
         mbase, keep = writer.bases.message_base(digests)
         ref, blob = _tools_ref(self._tool_lists, writer, tools)
-        stored, images = self._images.split(metadata)  # Their bytes go into `images`, once.
+        stored, images = self._images.split(turn.metadata)  # Their bytes go into `images`, once.
         encoded = encode_turn(
-            mbase=mbase,
-            keep=keep,
-            new=list(translated[keep:]),
-            tools_ref=ref,
-            tbase=tbase,
-            prefix=prefix,
-            tail=prompt[prefix:],
-            output=output,
-            logprobs=lps,
-            response=response_message,
-            finish_reason=finish_reason,
-            ill_formed=ill_formed,
-            metadata=stored,
-            history=history,
-            fallback=fallback,
-            answer=answer,
-            supersedes=supersedes,
-            routed_experts=routed_experts,
-            indexer_topk=indexer_topk,
-            weight_versions=weight_versions,
+            dataclasses.replace(turn, prompt_ids=prompt, output_ids=output, metadata=stored),
+            TurnBase(mbase, keep, tbase, prefix, ref),
         )
         try:
             n = self._append(sid, JournalEvent.TURN, encoded.payload, encoded.ids, blob, images)
