@@ -1,20 +1,28 @@
-"""`TOKENTRAIL_BACKEND=python` runs the Python reference everywhere: a whole session through the
-adapter (request reuse, prompt encoding, the journal, the turn store), its linearization and its
-packing, in a process where the Rust extension cannot even be imported."""
+"""The two backends behind one surface: the reference has every name the stub `_core.pyi`
+declares, with the same parameters; and `TOKENTRAIL_BACKEND=python` runs the reference
+everywhere: a whole session through the adapter (request reuse, prompt encoding, the journal,
+the turn store), its linearization and its packing, in a process where the Rust extension
+cannot even be imported."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
+from tokentrail import _core
+from tokentrail.core import reference
 from tokentrail.core.backend import ENV_VAR, load_backend
 from tokentrail.kinds import Backend
+from tokentrail.text.tokenizer import load_tokenizer
 
 # Run in a fresh interpreter: `tokentrail._core` is made unimportable before tokentrail loads,
 # and the reference's entry points count their calls.
@@ -127,3 +135,57 @@ def test_load_backend_reads_the_switch(monkeypatch: pytest.MonkeyPatch, name) ->
     assert core.backend is expected
     # One `Core` per backend, whichever way it is named.
     assert load_backend(expected.value) is core
+
+
+def instances(core: ModuleType, tokenizer_json: str) -> dict[str, Any]:
+    """One object of each class the core declares, made by `core`."""
+    lin = core.linearize([([1], [2], None)], [[0]])
+    return {
+        "Drift": core.Drift("clean", 0, 0),
+        "Span": core.Span(0, 0, 0),
+        "DriftEvent": core.DriftEvent(0, 0, "clean", 0, 0),
+        "SampleBuilder": core.SampleBuilder(),
+        "Linearized": lin,
+        "BuiltSample": lin.samples[0],
+        "Packed": core.pack([[1, 2]], [[1]], [[0.0]], [1], [1.0]),
+        "TurnStore": core.TurnStore(),
+        "IncrementalTokenizer": core.IncrementalTokenizer(tokenizer_json),
+        "BodyIndex": core.index_body(b'{"messages": []}', "messages"),
+    }
+
+
+def parameters(obj: Any) -> list[tuple[str, Any, bool]] | None:
+    """Each parameter's name, kind and whether it has a default; None for no signature."""
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    return [
+        (p.name, p.kind, p.default is not inspect.Parameter.empty)
+        for p in signature.parameters.values()
+    ]
+
+
+def test_the_reference_has_the_stub_surface() -> None:
+    rust = instances(_core, load_tokenizer().tokenizer.to_str())
+    py = instances(reference, load_tokenizer().tokenizer.to_str())
+    declared = [name for name in _core.__all__ if name != "__version__"]
+    assert set(rust) == {name for name in declared if isinstance(getattr(_core, name), type)}
+    wrong = []
+    for name in declared:
+        ours, theirs = getattr(reference, name, None), getattr(_core, name)
+        if ours is None:
+            wrong.append(f"{name}: missing")
+        elif callable(theirs) and parameters(theirs) not in (None, [], parameters(ours)):
+            wrong.append(f"{name}: {parameters(ours)} for {parameters(theirs)}")
+        elif not callable(theirs) and ours != theirs:
+            wrong.append(f"{name} = {ours!r}, the core's is {theirs!r}")
+    for name, obj in rust.items():
+        for attr in (a for a in dir(obj) if not a.startswith("_")):
+            if not hasattr(py[name], attr):
+                wrong.append(f"{name}.{attr}: missing")
+            elif callable(getattr(obj, attr)) and parameters(getattr(obj, attr)) != parameters(
+                getattr(py[name], attr)
+            ):
+                wrong.append(f"{name}.{attr}: other parameters")
+    assert wrong == []
