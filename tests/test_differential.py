@@ -1,10 +1,14 @@
 """The Rust core and the pure-Python reference agree, sample for sample and token for token.
 
 Random turn trees with injected drift, forks, truncated prompts, empty outputs and mixed
-logprobs go through both backends' `linearize`, and random sessions through two managers.
+logprobs go through both backends' `linearize`, random sessions through two managers, and
+random edits of a session's prompt through both incremental tokenizers.
 """
 
 from __future__ import annotations
+
+import functools
+import itertools
 
 import numpy as np
 from hypothesis import given
@@ -13,6 +17,7 @@ from hypothesis import strategies as st
 from tokens import assistant, play, prompt_ids, system, tool, user
 from tokentrail import TrajectoryManager, _core
 from tokentrail.core import reference
+from tokentrail.text.tokenizer import load_tokenizer
 
 token = st.integers(0, 40)
 
@@ -158,3 +163,43 @@ def test_managers_agree(session, policy: str, threshold: int, max_tokens: int) -
             assert t["trained"] + sum(t["masked"].values()) == t["generated"]
         results.append(([s.to_dict() for s in traj.samples], ledger, traj.drifts))
     assert results[0] == results[1]
+
+
+@functools.cache
+def tokenizers() -> tuple[_core.IncrementalTokenizer, reference.IncrementalTokenizer]:
+    """Both backends' incremental tokenizers over the real Qwen3 vocabulary, loaded once."""
+    config = load_tokenizer().tokenizer.to_str()
+    return _core.IncrementalTokenizer(config), reference.IncrementalTokenizer(config)
+
+
+_sessions = itertools.count()
+# Added tokens and their near misses, next to text of every width: where a prompt may resume.
+prompt_pieces = st.one_of(
+    st.sampled_from(["<|im_start|>", "<|im_end|>", "<think>", "<|im_end", "|>", "user\n"]),
+    st.text(alphabet=" \n\t<|>/_aé汉🦀\u0301", max_size=10),
+)
+prompts = st.lists(prompt_pieces, max_size=10).map("".join)
+
+
+@given(
+    first=prompts,
+    edits=st.lists(st.tuples(st.integers(0, 200), prompts), min_size=1, max_size=6),
+)
+def test_incremental_tokenizers_agree(first: str, edits: list[tuple[int, str]]) -> None:
+    """Each prompt of a session is the previous one cut somewhere with new text after it: both
+    tokenizers give the same ids, and reuse and encode the same amounts, forks included."""
+    rust, py = (t.fork() for t in tokenizers())
+    session = f"s{next(_sessions)}"
+    text = first
+    for cut, tail in [(len(first), ""), *edits]:
+        text = text[:cut] + tail
+        ids = rust.encode(session, text)
+        assert ids.dtype == np.uint32
+        assert ids.tolist() == py.encode(session, text).tolist()
+        assert rust.encode_full(text).tolist() == ids.tolist()
+        assert (rust.reused_ids(), rust.encoded_bytes()) == (py.reused_ids(), py.encoded_bytes())
+    assert rust.sessions() == py.sessions() == 1
+    assert (rust.safe, rust.fallback_reason) == (py.safe, py.fallback_reason)
+    rust.forget(session)
+    py.forget(session)
+    assert rust.sessions() == py.sessions() == 0

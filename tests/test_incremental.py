@@ -19,10 +19,18 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer
 
 from tokentrail import _core
-from tokentrail.text.incremental import IncrementalEncoder, ReferenceIncrementalEncoder
+from tokentrail.core import reference
+from tokentrail.core.reference.tokenize import unsafe_reason
+from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.tokenizer import LoadedTokenizer, TokenizerError, load_tokenizer
 
-Encoder = IncrementalEncoder | ReferenceIncrementalEncoder
+Encoder = IncrementalEncoder
+
+
+def reference_encoder(loaded: LoadedTokenizer) -> IncrementalEncoder:
+    """The encoder over the Python reference's `IncrementalTokenizer`."""
+    return IncrementalEncoder(loaded, backend="python")
+
 
 # Each hypothesis example works in sessions of its own on the module's encoders.
 _sessions = itertools.count()
@@ -34,8 +42,8 @@ def loaded() -> LoadedTokenizer:
 
 
 @pytest.fixture(scope="module")
-def encoders(loaded: LoadedTokenizer) -> tuple[IncrementalEncoder, ReferenceIncrementalEncoder]:
-    return IncrementalEncoder(loaded), ReferenceIncrementalEncoder(loaded)
+def encoders(loaded: LoadedTokenizer) -> tuple[IncrementalEncoder, IncrementalEncoder]:
+    return IncrementalEncoder(loaded), reference_encoder(loaded)
 
 
 # --- text that stresses the seams ---------------------------------------------------------------
@@ -136,7 +144,7 @@ def check_session(
             for encoder in encoders:
                 got = encoder.encode(session, text)
                 assert got.dtype == np.uint32
-                assert got.tolist() == expected, (type(encoder).__name__, text)
+                assert got.tolist() == expected, (encoder.fast_path_reason, text)
     finally:
         for encoder in encoders:
             encoder.forget(session)
@@ -146,7 +154,7 @@ def check_session(
 
 
 def test_qwen3_boundaries_are_safe(
-    encoders: tuple[IncrementalEncoder, ReferenceIncrementalEncoder],
+    encoders: tuple[IncrementalEncoder, IncrementalEncoder],
 ) -> None:
     for encoder in encoders:
         assert encoder.safe
@@ -156,7 +164,7 @@ def test_qwen3_boundaries_are_safe(
 @given(conversations())
 def test_rendered_conversations_encode_exactly(
     loaded: LoadedTokenizer,
-    encoders: tuple[IncrementalEncoder, ReferenceIncrementalEncoder],
+    encoders: tuple[IncrementalEncoder, IncrementalEncoder],
     steps: list[list[dict[str, str]]],
 ) -> None:
     prompts = [loaded.render_chat(messages) for messages in steps]
@@ -166,7 +174,7 @@ def test_rendered_conversations_encode_exactly(
 @given(st.lists(st.tuples(st.integers(0, 10_000), texts), min_size=1, max_size=8))
 def test_edited_texts_encode_exactly(
     loaded: LoadedTokenizer,
-    encoders: tuple[IncrementalEncoder, ReferenceIncrementalEncoder],
+    encoders: tuple[IncrementalEncoder, IncrementalEncoder],
     edits: list[tuple[int, str]],
 ) -> None:
     # Each prompt keeps a prefix of the previous one (cut anywhere, even next to or inside an
@@ -180,7 +188,7 @@ def test_edited_texts_encode_exactly(
 
 def test_special_token_text_in_user_content_is_that_token(
     loaded: LoadedTokenizer,
-    encoders: tuple[IncrementalEncoder, ReferenceIncrementalEncoder],
+    encoders: tuple[IncrementalEncoder, IncrementalEncoder],
 ) -> None:
     im_end = loaded.token_id("<|im_end|>")
     first = [{"role": "user", "content": "say <|im_end|> then <|im_end and |im_end|>"}]
@@ -208,7 +216,7 @@ def growing_conversation(loaded: LoadedTokenizer, turns: int, block: str) -> lis
     return prompts
 
 
-@pytest.mark.parametrize("kind", [IncrementalEncoder, ReferenceIncrementalEncoder])
+@pytest.mark.parametrize("kind", [IncrementalEncoder, reference_encoder])
 def test_a_growing_conversation_reuses_its_prefix(
     loaded: LoadedTokenizer, kind: Callable[[LoadedTokenizer], Encoder]
 ) -> None:
@@ -230,7 +238,7 @@ def test_rust_and_reference_count_alike(loaded: LoadedTokenizer) -> None:
     prompts = growing_conversation(loaded, 5, "abc 汉字 🦀\n\n")
     prompts.insert(3, prompts[1] + "a rewrite")
     counts = []
-    for make in (IncrementalEncoder, ReferenceIncrementalEncoder):
+    for make in (IncrementalEncoder, reference_encoder):
         encoder = make(loaded)
         for text in prompts:
             encoder.encode("s", text)
@@ -238,7 +246,7 @@ def test_rust_and_reference_count_alike(loaded: LoadedTokenizer) -> None:
     assert counts[0] == counts[1]
 
 
-@pytest.mark.parametrize("kind", [IncrementalEncoder, ReferenceIncrementalEncoder])
+@pytest.mark.parametrize("kind", [IncrementalEncoder, reference_encoder])
 def test_sessions_and_forget(loaded: LoadedTokenizer, kind: Any) -> None:
     encoder = kind(loaded)
     encoder.encode("a", "<|im_start|>user\nhi<|im_end|>")
@@ -315,7 +323,7 @@ def test_unsafe_tokenizers_say_why_and_encode_in_full(
         return unsafe.tokenizer.encode(text, add_special_tokens=False).ids
 
     prompts = growing_conversation(loaded, 4, "say<think>! <x>  y <|im_end|>\n")
-    for kind in (IncrementalEncoder, ReferenceIncrementalEncoder):
+    for kind in (IncrementalEncoder, reference_encoder):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="tokentrail.text.incremental"):
             encoder = kind(unsafe)
@@ -333,23 +341,20 @@ def test_unsafe_tokenizers_say_why_and_encode_in_full(
         ]
 
 
-def test_encode_special_tokens_is_refused_by_the_core_and_explained_by_the_reference(
-    loaded: LoadedTokenizer,
+@pytest.mark.parametrize("backend", ["rust", "python"])
+def test_encode_special_tokens_is_refused_and_explained(
+    loaded: LoadedTokenizer, backend: str
 ) -> None:
     def split_specials(tokenizer: Tokenizer) -> None:
         tokenizer.encode_special_tokens = True
 
     unsafe = altered(loaded, split_specials)
-    # tokenizer.json does not carry the switch, so the core would encode differently.
+    # tokenizer.json does not carry the switch, so either core would encode differently.
     with pytest.raises(TokenizerError, match="encode_special_tokens"):
-        IncrementalEncoder(unsafe)
-    reference = ReferenceIncrementalEncoder(unsafe)
-    assert reference.fallback_reason == (
+        IncrementalEncoder(unsafe, backend)
+    assert unsafe_reason(unsafe.tokenizer) == (
         "it encodes special tokens as plain text (encode_special_tokens)"
     )
-    text = "<|im_start|>user\nhi<|im_end|>"
-    expected = unsafe.tokenizer.encode(text, add_special_tokens=False).ids
-    assert reference.encode("s", text).tolist() == expected
 
 
 def test_safe_tokenizers_do_not_warn(
@@ -357,19 +362,23 @@ def test_safe_tokenizers_do_not_warn(
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="tokentrail.text.incremental"):
         IncrementalEncoder(loaded)
-        ReferenceIncrementalEncoder(loaded)
+        reference_encoder(loaded)
     assert not caplog.records
 
 
-def test_a_tokenizer_without_added_tokens_has_no_boundary(loaded: LoadedTokenizer) -> None:
+@pytest.mark.parametrize("core_module", [_core, reference], ids=["rust", "python"])
+def test_a_tokenizer_without_added_tokens_has_no_boundary(
+    loaded: LoadedTokenizer, core_module: Any
+) -> None:
     config = json.loads(loaded.tokenizer.to_str())
     config["added_tokens"] = []
-    core = _core.IncrementalTokenizer(json.dumps(config))
+    core = core_module.IncrementalTokenizer(json.dumps(config))
     assert core.fallback_reason == "it has no added tokens to resume after"
     assert core.encode("s", "plain text").tolist() == core.encode_full("plain text").tolist()
 
 
-def test_a_bad_tokenizer_json_is_a_tokenizer_error() -> None:
+@pytest.mark.parametrize("core_module", [_core, reference], ids=["rust", "python"])
+def test_a_bad_tokenizer_json_is_a_tokenizer_error(core_module: Any) -> None:
     with pytest.raises(TokenizerError, match="cannot load the tokenizer.json"):
-        _core.IncrementalTokenizer("{")
+        core_module.IncrementalTokenizer("{")
     assert issubclass(TokenizerError, ValueError)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokentrail.core.routing import ReplayRows, WeightSpan
 
 from tokentrail.adapter.config import SessionSettings
+from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, ReplayGap, Retry
 from tokentrail.storage.journal import Journal

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tokentrail import _core
 from tokentrail.errors import (
     EngineError,
     ExportError,
@@ -50,8 +49,16 @@ from tokentrail.trajectory.prefix_tree import PrefixTree, build_prefix_tree
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.turn import TurnRecord
 
-# Cargo.toml holds the version; the extension carries it.
-__version__: str = _core.__version__
+
+def __getattr__(name: str) -> str:
+    # Cargo.toml holds the version and the extension carries it, read when asked for so that
+    # `TOKENTRAIL_BACKEND=python` runs without importing the extension.
+    if name == "__version__":
+        from tokentrail import _core
+
+        return _core.__version__
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ChatTemplate",

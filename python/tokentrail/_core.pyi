@@ -1,6 +1,7 @@
 """Type stubs for `tokentrail._core`, the Rust hot path.
 
-Same names and semantics as `tokentrail.core.reference`, which is the spec.
+Same names and semantics as `tokentrail.core.reference`, which is the spec; `core.backend.Core`
+types both backends by this stub.
 """
 
 from collections.abc import Sequence
@@ -192,8 +193,7 @@ def linearize(
 
 @final
 class Packed:
-    """Samples flattened into one varlen-attention batch: see
-    `tokentrail.storage.export.PackedBatch`."""
+    """Samples flattened into one varlen-attention batch, read as `core.packed.PackedBatch`."""
 
     @property
     def tokens(self) -> npt.NDArray[np.uint32]: ...

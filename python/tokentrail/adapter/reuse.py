@@ -1,15 +1,15 @@
 """What a session's request shares with its previous one: a harness resends the whole
 conversation every turn, and only the parse and translation of what is new are done again.
 
-The core indexes a body (`tokentrail._core.index_body`: the byte spans of its top-level fields
-and of its messages) and compares it with the session's previous body. A field or message whose
-bytes are unchanged takes the previous parse's value; the rest is parsed (msgspec, which reads
-numbers and strings as the standard library does); the translation resumes after the last
-unchanged message when the fields it reads are unchanged too (`protocols.resume`). Bodies the
-index does not take, or that hold what only the full parse checks (an escape that may be a
-lone surrogate, nesting past the limit, more values than one parse may hold the loop for), go
-through `validation.parse_body` whole, as does any body msgspec refuses, so every error a body
-gets is the one a full parse names.
+The core (the backend `load_backend` selects) indexes a body (`index_body`: the byte spans of its
+top-level fields and of its messages) and compares it with the session's previous body. A field
+or message whose bytes are unchanged takes the previous parse's value; the rest is parsed
+(msgspec, which reads numbers and strings as the standard library does); the translation resumes
+after the last unchanged message when the fields it reads are unchanged too
+(`protocols.resume`). Bodies the index does not take, or that hold what only the full parse
+checks (an escape that may be a lone surrogate, nesting past the limit, more values than one
+parse may hold the loop for), go through `validation.parse_body` whole, as does any body msgspec
+refuses, so every error a body gets is the one a full parse names.
 """
 
 from __future__ import annotations
@@ -19,16 +19,19 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tokentrail import _core
 from tokentrail.adapter.protocols.common import WireProtocol
 from tokentrail.adapter.protocols.resume import ResumableProtocol, Translated
 from tokentrail.adapter.validation import STEPWISE_ABOVE, check_translated, parse_body
+from tokentrail.core.backend import load_backend
 from tokentrail.errors import BodyShapeError, RequestError
 from tokentrail.messages import Conversation
+
+if TYPE_CHECKING:
+    from tokentrail import _core
 
 __all__ = [
     "KnownRequest",
@@ -77,7 +80,7 @@ def parse_reusing(
     what `parse_body` refuses."""
     array = proto.array_field if isinstance(proto, ResumableProtocol) else "messages"
     try:
-        index = _core.index_body(raw, array)
+        index = load_backend().index_body(raw, array)
     except BodyShapeError:
         return Parsed(parse_body(raw, max_depth))
     if index.surrogate_escape or index.depth > max_depth or index.structural > STEPWISE_ABOVE:
@@ -95,7 +98,7 @@ def parse_reusing(
 
 
 def _parse_changed(raw: bytes, index: _core.BodyIndex, previous: KnownRequest) -> Parsed:
-    changed_at, first_changed = _core.diff_bodies(previous.raw, previous.index, raw, index)
+    changed_at, first_changed = load_backend().diff_bodies(previous.raw, previous.index, raw, index)
     fields = index.fields
     array_at = index.array_field
     changed = {fields[pos][0] for pos in changed_at}

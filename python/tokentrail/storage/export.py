@@ -12,7 +12,6 @@ import logging
 import os
 import zipfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from tokentrail.compat import StrEnum
 from tokentrail.core.backend import load_backend
+from tokentrail.core.packed import PackedBatch
 from tokentrail.errors import ExportError, PackError
 from tokentrail.trajectory.sample import REPLAY_FIELDS, Sample
 
@@ -423,58 +423,6 @@ def _parquet_rows(table: Any, name: str, path: Path) -> np.ndarray:
 # --- Packing -------------------------------------------------------------------------------------
 
 
-@dataclass
-class PackedBatch:
-    """Samples flattened into one batch for variable-length attention (FlashAttention's varlen
-    kernels, `position_ids`-based packing in transformers).
-
-    Per packed token: `tokens` (uint32, as the core holds ids), `position_ids` (int32,
-    restarting at 0 in each sample), `sample_index` (int32, the token's sample), `loss_mask`
-    (uint8, 0 on prompts) and `logprobs` (float32, 0 on prompts). Per sample: `rewards` and
-    `advantages` (float32; advantages are zeros for the trainer to fill in place).
-    `cu_seqlens` (int32, samples + 1 entries from 0) and `max_seqlen` are FlashAttention's.
-    """
-
-    tokens: np.ndarray
-    cu_seqlens: np.ndarray
-    position_ids: np.ndarray
-    sample_index: np.ndarray
-    loss_mask: np.ndarray
-    logprobs: np.ndarray
-    rewards: np.ndarray
-    advantages: np.ndarray
-    max_seqlen: int
-    # `[tokens, layers, k]` in the samples' own type, when every sample carries them.
-    routed_experts: np.ndarray | None = None
-    indexer_topk: np.ndarray | None = None
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.rewards)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
-
-    def to_torch(self) -> dict[str, Any]:
-        """Tensors for a trainer, sharing memory with these arrays except `tokens`.
-
-        `tokens` becomes int64 (a copy: torch indexes embeddings with int64, and its uint32
-        support is thin). The int32, uint8 and float32 arrays, and the replay rows in their own
-        type, are wrapped by `torch.from_numpy` without a copy, so writing `advantages` through
-        the tensor writes this batch too. Replay rows are absent when not carried.
-        """
-        import torch
-
-        tensors: dict[str, Any] = {"tokens": torch.from_numpy(self.tokens.astype(np.int64))}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name not in ("tokens", "max_seqlen") and value is not None:
-                tensors[f.name] = torch.from_numpy(value)
-        tensors["max_seqlen"] = self.max_seqlen
-        return tensors
-
-
 def pack_samples(samples: Sequence[Sample], backend: str | None = None) -> PackedBatch:
     """Pack `samples` into one `PackedBatch`, with the Rust core or the Python reference.
 
@@ -499,6 +447,6 @@ def pack_samples(samples: Sequence[Sample], backend: str | None = None) -> Packe
         [s.reward for s in samples],
         **replay,
     )
-    batch = PackedBatch(**{f.name: getattr(packed, f.name) for f in fields(PackedBatch)})
+    batch = PackedBatch.of(packed)
     logger.debug("packed %d samples into %d tokens", batch.num_samples, batch.num_tokens)
     return batch

@@ -16,11 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokentrail.core.backend import LinearizedLike
 from tokentrail.kinds import (
     FALLBACK_PREFIX,
     Fallback,
@@ -34,6 +33,9 @@ from tokentrail.trajectory.layout_stats import TreeStats
 from tokentrail.trajectory.lost import LostSpan, lost_events, lost_turns
 from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node
+
+if TYPE_CHECKING:
+    from tokentrail import _core
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +340,7 @@ def is_superseded(node: Node) -> bool:
 
 def build_ledger(
     nodes: Sequence[Node],
-    lin: LinearizedLike,
+    lin: _core.Linearized,
     *,
     restored_echoes: int,
     restored_by_tool: Mapping[str, int],

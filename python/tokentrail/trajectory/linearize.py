@@ -8,11 +8,10 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
 from tokentrail.errors import TreeError
 from tokentrail.kinds import (
     ConstrainedPolicy,
@@ -32,6 +31,9 @@ from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node, iter_nodes
 from tokentrail.trajectory.turn import StoredTurn
+
+if TYPE_CHECKING:
+    from tokentrail import _core
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +88,7 @@ class Trajectory:
 def linearize_session(
     sid: str,
     root: Node,
-    store: TurnStoreLike,
+    store: _core.TurnStore,
     *,
     policy: DriftPolicy,
     fork_threshold: int,
@@ -175,7 +177,7 @@ def linearize_session(
 
 def mark_constrained(
     sample: Sample,
-    built: BuiltSampleLike,
+    built: _core.BuiltSample,
     tags: Mapping[int, TurnTags],
     policy: ConstrainedPolicy,
     masked: dict[int, int],
@@ -227,7 +229,7 @@ def _chains(
 
 def _sample(
     sid: str,
-    built: BuiltSampleLike,
+    built: _core.BuiltSample,
     generated: dict[int, Node],
     generated_tags: Mapping[int, TurnTags],
     reward: float,

@@ -10,11 +10,11 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from tokentrail.core.backend import TurnStoreLike, load_backend
+from tokentrail.core.backend import load_backend
 from tokentrail.core.ids import TokenIds
 from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
@@ -37,6 +37,9 @@ from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key, walk
 from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, validate_turn
 
+if TYPE_CHECKING:
+    from tokentrail import _core
+
 logger = logging.getLogger(__name__)
 # A generated turn's conversation (prompt messages, then its response) and its metadata.
 FoundTurn = tuple[list[Message], dict[str, Any]]
@@ -44,7 +47,7 @@ P = TypeVar("P", DriftPolicy, RewritePolicy, ConstrainedPolicy)
 
 T = TypeVar("T")
 # What reads a session as it stands: its tree, its turn store and its linearization.
-SessionReader = Callable[[Node, TurnStoreLike, Trajectory], T]
+SessionReader = Callable[[Node, "_core.TurnStore", Trajectory], T]
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class SpliceAnchor:
 
 @dataclass
 class _Session:
-    store: TurnStoreLike  # the backend's TurnStore: every turn's tokens, stored compactly
+    store: _core.TurnStore  # the backend's TurnStore: every turn's tokens, stored compactly
     root: Node = field(default_factory=Node)
     turns: int = 0
     restored: int = 0
@@ -408,7 +411,7 @@ class TrajectoryManager:
         ).samples
 
 
-def turn_store(manager: TrajectoryManager, sid: str) -> TurnStoreLike:
+def turn_store(manager: TrajectoryManager, sid: str) -> _core.TurnStore:
     """The turn store of a session of `manager`, which holds the tokens of the turns in its
     tree (`manager.root(sid)`): read it, do not change it."""
     session = manager._sessions.get(sid)
@@ -502,7 +505,7 @@ def _channels(routing: RoutingShape | None, indexer: IndexerShape | None) -> tup
     return tuple(channel for channel, shape in kept if shape is not None)
 
 
-def _new_store(manager: TrajectoryManager) -> TurnStoreLike:
+def _new_store(manager: TrajectoryManager) -> _core.TurnStore:
     """A session's store, keeping the manager's replay tapes."""
     routing, indexer = manager.routing, manager.indexer
     return manager.core.TurnStore(
@@ -516,7 +519,7 @@ def _store_id(node: Node | None) -> int:
     return node.turn.id if node is not None and node.turn is not None else -1
 
 
-def _replay_arg(rows: ReplayRows | None) -> object:
+def _replay_arg(rows: ReplayRows | None) -> str | tuple[int, np.ndarray] | None:
     return None if rows is None else rows.store_arg()
 
 

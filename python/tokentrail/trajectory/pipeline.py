@@ -251,7 +251,8 @@ def _prompt_parts(
     if pipeline.family is not None:
         check_family_template(pipeline, tokenizer, pipeline.family, template_name)
     splicer = Splicer(tokenizer, pipeline.chat_template, pipeline.family)
-    encoder = IncrementalEncoder(tokenizer)
+    # The manager's backend encodes too, so a whole pipeline runs on one of them.
+    encoder = IncrementalEncoder(tokenizer, pipeline.manager.core.backend)
     return splicer, PromptBuilder(splicer, encoder, pipeline.splice_verify_every)
 
 
@@ -478,7 +479,7 @@ class TurnPipeline:
         else:
             prompt = self.render(context, conversation.tools)
         if self._counter is None:
-            self._counter = IncrementalEncoder(self.tokenizer)
+            self._counter = IncrementalEncoder(self.tokenizer, self.manager.core.backend)
         return len(self._counter.encode_full(prompt))
 
     def unanswered(self, prepared: PreparedTurn) -> list[int]:

@@ -15,14 +15,16 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokentrail.core.backend import BuiltSampleLike, TurnStoreLike
 from tokentrail.kinds import Replay
 from tokentrail.trajectory.ledger import ReplayCoverage
 from tokentrail.trajectory.tree import Node
+
+if TYPE_CHECKING:
+    from tokentrail import _core
 
 # `to_dict` writes a replay array as its dtype, shape and nested values.
 REPLAY_FIELDS = ("routed_experts", "indexer_topk")
@@ -131,8 +133,8 @@ class Sample:
 
 def replay_rows(
     sample: Sample,
-    built: BuiltSampleLike,
-    store: TurnStoreLike,
+    built: _core.BuiltSample,
+    store: _core.TurnStore,
     channels: Sequence[Replay],
     names: Sequence[str],
 ) -> None:
@@ -155,7 +157,7 @@ def replay_rows(
 
 
 def trained_versions(
-    built: BuiltSampleLike, loss_mask: np.ndarray, nodes: Sequence[Node]
+    built: _core.BuiltSample, loss_mask: np.ndarray, nodes: Sequence[Node]
 ) -> list[dict[str, Any]]:
     """The weight version of every trained stretch of `built` (whose sample trains
     `loss_mask`), in `tokens` positions: `{"version", "start", "end", "trained"}`, the last the

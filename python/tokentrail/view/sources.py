@@ -11,9 +11,8 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tokentrail.core.backend import TurnStoreLike
 from tokentrail.errors import NotFound, TokentrailError
 from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.replay import Settings, record_session
@@ -28,6 +27,9 @@ from tokentrail.view.view_model import (
     session_summary,
     turn_detail,
 )
+
+if TYPE_CHECKING:
+    from tokentrail import _core
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +159,7 @@ class JournalSource:
 
 
 def _inspect(manager: TrajectoryManager, sid: str, state: str) -> SessionData:
-    def read(root: Node, store: TurnStoreLike, trajectory: Trajectory) -> SessionData:
+    def read(root: Node, store: _core.TurnStore, trajectory: Trajectory) -> SessionData:
         return SessionData(sid, state, root, store, trajectory)
 
     return manager.inspect(sid, read)
@@ -184,7 +186,7 @@ class LiveSource:
         }
 
     def _read(self, sid: str, what: Any) -> Any:
-        def read(root: Node, store: TurnStoreLike, trajectory: Trajectory) -> Any:
+        def read(root: Node, store: _core.TurnStore, trajectory: Trajectory) -> Any:
             return what(SessionData(sid, "live", root, store, trajectory))
 
         try:

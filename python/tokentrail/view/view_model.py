@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokentrail.core.backend import TurnStoreLike
 from tokentrail.kinds import BranchReason, MaskReason
 from tokentrail.messages import Message, tool_names
 from tokentrail.trajectory.ledger import Ledger, TurnLedger
@@ -23,6 +22,9 @@ from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tree import Node, iter_nodes
 from tokentrail.trajectory.turn import StoredTurn
+
+if TYPE_CHECKING:
+    from tokentrail import _core
 
 __all__ = ["FATES", "SessionData", "Decode", "session_detail", "session_summary", "turn_detail"]
 
@@ -53,7 +55,7 @@ class SessionData:
     sid: str
     state: str
     root: Node
-    store: TurnStoreLike
+    store: _core.TurnStore
     trajectory: Trajectory
 
 

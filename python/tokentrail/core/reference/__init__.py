@@ -1,12 +1,13 @@
 """Pure-Python reference of tokentrail's hot path.
 
-Same functions, same names and same semantics as the Rust core (`tokentrail._core`), one module
-per core file; the differential tests hold the two together and the benchmarks measure one
-against the other.
+Same functions, same names and same semantics as the Rust core (`tokentrail._core`, whose stub
+`_core.pyi` declares them for both), one module per core file; the differential tests hold the
+two together and the benchmarks measure one against the other.
 """
 
 from __future__ import annotations
 
+from tokentrail.core.reference.body import BodyIndex, diff_bodies, index_body
 from tokentrail.core.reference.linearize import (
     CLEAN,
     FORK,
@@ -25,6 +26,7 @@ from tokentrail.core.reference.linearize import (
 from tokentrail.core.reference.pack import Packed, pack
 from tokentrail.core.reference.store import TurnStore
 from tokentrail.core.reference.tape import REPLAY_STATUS
+from tokentrail.core.reference.tokenize import IncrementalTokenizer
 
 __all__ = [
     "CLEAN",
@@ -32,15 +34,19 @@ __all__ = [
     "POLICIES",
     "REALIGN",
     "REPLAY_STATUS",
+    "BodyIndex",
     "BuiltSample",
     "Drift",
     "DriftEvent",
+    "IncrementalTokenizer",
     "Linearized",
     "Packed",
     "SampleBuilder",
     "Span",
     "TurnStore",
     "common_prefix_len",
+    "diff_bodies",
+    "index_body",
     "linearize",
     "pack",
     "token_list",

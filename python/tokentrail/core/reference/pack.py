@@ -4,30 +4,15 @@ batch, with their replay rows when given."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from tokentrail.core.packed import PackedBatch
 from tokentrail.core.reference.linearize import token_list
 from tokentrail.errors import PackError
 
-
-@dataclass
-class Packed:
-    """Samples flattened into one varlen-attention batch: see `storage.export.PackedBatch`."""
-
-    tokens: np.ndarray
-    cu_seqlens: np.ndarray
-    position_ids: np.ndarray
-    sample_index: np.ndarray
-    loss_mask: np.ndarray
-    logprobs: np.ndarray
-    rewards: np.ndarray
-    advantages: np.ndarray
-    max_seqlen: int
-    # `[tokens, layers, width]`, when the samples' replay rows were given.
-    routed_experts: np.ndarray | None = None
-    indexer_topk: np.ndarray | None = None
+# The core's `Packed` has the fields of this one batch type, which the reference returns as is.
+Packed = PackedBatch
 
 
 _INT32_MAX = 2**31 - 1
@@ -41,7 +26,7 @@ def pack(
     rewards: Sequence[float] | np.ndarray,
     routed_experts: Sequence[np.ndarray] | None = None,
     indexer_topk: Sequence[np.ndarray] | None = None,
-) -> Packed:
+) -> PackedBatch:
     """Pack samples into one batch for variable-length attention.
 
     Sample `i` is `tokens[i]` (prompt and response); its last `response_lengths[i]` tokens carry
@@ -103,7 +88,7 @@ def pack(
         lp_parts += [np.zeros(prompt, dtype=np.float32), lp]
     cu_seqlens = np.zeros(n + 1, dtype=np.int32)
     cu_seqlens[1:] = np.cumsum(seqlens, dtype=np.int64)
-    return Packed(
+    return PackedBatch(
         tokens=_concat(ids, np.uint32),
         cu_seqlens=cu_seqlens,
         position_ids=_concat([np.arange(k, dtype=np.int32) for k in seqlens], np.int32),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tokentrail import _core
+from tokentrail.core.backend import load_backend
 from tokentrail.errors import LogprobAssertionError
 from tokentrail.integrations.slime.sample import to_slime
 from tokentrail.integrations.slime.tree_view import TreesView
@@ -67,7 +67,7 @@ def slime_samples(trajectory: Trajectory, base_sample: Any) -> list[Any]:
 def _common_prefix_len(a: Any, b: Any, chunk: int = 4096) -> int:
     """slime's helper: how many leading ids two sequences share (`chunk` is slime's scan
     block; the core compares them whole)."""
-    return _core.common_prefix_len(list(a), list(b))
+    return load_backend().common_prefix_len(list(a), list(b))
 
 
 class TrajectoryManager:

@@ -11,14 +11,16 @@ and logprobs the store keeps, a node whose generated turn a rewrite took over ha
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tokentrail.core.backend import TurnStoreLike
 from tokentrail.messages import Message
 from tokentrail.trajectory.manager import TrajectoryManager as TrailManager
 from tokentrail.trajectory.manager import turn_store
 from tokentrail.trajectory.tree import Node
 from tokentrail.trajectory.turn import TurnRecord
+
+if TYPE_CHECKING:
+    from tokentrail import _core
 
 
 class MessageNodeView:
@@ -26,7 +28,7 @@ class MessageNodeView:
 
     __slots__ = ("_node", "_store")
 
-    def __init__(self, node: Node, store: TurnStoreLike) -> None:
+    def __init__(self, node: Node, store: _core.TurnStore) -> None:
         self._node = node
         self._store = store
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail import _core
+from tokentrail.core.backend import load_backend
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, ReplayGap, parse_kind
@@ -86,7 +86,7 @@ def tools_bytes(tools: Sequence[ToolSchema]) -> bytes:
 
 
 def prefix_len(a: np.ndarray, b: np.ndarray) -> int:
-    return int(_core.common_prefix_len(a, b))
+    return load_backend().common_prefix_len(a, b)
 
 
 def digest(message: Message, key: MessageKey | None = None) -> tuple[int, int]:
