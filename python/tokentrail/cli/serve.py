@@ -235,7 +235,7 @@ def build_adapter(s: ServeSettings) -> Adapter:
         tokenizer = load_tokenizer(s.tokenizer)
     with _naming("--chat-template" if template else "--tokenizer", s.chat_template or s.tokenizer):
         fam = resolve_family(tokenizer, template)
-    tool_parser, reasoning_parser = config.tool_parser, config.reasoning_parser
+    tool_parser, reasoning_parser = config.tool_parser or "none", config.reasoning_parser or "none"
     print(
         f"model family {fam.name}: tool parser "
         f"{fam.tool_parser if tool_parser == 'auto' else tool_parser}, reasoning parser "

@@ -121,6 +121,7 @@ class Field:
                     raise SettingError(f"{where}: {raw!r} is not a JSON list of strings") from None
                 return self.check(items, where)
             return [self._scalar(raw, where)]
+        # Unset, unless "none" is one of the setting's values (`--tool-parser none`).
         if self.optional and raw.lower() in ("", "none") and "none" not in (self.choices() or ()):
             return None
         return self._scalar(raw, where)
