@@ -130,9 +130,12 @@ def test_flags_variables_and_a_config_file_give_the_same_settings(tmp_path: Path
     from_env = resolve_settings(serve_args(), environ=as_env(GIVEN))
     assert from_flags == from_file == from_env
     assert from_flags != ServeSettings()
-    assert (from_flags.history, from_flags.drift_policy) == (History.RENDER, DriftPolicy.SLIME)
-    assert from_flags.retries is Retry.FRESH and from_flags.engine_timeout == 12.5
-    assert from_flags.exclude_system == GIVEN["exclude_system"]
+    assert (from_flags.config.history, from_flags.manager.drift_policy) == (
+        History.RENDER,
+        DriftPolicy.SLIME,
+    )
+    assert from_flags.config.retry is Retry.FRESH and from_flags.engine_timeout == 12.5
+    assert from_flags.config.exclude_patterns == tuple(GIVEN["exclude_system"])
 
 
 def test_the_flag_wins_over_the_variable_which_wins_over_the_file(tmp_path: Path) -> None:
@@ -143,7 +146,8 @@ def test_the_flag_wins_over_the_variable_which_wins_over_the_file(tmp_path: Path
     resolved = settings.resolve(ServeSettings, args, env)
     s = resolved.build(ServeSettings)
     # A key inside a [table] counts, with dashes or underscores.
-    assert (s.port, s.host, s.max_tools, s.max_messages) == (3333, "::1", 3, 7)
+    limits = s.config.limits
+    assert (s.port, s.host, limits.max_tools, limits.max_messages) == (3333, "::1", 3, 7)
     assert [str(resolved.sources[n]) for n in ("port", "host", "max_tools", "workers")] == [
         "command line",
         "environment",
@@ -156,7 +160,7 @@ def test_the_flag_wins_over_the_variable_which_wins_over_the_file(tmp_path: Path
     # A config file's true is turned off by the flag's --no- form.
     config.write_text("session-from-body = true\n")
     off = resolve_settings(serve_args("--config", str(config), "--no-session-from-body"), {})
-    assert off.session_from_body is False
+    assert off.config.session_from_body is False
 
 
 def test_print_config_is_a_config_file_that_reproduces_the_settings(

@@ -281,10 +281,10 @@ def test_the_yes_policy_trains_the_constrained_tokens(tokenizer, kind) -> None:
 
 
 def test_the_policy_is_a_serve_setting(tokenizer) -> None:
-    assert ServeSettings().train_constrained is ConstrainedPolicy.MASK
+    assert ServeSettings().manager.train_constrained is ConstrainedPolicy.MASK
     parser = argparse.ArgumentParser()
     add_arguments(parser, ServeSettings)
     resolved = resolve(ServeSettings, parser.parse_args(["--train-constrained", "yes"]), {})
-    assert resolved.into("manager")["train_constrained"] is ConstrainedPolicy.YES
+    assert resolved.build(ServeSettings).manager.train_constrained is ConstrainedPolicy.YES
     with pytest.raises(PolicyError, match="expected one of \\('mask', 'yes'\\)"):
         TrajectoryManager(train_constrained="sometimes")

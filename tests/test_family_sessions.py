@@ -292,13 +292,14 @@ def test_serve_takes_the_familys_parsers_unless_told_otherwise() -> None:
     from tokentrail.cli.serve import resolve_settings
 
     args = resolve_settings(build_parser().parse_args(["serve"]), environ={})
-    assert (args.tool_parser, args.reasoning_parser) == ("auto", "auto")
+    assert (args.config.tool_parser, args.config.reasoning_parser) == ("auto", "auto")
     chosen = resolve_settings(
         build_parser().parse_args(
             ["serve", "--tool-parser", "kimi_k2", "--reasoning-parser", "none"]
         ),
         environ={},
     )
-    assert (chosen.tool_parser, chosen.reasoning_parser) == ("kimi_k2", "none")
+    # "none" on the command line is the adapter's None: off.
+    assert (chosen.config.tool_parser, chosen.config.reasoning_parser) == ("kimi_k2", None)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--tool-parser", "glm5"])

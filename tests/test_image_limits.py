@@ -32,7 +32,7 @@ def serve_one(argv: list[str], images: list[bytes]) -> Any:
     """One Anthropic request with `images` to the adapter `serve argv` builds (Qwen3-VL, the
     scripted engine): the reply, or the error the SDK raised."""
     r = resolved(["--tokenizer", "builtin:qwen3-vl", "--engine", "scripted", *argv])
-    adapter = build_adapter(r.build(ServeSettings), r)
+    adapter = build_adapter(r.build(ServeSettings))
 
     async def go() -> Any:
         runner, url = await start_server(adapter)
@@ -71,9 +71,9 @@ def test_the_settings_reach_the_adapters_image_limits() -> None:
         ["--max-image-bytes", "1000", "--max-request-image-pixels", "5000"],
         {"TOKENTRAIL_MAX_IMAGE_PIXELS": "2000", "TOKENTRAIL_MAX_REQUEST_IMAGE_BYTES": "3000"},
     )
-    assert ImageLimits(**r.into("image_limits")) == ImageLimits(1000, 2000, 3000, 5000)
+    assert r.build(ServeSettings).config.image_limits == ImageLimits(1000, 2000, 3000, 5000)
     # Left out, each is ImageLimits' own default.
-    assert ImageLimits(**resolved([]).into("image_limits")) == ImageLimits()
+    assert resolved([]).build(ServeSettings).config.image_limits == ImageLimits()
 
 
 def test_a_request_over_a_configured_image_limit_is_a_400_and_one_at_it_is_served() -> None:
@@ -120,7 +120,7 @@ def test_print_config_round_trips_the_image_limits(
     saved = tmp_path / "printed.toml"
     saved.write_text(printed)
     again = resolved(["--config", str(saved)])
-    assert ImageLimits(**again.into("image_limits")) == ImageLimits(1000, 2000, 3000, 4000)
+    assert again.build(ServeSettings).config.image_limits == ImageLimits(1000, 2000, 3000, 4000)
 
 
 def test_a_cached_image_is_checked_against_each_requests_declared_type() -> None:
@@ -128,7 +128,7 @@ def test_a_cached_image_is_checked_against_each_requests_declared_type() -> None
     `image/x-evil` or with no type get the 400 they get when A never sent them: the shared
     cache decides nothing about B's request, and tells B nothing about A's."""
     r = resolved(["--tokenizer", "builtin:qwen3-vl", "--engine", "scripted"])
-    adapter = build_adapter(r.build(ServeSettings), r)
+    adapter = build_adapter(r.build(ServeSettings))
     data = png(64, 64, seed=7)
 
     async def ask(client: anthropic.AsyncAnthropic, sid: str, media_type: str | None) -> Any:

@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tokentrail.errors",
         "tokentrail.kinds",
         "tokentrail.messages",
+        "tokentrail.setting",
         "tokentrail._core",
     ),
     ("tokentrail.text", "tokentrail.core"),

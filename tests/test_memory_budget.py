@@ -29,7 +29,7 @@ def adapter_for(argv: list[str]) -> Any:
         ["serve", "--tokenizer", "builtin:qwen3-vl", "--engine", "scripted", *argv]
     )
     r = settings.resolve(ServeSettings, args, {})
-    return build_adapter(r.build(ServeSettings), r)
+    return build_adapter(r.build(ServeSettings))
 
 
 def test_the_setting_reaches_the_adapter_and_defaults_to_half_the_machine() -> None:

@@ -22,6 +22,8 @@ from typing import Any
 
 from tokentrail.engines.base import SamplingParams
 from tokentrail.errors import Overloaded, RequestError, RequestTooLarge
+from tokentrail.kinds import SettingGroup
+from tokentrail.setting import MAX_SECONDS, setting
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ FALLBACK_PROMPT_TOKENS = 262_144
 # guard sees any of them.
 _SPARE_FDS = 512
 _INT64 = 2**63
+LIMITS = SettingGroup.LIMITS
 
 
 @dataclass
@@ -45,30 +48,44 @@ class Limits:
     # Bytes of one request body: the Anthropic API's own limit, 32 MiB, which holds an image
     # at the default `--max-image-bytes` (20 MiB, 26.7 MiB as base64) and the rest of the
     # request with it.
-    max_body_bytes: int = 32 * MiB
+    max_body_bytes: int = setting(32 * MiB, LIMITS, "one request body (413 past it)", unit="bytes")
     # Nesting of JSON values, the body itself being level 1 (a tool schema counts from there).
-    max_json_depth: int = 64
-    max_messages: int = 10_000
-    max_tools: int = 1_000
+    max_json_depth: int = setting(64, LIMITS, "nesting of JSON values (400 past it)")
+    max_messages: int = setting(10_000, LIMITS, "messages per request")
+    max_tools: int = setting(1_000, LIMITS, "tools per request")
     # Bytes of all tool schemas of one request, as compact JSON.
-    max_tool_schema_bytes: int = 4 * MiB
+    max_tool_schema_bytes: int = setting(
+        4 * MiB, LIMITS, "all tool schemas of a request", unit="bytes"
+    )
     # Prompt tokens after rendering; 0: the model config's context length, else 262144.
-    max_prompt_tokens: int = 0
+    max_prompt_tokens: int = setting(
+        0, LIMITS, "a prompt's length; 0: the model config's context", unit="tokens"
+    )
     # `max_tokens` above this (or above what fits the context) is clamped.
-    max_output_tokens: int = 131_072
+    max_output_tokens: int = setting(
+        131_072, LIMITS, "max_tokens above this is clamped", unit="tokens"
+    )
     # One request line or header line (aiohttp's own default is 8190).
-    max_header_bytes: int = 16_384
+    max_header_bytes: int = setting(
+        16_384, LIMITS, "one request line or header line", unit="bytes", bounds=(1024, None)
+    )
     # Seconds for a request's whole body to arrive once its headers have: 408 after that.
-    body_timeout_s: float = 60.0
+    body_timeout_s: float = setting(
+        60.0, LIMITS, "time for a request body to arrive (408 after)", unit="s",
+        bounds=(0, MAX_SECONDS), name="body_timeout",
+    )  # fmt: skip
     # Seconds a connection may sit without a request (before the first one too), then closed.
-    idle_connection_s: float = 75.0
+    idle_connection_s: float = setting(
+        75.0, LIMITS, "time a connection may sit without a request", unit="s",
+        bounds=(0, MAX_SECONDS), name="idle_connection_timeout",
+    )  # fmt: skip
     # Open connections; at the cap the longest-idle one is closed to admit a new one.
     # 0: what the process's descriptor limit leaves room for.
-    max_connections: int = 0
+    max_connections: int = setting(0, LIMITS, "open connections; 0: what the fd limit allows")
     # Turns in flight at once, server-wide: 503 with Retry-After past it.
-    max_concurrent_turns: int = 1_024
+    max_concurrent_turns: int = setting(1_024, LIMITS, "turns at once (503 + Retry-After past it)")
     # Engine calls at once (the rest wait their turn); 0: no limit.
-    engine_concurrency: int = 0
+    engine_concurrency: int = setting(0, SettingGroup.ENGINE, "engine calls at once; 0: any")
 
     def connection_cap(self) -> int:
         if self.max_connections:

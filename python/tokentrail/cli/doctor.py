@@ -117,7 +117,7 @@ def run_checks(s: ServeSettings, check_timeout_s: float = CHECK_TIMEOUT_S) -> li
             _guard("template", s.chat_template or s.tokenizer, lambda: check_template(s, tokenizer))
         )
     checks.append(check_journal(s.journal))
-    if s.admin_token:
+    if s.config.admin_token:
         checks.append(Check("admin", Verdict.OK, "admin token set: finish and drop work over HTTP"))
     else:
         checks.append(

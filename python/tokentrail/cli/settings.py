@@ -1,9 +1,10 @@
-"""How `tokentrail serve`'s settings are declared and resolved, whatever the command's fields.
+"""How `tokentrail serve`'s settings are read and resolved, whatever dataclasses hold them.
 
-A command's settings are one dataclass whose fields each carry a `Setting` (`setting(...)`):
-the group, the help line, the unit. From it come the grouped flags, the `--config FILE.toml`
-keys (the flag without its dashes), the `TOKENTRAIL_*` variables, and `--print-config`. The
-command line wins, then the environment, then the file, then the default.
+A command's settings are the fields of one dataclass, and of the dataclasses it nests with
+`section(...)`, that carry a `Setting` (`tokentrail.setting`): the group, the help line, the
+unit. From them come the grouped flags, the `--config FILE.toml` keys (the flag without its
+dashes), the `TOKENTRAIL_*` variables, and `--print-config`; the default is the field's own.
+The command line wins, then the environment, then the file, then the default.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import math
 import os
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 from tokentrail.compat import tomllib
 from tokentrail.errors import SettingError
 from tokentrail.kinds import SettingGroup, SettingSource
+from tokentrail.setting import SECTION, SETTING, Setting
 
 ENV_PREFIX = "TOKENTRAIL_"
 _TRUE = ("1", "true", "yes", "on")
@@ -33,62 +35,21 @@ S = TypeVar("S")
 
 
 @dataclass(frozen=True)
-class Setting:
-    """What a settings field says about itself: its group and one line of help."""
-
-    group: SettingGroup
-    help: str
-    # Appended to the default in the help ("bytes", "s"); empty for a count or a name.
-    unit: str = ""
-    # The allowed values, when not an enum's (computed when the parser is built).
-    choices: Callable[[], list[str]] | None = None
-    metavar: str | None = None
-    # How the default reads in the help when its value says too little ("off", "the model's").
-    default_text: str | None = None
-    # Never printed (`--print-config` says only that it is set).
-    secret: bool = False
-    # The value a flag given without one takes (its value is then optional).
-    const: Any = None
-    # Where the value goes: "TARGET" or "TARGET.FIELD" (the setting's own name by default),
-    # collected by `Resolved.into(TARGET)`; None: the command reads it itself.
-    into: str | None = None
-    # A number's allowed range, both ends included (None: open); a number setting without
-    # one takes 0 and up. A float must also be finite.
-    bounds: tuple[float | None, float | None] | None = None
-
-
-def setting(
-    default: Any,
-    group: SettingGroup,
-    help: str,
-    *,
-    unit: str = "",
-    choices: Callable[[], list[str]] | None = None,
-    metavar: str | None = None,
-    default_text: str | None = None,
-    secret: bool = False,
-    const: Any = None,
-    into: str | None = None,
-    bounds: tuple[float | None, float | None] | None = None,
-) -> Any:
-    """A settings field: `default` (a list default is copied per instance) and its `Setting`."""
-    info = Setting(group, help, unit, choices, metavar, default_text, secret, const, into, bounds)
-    meta = {"setting": info}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-@dataclass(frozen=True)
 class Field:
     """One setting of a command, as the parser, the file and the environment see it."""
 
+    # The setting's name (its flag, key and variable): the field's, or the `Setting`'s own.
     name: str
+    # Where the value goes: the field names from the command's dataclass down, through its
+    # sections ("config", "limits", "body_timeout_s").
+    path: tuple[str, ...]
     kind: type
     optional: bool
     listed: bool
     default: Any
     info: Setting
+    # A repeatable setting held as a tuple (a list by default).
+    as_tuple: bool = False
 
     @property
     def flag(self) -> str:
@@ -160,7 +121,8 @@ class Field:
                     raise SettingError(f"{where}: {raw!r} is not a JSON list of strings") from None
                 return self.check(items, where)
             return [self._scalar(raw, where)]
-        if self.optional and raw.lower() in ("", "none"):
+        # Unset, unless "none" is one of the setting's values (`--tool-parser none`).
+        if self.optional and raw.lower() in ("", "none") and "none" not in (self.choices() or ()):
             return None
         return self._scalar(raw, where)
 
@@ -233,17 +195,26 @@ class Field:
         return float(typing.cast(float, value)) if self.kind is float else value
 
 
-def fields_of(cls: type) -> list[Field]:
-    """The settings of a settings dataclass, in declaration order."""
+def fields_of(cls: type, path: tuple[str, ...] = ()) -> list[Field]:
+    """The settings of a settings dataclass and of its sections, in declaration order."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        info = f.metadata.get("setting")
+        if SECTION in f.metadata:
+            out += fields_of(f.metadata[SECTION], (*path, f.name))
+            continue
+        info = f.metadata.get(SETTING)
         if not isinstance(info, Setting):
             continue
-        kind, optional, listed = _unwrap(hints[f.name])
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        out.append(Field(f.name, kind, optional, listed, default, info))
+        kind, optional, container = _unwrap(hints[f.name])
+        default: Any = (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        )
+        name = info.name or f.name
+        listed, as_tuple = container is not None, container is tuple
+        if listed:
+            default = list(default)
+        out.append(Field(name, (*path, f.name), kind, optional, listed, default, info, as_tuple))
     return out
 
 
@@ -300,18 +271,25 @@ class Resolved:
     config_file: Path | None = None
 
     def build(self, cls: type[S]) -> S:
-        return cls(**self.values)
+        """`cls` (the dataclass the fields were read from) and its sections, holding the
+        resolved values."""
+        by_path = {f.path: self._stored(f) for f in self.fields}
+        return typing.cast(S, _build(cls, (), by_path))
 
-    def into(self, target: str) -> dict[str, Any]:
-        """The values of the settings that go `into` `target`, by the target's field names."""
-        out = {}
-        for f in self.fields:
-            if f.info.into is None:
-                continue
-            where, _, name = f.info.into.partition(".")
-            if where == target:
-                out[name or f.name] = self.values[f.name]
-        return out
+    def _stored(self, f: Field) -> Any:
+        value = self.values[f.name]
+        return tuple(value) if f.as_tuple and value is not None else value
+
+
+def _build(cls: type, path: tuple[str, ...], by_path: Mapping[tuple[str, ...], Any]) -> Any:
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        where = (*path, f.name)
+        if SECTION in f.metadata:
+            kwargs[f.name] = _build(f.metadata[SECTION], where, by_path)
+        elif where in by_path:
+            kwargs[f.name] = by_path[where]
+    return cls(**kwargs)
 
 
 def resolve(
@@ -428,15 +406,19 @@ def _type_name(kind: type) -> str:
     return names.get(kind, "a string")
 
 
-def _unwrap(hint: Any) -> tuple[type, bool, bool]:
-    """A field's annotation as (the value's type, may be None, is a list of it)."""
+def _unwrap(hint: Any) -> tuple[type, bool, type | None]:
+    """A field's annotation as (the value's type, may be None, the list or tuple holding it)."""
     optional = False
     args: Iterable[Any]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         optional = len(args) < len(typing.get_args(hint))
         (hint,) = args
-    if typing.get_origin(hint) is list:
+    container = typing.get_origin(hint)
+    if container is list:
         (item,) = typing.get_args(hint)
-        return item, optional, True
-    return hint, optional, False
+        return item, optional, list
+    if container is tuple:
+        item, _ = typing.get_args(hint)  # tuple[X, ...]
+        return item, optional, tuple
+    return hint, optional, None

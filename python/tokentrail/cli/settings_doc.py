@@ -4,7 +4,9 @@
 
 writes the page the docs site shows (`docs/operating/settings-reference.md`); `--check` exits 1
 when the page there is not what the settings say today. Nothing in it is typed by hand: the
-name, default, unit, variable and help of each setting are its `setting(...)` line's.
+name, default, unit, variable and help of each setting are its `setting(...)` field's, on
+`ServeSettings` or a dataclass it nests (`AdapterConfig`, `Limits`, `ImageLimits`,
+`ManagerPolicies`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from tokentrail.kinds import SettingGroup
 PAGE = Path("docs/operating/settings-reference.md")
 
 _HEAD = """\
-<!-- Written by `python -m tokentrail.cli.settings_doc` from ServeSettings
-     (python/tokentrail/cli/serve.py); do not edit: a test fails when it is not current. -->
+<!-- Written by `python -m tokentrail.cli.settings_doc` from ServeSettings (cli/serve.py) and
+     the dataclasses it nests; do not edit: a test fails when it is not current. -->
 # `tokentrail serve` settings reference
 
 Every setting is a flag, a key of a `--config FILE.toml` file (the flag without its dashes; a

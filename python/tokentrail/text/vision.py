@@ -28,7 +28,9 @@ from functools import cache
 from typing import Any
 
 from tokentrail.errors import ImageError
+from tokentrail.kinds import SettingGroup
 from tokentrail.messages import Conversation, ImageInput, ImageSource, Message
+from tokentrail.setting import setting
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
@@ -66,10 +68,22 @@ def image_mark(digest: str) -> str:
 class ImageLimits:
     """Per image and per request: decoded bytes and pixels (width x height)."""
 
-    max_image_bytes: int = 20 * 1024 * 1024
-    max_image_pixels: int = 64 * 1024 * 1024
-    max_request_bytes: int = 64 * 1024 * 1024
-    max_request_pixels: int = 256 * 1024 * 1024
+    max_image_bytes: int = setting(
+        20 * 1024 * 1024, SettingGroup.LIMITS, "one image, decoded", unit="bytes"
+    )
+    max_image_pixels: int = setting(
+        64 * 1024 * 1024, SettingGroup.LIMITS, "one image's width x height", unit="pixels"
+    )
+    max_request_bytes: int = setting(
+        64 * 1024 * 1024, SettingGroup.LIMITS,
+        "all of a request's images, decoded, each occurrence counted", unit="bytes",
+        name="max_request_image_bytes",
+    )  # fmt: skip
+    max_request_pixels: int = setting(
+        256 * 1024 * 1024, SettingGroup.LIMITS,
+        "all of a request's images' pixels, each occurrence counted", unit="pixels",
+        name="max_request_image_pixels",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

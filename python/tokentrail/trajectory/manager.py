@@ -30,6 +30,7 @@ from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
 from tokentrail.trajectory.linearize import Trajectory, linearize_session
+from tokentrail.trajectory.policies import DEFAULT_POLICIES
 from tokentrail.trajectory.restore import ByIdRestore, Seen, restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
@@ -122,14 +123,14 @@ class TrajectoryManager:
     def __init__(
         self,
         *,
-        fork_threshold_tokens: int = 1024,
-        drift_policy: DriftPolicy | str = DriftPolicy.MINIMAL,
-        rewrite_policy: RewritePolicy | str = RewritePolicy.FORK,
+        fork_threshold_tokens: int = DEFAULT_POLICIES.fork_threshold_tokens,
+        drift_policy: DriftPolicy | str = DEFAULT_POLICIES.drift_policy,
+        rewrite_policy: RewritePolicy | str = DEFAULT_POLICIES.rewrite_policy,
         backend: Backend | str | None = None,
         routing: RoutingShape | None = None,
         indexer: IndexerShape | None = None,
         train_superseded: bool = False,
-        train_constrained: ConstrainedPolicy | str = ConstrainedPolicy.MASK,
+        train_constrained: ConstrainedPolicy | str = DEFAULT_POLICIES.train_constrained,
     ) -> None:
         self.drift_policy = _policy(DriftPolicy, drift_policy, "drift policy")
         self.rewrite_policy = _policy(RewritePolicy, rewrite_policy, "rewrite policy")
