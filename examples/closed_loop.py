@@ -373,22 +373,72 @@ def summary(rows: Sequence[StepRow], cfg: Config) -> dict[str, Any]:
     return out
 
 
-def plot(rows: Sequence[StepRow], cfg: Config, path: Path) -> None:
+def plot(result: dict[str, Any], path: Path) -> None:
+    """The reward curves of `result` (what `--json` writes) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    cfg = result["config"]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-    for arm in cfg.arms:
-        curve = [r.reward for r in rows if r.arm == arm]
-        ax.plot(range(len(curve)), curve, marker="o", label=arm)
+    for arm, values in result["arms"].items():
+        ax.plot(range(len(values["curve"])), values["curve"], marker="o", label=arm)
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
-    ax.set_title(f"closed loop, tiny {cfg.model}, {cfg.prompts}x{cfg.group} sessions per step")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(
+        f"tiny {cfg['model']}, {cfg['prompts']}x{cfg['group']} sessions of {cfg['turns']} turns"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """`result` (what `--json` writes) as the docs' tables: per arm, per step."""
+    cfg = result["config"]
+    lines = [
+        f"`python examples/closed_loop.py --steps {cfg['steps']} --model {cfg['model']}`: "
+        f"{result['seconds']:.0f} s on {result['machine']}, "
+        f"{cfg['prompts']}x{cfg['group']} sessions of {cfg['turns']} turns per step, "
+        f"{cfg['max_tokens']} tokens per turn, lr {cfg['lr']}, pause mode {cfg['pause_mode']}.",
+        "",
+        r"| arm | reward, first third | reward, last third | max \|ratio - 1\|, current "
+        "weights' tokens | turns across a push |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, v in result["arms"].items():
+        dev = v["max_ratio_dev_same_version"]
+        lines.append(
+            f"| {arm} | {v['first']:.3f} | {v['last']:.3f} | "
+            f"{'-' if dev is None else f'{dev:.2e}'} | {v['across_update_turns']} |"
+        )
+    lines += [
+        "",
+        "| arm | step | generated | trained | reward | version | turns/tokens across a push "
+        "| stale masked | ratio dev (current) | ratio dev (one step old) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        same, stale = r["ratio_dev_same_version"], r["ratio_dev_stale"]
+        lines.append(
+            f"| {r['arm']} | {r['step']} | {r['generated']} | {r['trained']} | "
+            f"{r['reward']:.3f} | {r['version']} | {r['across_update_turns']}/"
+            f"{r['across_update_tokens']} | {r['stale_masked']} | "
+            f"{'-' if same != same else f'{same:.2e}'} | "
+            f"{'-' if stale != stale else f'{stale:.2f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def machine() -> str:
+    import platform
+
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
+        f"CPython {platform.python_version()}, load average {os.getloadavg()[0]:.1f} at the end"
+    )
 
 
 def vllm_python(given: str | None) -> Path:
@@ -419,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vllm-python")
     parser.add_argument("--json", type=Path, help="write the rows and the summary here")
     parser.add_argument("--plot", type=Path, help="write the reward curves here (a PNG)")
+    parser.add_argument("--markdown", type=Path, help="write the tables here (Markdown)")
     args = parser.parse_args(argv)
     cfg = Config(
         steps=args.steps, model=args.model, prompts=args.prompts, group=args.group,
@@ -447,13 +498,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         vllm.stop()
     result = summary(rows, cfg)
     result["seconds"] = time.perf_counter() - started
+    result["machine"] = machine()
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1))
+    result["rows"] = [asdict(r) for r in rows]
     if args.json:
-        args.json.write_text(
-            json.dumps({**result, "rows": [asdict(r) for r in rows]}, indent=1) + "\n"
-        )
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown(result))
     if args.plot:
-        plot(rows, cfg, args.plot)
+        plot(result, args.plot)
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 from typing import Any
 
@@ -28,6 +29,7 @@ from tokentrail.core.routing import (
     read_model_config,
 )
 from tokentrail.engines import GenerateRequest, ReplayRequest, SamplingParams
+from tokentrail.engines.registry import create_engine
 from tokentrail.engines.sglang import SGLangEngine, parse_generate_response
 from tokentrail.engines.vllm import VLLMEngine
 from tokentrail.errors import ReplayError
@@ -282,3 +284,17 @@ def test_a_routing_shape_sizes_the_store() -> None:
         RoutingShape(48, 0, 128)
     with pytest.raises(ReplayError, match="cannot read the model config"):
         read_model_config("/nonexistent/model")
+
+
+def test_vllm_tokens_sends_text_turns_to_the_tokens_route_for_their_versions(tokenizer) -> None:
+    """`vllm-tokens://`: a text prompt goes to `/inference/v1/generate` as its ids (no
+    `features`), never to `/v1/completions`, and the answer's spans are the turn's versions."""
+    fake = FakeVLLM(reply, weight_version="w5", dev_mode=True)
+    tokens = functools.partial(VLLMEngine, tokens_route=True)
+    gen, srv = served(fake, tokens, request(None))
+    assert not srv.bodies("/v1/completions")
+    (body,) = srv.bodies("/inference/v1/generate")
+    assert body["token_ids"] == PROMPT and "features" not in body
+    assert gen.output_ids == SAMPLED
+    assert gen.weight_versions == (WeightSpan("w5", 0, len(SAMPLED)),)
+    assert isinstance(create_engine("vllm-tokens://127.0.0.1:8000", tokenizer), VLLMEngine)
