@@ -400,7 +400,8 @@ def markdown(result: dict[str, Any]) -> str:
     cfg = result["config"]
     lines = [
         f"`python examples/closed_loop.py --steps {cfg['steps']} --model {cfg['model']}`: "
-        f"{result['seconds']:.0f} s on {result['machine']}, "
+        f"{result['seconds']:.0f} s, {result['when']}, commit `{result['commit']}`, "
+        f"on {result['machine']}, "
         f"{cfg['prompts']}x{cfg['group']} sessions of {cfg['turns']} turns per step, "
         f"{cfg['max_tokens']} tokens per turn, lr {cfg['lr']}, pause mode {cfg['pause_mode']}.",
         "",
@@ -499,6 +500,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = summary(rows, cfg)
     result["seconds"] = time.perf_counter() - started
     result["machine"] = machine()
+    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result["commit"] = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip() or "unknown"  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "config"}, indent=1))
     result["rows"] = [asdict(r) for r in rows]
     if args.json:
