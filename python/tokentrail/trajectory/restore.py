@@ -65,7 +65,7 @@ class ByIdRestore:
 
 @dataclass(frozen=True)
 class Seen:
-    """One `restore_echoes` call: the messages given, their keys, the messages it returned."""
+    """One `EchoRestorer.restore` call: the messages given, their keys, the messages it returned."""
 
     given: list[Message]
     keys: list[MessageKey]
