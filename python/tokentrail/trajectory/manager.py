@@ -29,7 +29,8 @@ from tokentrail.kinds import (
 from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
-from tokentrail.trajectory.linearize import Trajectory, linearize_session
+from tokentrail.trajectory.linearize import Trajectory as Trajectory  # what reads return
+from tokentrail.trajectory.linearize import linearize_session
 from tokentrail.trajectory.policies import DEFAULT_POLICIES
 from tokentrail.trajectory.restore import ByIdRestore, Seen, restore_echoes
 from tokentrail.trajectory.rewrite import merge_rewrite

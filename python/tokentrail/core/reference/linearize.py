@@ -21,7 +21,8 @@ POLICIES = tuple(p.value for p in DriftPolicy)
 
 def token_list(ids: object, what: str = "token ids") -> list[int]:
     """Validate a token sequence (list, tuple or integer numpy array) into a list of ints."""
-    return as_token_array(ids, what).tolist()
+    out: list[int] = as_token_array(ids, what).tolist()
+    return out
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -76,7 +76,7 @@ def blob_hash(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def dump(data: Any) -> bytes:
+def dump(data: object) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
