@@ -222,7 +222,7 @@ class Journal:
                 self.recovery.damaged.extend(damage)
                 for d in damage:
                     logger.warning("journal %s: %s", self.path, d.describe())
-                    yield Event(sid, d.first, JournalEvent.LOST, d.span().to_dict())
+                    yield Event(sid, d.first, JournalEvent.LOST, dict(d.span().to_dict()))
                 cut[sid] = good
         if cut:
             self._db.close()
