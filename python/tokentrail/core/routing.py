@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tokentrail.core.ids import RowArray
 from tokentrail.errors import ReplayError
 from tokentrail.kinds import Replay, ReplayGap, parse_kind
 
@@ -119,7 +120,7 @@ class ReplayRows:
     """One turn's rows on one channel: `rows[i]` is position `start + i` of prompt + output,
     up to but not including the last token (never fed forward); or `gap`, why there are none."""
 
-    rows: np.ndarray | None = None
+    rows: RowArray | None = None
     start: int = 0
     gap: ReplayGap | None = None
 
@@ -127,7 +128,7 @@ class ReplayRows:
     def missing(cls, gap: ReplayGap) -> ReplayRows:
         return cls(None, 0, parse_kind(ReplayGap, gap, "replay gap", ReplayError))
 
-    def store_arg(self) -> str | tuple[int, np.ndarray]:
+    def store_arg(self) -> str | tuple[int, RowArray]:
         """What `TurnStore.push` takes for it."""
         if self.rows is None:
             return str(self.gap or ReplayGap.ENGINE_RETURNED_NONE)
