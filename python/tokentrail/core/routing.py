@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -193,6 +193,12 @@ def _out_of_range(
     return None
 
 
+class WeightSpanJson(TypedDict):
+    version: str
+    start: int
+    end: int
+
+
 @dataclass(frozen=True)
 class WeightSpan:
     """Output tokens `start..end` of a turn were sampled with weights `version`."""
@@ -201,7 +207,7 @@ class WeightSpan:
     start: int
     end: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> WeightSpanJson:
         return {"version": self.version, "start": self.start, "end": self.end}
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
+from tokentrail.core.ids import MaskArray
 from tokentrail.kinds import (
     FALLBACK_PREFIX,
     Fallback,
@@ -175,7 +176,7 @@ class ReplayCoverage:
         return self.present / self.tokens if self.tokens else 1.0
 
     @classmethod
-    def of(cls, status: np.ndarray, names: Sequence[str]) -> ReplayCoverage:
+    def of(cls, status: MaskArray, names: Sequence[str]) -> ReplayCoverage:
         """The coverage of one sample, from its per-token status codes (`REPLAY_STATUS`)."""
         counted = np.bincount(status[: max(0, len(status) - 1)], minlength=len(names))
         missing = {names[code]: int(n) for code, n in enumerate(counted) if code > 1 and n}

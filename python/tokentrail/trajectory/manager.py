@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from tokentrail.core.backend import load_backend
-from tokentrail.core.ids import TokenIds
+from tokentrail.core.ids import RowArray, TokenIds
 from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
 from tokentrail.kinds import (
@@ -521,7 +521,7 @@ def _store_id(node: Node | None) -> int:
     return node.turn.id if node is not None and node.turn is not None else -1
 
 
-def _replay_arg(rows: ReplayRows | None) -> str | tuple[int, np.ndarray] | None:
+def _replay_arg(rows: ReplayRows | None) -> str | tuple[int, RowArray] | None:
     return None if rows is None else rows.store_arg()
 
 
