@@ -98,7 +98,7 @@ def linearize_session(
     restored: int,
     restored_by_tool: Mapping[str, int],
     replays: tuple[Replay, ...],
-    status: Any,
+    status: Sequence[str],
     train_superseded: bool = False,
     train_constrained: ConstrainedPolicy = ConstrainedPolicy.MASK,
     restored_by_id: Mapping[str, Mapping[str, int]] | None = None,

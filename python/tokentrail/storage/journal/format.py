@@ -23,11 +23,12 @@ import json
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from tokentrail.core.backend import load_backend
+from tokentrail.core.ids import TokenArray
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, ReplayGap, parse_kind
@@ -89,7 +90,13 @@ def prefix_len(a: np.ndarray, b: np.ndarray) -> int:
     return load_backend().common_prefix_len(a, b)
 
 
-def digest(message: Message, key: MessageKey | None = None) -> tuple[int, int]:
+# A message's identity as the writer keeps it (`digest`).
+Digest = tuple[int, int]
+# What a branch holds of its messages: the writer their digests, a reader the messages.
+Item = TypeVar("Item")
+
+
+def digest(message: Message, key: MessageKey | None = None) -> Digest:
     """A message's identity for finding what a turn shares with its base (writer side only:
     Python's string hash is per process). Key order is ignored, as in routing: `key`, when
     given, is the message's routing key, computed already."""
@@ -99,22 +106,22 @@ def digest(message: Message, key: MessageKey | None = None) -> tuple[int, int]:
 
 
 @dataclass
-class Base:
+class Base(Generic[Item]):
     """One conversation branch a later turn may continue: its latest turn."""
 
     seq: int
-    tokens: np.ndarray  # prompt + output ids
+    tokens: TokenArray  # prompt + output ids
     # The writer keeps message digests, a reader the messages themselves.
-    messages: list[Any]
+    messages: list[Item]
 
 
 @dataclass
-class Bases:
+class Bases(Generic[Item]):
     """A session's last few branches; the writer and every reader update them the same way."""
 
-    items: list[Base] = field(default_factory=list)
+    items: list[Base[Item]] = field(default_factory=list)
 
-    def get(self, seq: int) -> Base:
+    def get(self, seq: int) -> Base[Item]:
         for base in self.items:
             if base.seq == seq:
                 return base
@@ -130,7 +137,7 @@ class Bases:
                 best, at = base.seq, n
         return best, at, shared
 
-    def message_base(self, digests: list[Any]) -> tuple[int, int]:
+    def message_base(self, digests: list[Item]) -> tuple[int, int]:
         """(base seq, shared messages) of the branch sharing the most leading messages."""
         best, keep = 0, 0
         for base in self.items:
@@ -143,11 +150,11 @@ class Bases:
                 best, keep = base.seq, n
         return best, keep
 
-    def digested(self) -> Bases:
+    def digested(self: Bases[Message]) -> Bases[Digest]:
         """A reader's branches as a writer keeps them: messages as digests."""
         return Bases([Base(b.seq, b.tokens, list(map(digest, b.messages))) for b in self.items])
 
-    def add(self, base: Base, shared: list[int]) -> None:
+    def add(self, base: Base[Item], shared: list[int]) -> None:
         """A new turn: it replaces the branches its prompt contains; the oldest go beyond
         `MAX_BASES`. `shared` is each branch's prefix with the new prompt."""
         kept = [b for b, n in zip(self.items, shared, strict=True) if n < len(b.tokens)]
@@ -282,7 +289,7 @@ class TurnDecoder:
     """A reader's state for one session: the branches its turns are stored against."""
 
     sid: str
-    bases: Bases = field(default_factory=Bases)
+    bases: Bases[Message] = field(default_factory=Bases)
     # The hash of the last turn's tool list.
     tools_ref: str | None = None
 
@@ -291,7 +298,7 @@ class TurnDecoder:
         seq: int,
         data: dict[str, Any],
         ids: bytes,
-        tools_of: Any,
+        tools_of: Callable[[str], list[ToolSchema]],
         with_images: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> JournaledTurn:
         """The turn `data`/`ids` describe; `tools_of(hash)` reads a tool list from `blobs`,
