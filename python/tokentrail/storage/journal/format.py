@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from tokentrail.core.backend import load_backend
-from tokentrail.core.ids import TokenArray
+from tokentrail.core.ids import LogprobArray, TokenArray
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, ReplayGap, parse_kind
@@ -86,7 +86,7 @@ def tools_bytes(tools: Sequence[ToolSchema]) -> bytes:
     return dump(tools)
 
 
-def prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+def prefix_len(a: TokenArray, b: TokenArray) -> int:
     return load_backend().common_prefix_len(a, b)
 
 
@@ -127,7 +127,7 @@ class Bases(Generic[Item]):
                 return base
         raise JournalError(f"turn base #{seq} is not one of the session's last branches")
 
-    def token_base(self, prompt: np.ndarray) -> tuple[int, int, list[int]]:
+    def token_base(self, prompt: TokenArray) -> tuple[int, int, list[int]]:
         """(base seq, shared prefix) of the branch sharing the longest prefix, and every
         branch's shared prefix (for `add`)."""
         shared = [prefix_len(b.tokens, prompt) for b in self.items]
@@ -267,9 +267,9 @@ def payload_bytes(payload: bytes) -> bytes:
 
 @dataclass
 class DecodedIds:
-    tail: np.ndarray
-    output: np.ndarray
-    logprobs: np.ndarray | None
+    tail: TokenArray
+    output: TokenArray
+    logprobs: LogprobArray | None
 
 
 def decode_ids(data: dict[str, Any], ids: bytes) -> DecodedIds:
