@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from tokentrail.core.ids import RowArray
 from tokentrail.errors import ReplayError
@@ -137,7 +138,7 @@ class ReplayRows:
 
 def checked_rows(
     channel: Replay,
-    values: np.ndarray,
+    values: npt.NDArray[np.integer],
     *,
     start: int,
     prompt_tokens: int,
@@ -171,7 +172,7 @@ def checked_rows(
 
 
 def _out_of_range(
-    channel: Replay, rows: np.ndarray, shape: RoutingShape | IndexerShape
+    channel: Replay, rows: RowArray, shape: RoutingShape | IndexerShape
 ) -> str | None:
     if isinstance(shape, IndexerShape):
         low = int(rows.min()) if rows.size else 0

@@ -214,7 +214,7 @@ class _Row:
 
     __slots__ = ("tokens", "replay")
 
-    def __init__(self, tokens: np.ndarray, replay: list[np.ndarray]) -> None:
+    def __init__(self, tokens: TokenArray, replay: list[npt.NDArray[np.unsignedinteger]]) -> None:
         self.tokens = tokens
         self.replay = replay
 
@@ -304,7 +304,7 @@ def _number(order: list[_Block]) -> None:
         )
 
 
-def _replay_rows(samples: Sequence[Sample]) -> dict[str, list[np.ndarray]]:
+def _replay_rows(samples: Sequence[Sample]) -> dict[str, list[RowArray]]:
     """Each replay field the samples carry: all of them, one row per token, of one shape."""
     out = {}
     for name in REPLAY_FIELDS:
@@ -324,7 +324,7 @@ def _replay_rows(samples: Sequence[Sample]) -> dict[str, list[np.ndarray]]:
     return out
 
 
-def _rows(samples: Sequence[Sample], replay: dict[str, list[np.ndarray]]) -> list[_Row]:
+def _rows(samples: Sequence[Sample], replay: dict[str, list[RowArray]]) -> list[_Row]:
     out = []
     for i, sample in enumerate(samples):
         tokens = np.ascontiguousarray(np.asarray(sample.tokens, dtype=np.uint32))
@@ -333,7 +333,7 @@ def _rows(samples: Sequence[Sample], replay: dict[str, list[np.ndarray]]) -> lis
     return out
 
 
-def _row_words(rows: np.ndarray, n: int) -> np.ndarray:
+def _row_words(rows: RowArray, n: int) -> npt.NDArray[np.unsignedinteger]:
     """Replay rows as `[n, words]` of the widest unsigned type their bytes divide into, so
     comparing a 48 x 8 uint8 row is 48 word compares, not 384 byte compares."""
     raw = np.ascontiguousarray(rows).view(np.uint8).reshape(n, rows[0].nbytes if n else 0)
