@@ -13,7 +13,7 @@ what the rows that train a node agree on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -343,7 +343,9 @@ def _row_words(rows: RowArray, n: int) -> npt.NDArray[np.unsignedinteger]:
     return raw
 
 
-def _row_labels(samples: Sequence[Sample], versions: dict[str, int]) -> Iterable[tuple[Any, ...]]:
+def _row_labels(
+    samples: Sequence[Sample], versions: dict[str, int]
+) -> Iterator[tuple[MaskArray, LogprobArray, _Int32]]:
     """Per sample, over its whole sequence: loss mask, logprobs, weight version index."""
     for i, sample in enumerate(samples):
         n, response = len(sample.tokens), int(sample.response_length)

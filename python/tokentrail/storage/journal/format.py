@@ -23,7 +23,7 @@ import json
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 import numpy as np
 
@@ -222,7 +222,22 @@ def encode_turn(turn: JournaledTurn, base: TurnBase) -> EncodedTurn:
     return EncodedTurn(shrink(dump(data)), ids)
 
 
-def replay_json(rows: ReplayRows) -> dict[str, Any]:
+class ReplayGapJson(TypedDict):
+    """A turn without replay rows on a channel: why."""
+
+    gap: str
+
+
+class ReplayRowsJson(TypedDict):
+    """A turn's replay rows on a channel: from `start`, `shape` rows of `dtype`, base64."""
+
+    start: int
+    dtype: str
+    shape: list[int]
+    data: str
+
+
+def replay_json(rows: ReplayRows) -> ReplayGapJson | ReplayRowsJson:
     """A turn's replay rows for the journal: the gap, or the start and the rows in the
     smallest integer type that holds them, base64 of little-endian bytes."""
     if rows.rows is None:
