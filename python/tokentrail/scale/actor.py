@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -191,7 +191,7 @@ class AdapterActor:
         results = await asyncio.gather(*(one(*item) for item in items), return_exceptions=True)
         finished: dict[str, Trajectory] = {}
         failures: dict[str, tuple[str, str]] = {}
-        losses: dict[str, dict[str, Any]] = {}
+        losses: dict[str, Mapping[str, object]] = {}
         for (sid, _, _), result in zip(items, results, strict=True):
             if isinstance(result, Trajectory):
                 finished[sid] = result

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from tokentrail.core.backend import load_backend
-from tokentrail.core.ids import TokenIds
+from tokentrail.core.ids import RowArray, TokenIds
 from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
 from tokentrail.kinds import (
@@ -28,7 +28,8 @@ from tokentrail.kinds import (
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
-from tokentrail.trajectory.linearize import Trajectory, linearize_session
+from tokentrail.trajectory.linearize import Trajectory as Trajectory  # what reads return
+from tokentrail.trajectory.linearize import linearize_session
 from tokentrail.trajectory.policies import DEFAULT_POLICIES
 from tokentrail.trajectory.restore import EchoRestorer, Seen
 from tokentrail.trajectory.rewrite import merge_rewrite
@@ -504,7 +505,7 @@ def _store_id(node: Node | None) -> int:
     return node.turn.id if node is not None and node.turn is not None else -1
 
 
-def _replay_arg(rows: ReplayRows | None) -> str | tuple[int, np.ndarray] | None:
+def _replay_arg(rows: ReplayRows | None) -> str | tuple[int, RowArray] | None:
     return None if rows is None else rows.store_arg()
 
 

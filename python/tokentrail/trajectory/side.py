@@ -21,7 +21,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from tokentrail.errors import PolicyError
 from tokentrail.messages import Message
@@ -30,12 +30,21 @@ from tokentrail.trajectory.tree import Node
 __all__ = [
     "KNOWN_SIDE_REQUESTS",
     "SUBAGENT_TOOLS",
+    "ConversationTags",
     "SideRule",
     "SideRules",
     "conversation_tags",
     "exclusion",
     "system_fingerprint",
 ]
+
+
+class ConversationTags(TypedDict):
+    """`conversation_tags`: the conversation a sample came from, in its metadata."""
+
+    root_branch: int | None
+    system_fingerprint: str | None
+    subagent: bool
 
 
 @dataclass(frozen=True)
@@ -178,7 +187,7 @@ def subagent_prompts(nodes: Iterable[Node]) -> list[tuple[str, Node]]:
 
 def conversation_tags(
     root: Node, leaf: Node, prompts: Sequence[tuple[str, Node]]
-) -> dict[str, Any]:
+) -> ConversationTags:
     """The conversation a sample ending at `leaf` came from: `root_branch` (which of the
     tree's first messages it descends from, in order of arrival), `system_fingerprint`, and
     `subagent` (its first user message carries a prompt from `prompts` that a turn outside
