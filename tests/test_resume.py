@@ -22,14 +22,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from support.serve import resume_checks
+from tokentrail.adapter.http.server import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
 from tokentrail.adapter.protocols.common import WireOptions
 from tokentrail.adapter.protocols.openai import OpenAIChat
 from tokentrail.adapter.protocols.responses import OpenAIResponses
 from tokentrail.adapter.protocols.resume import Fold, Translated
-from tokentrail.adapter.reuse import KnownRequest, parse_reusing, translate_reusing
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
-from tokentrail.adapter.validation import parse_body
+from tokentrail.adapter.request.parse import parse_body
+from tokentrail.adapter.request.translate import KnownRequest, parse_reusing, translate_reusing
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import RequestError

@@ -7,11 +7,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokentrail.adapter.access_log import AccessLog
-from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.adapter.offload import DEFAULT_WORKERS
 from tokentrail.adapter.protocols.common import KEEPALIVE_S
 from tokentrail.adapter.protocols.options import DEFAULT_WIRE, WireOptions
+from tokentrail.adapter.request.limits import Limits
 from tokentrail.kinds import History, Restore, Retry, SettingGroup, parse_kind
 from tokentrail.setting import MAX_SECONDS, MAX_WORKERS, internal, section, setting
 from tokentrail.text.render_budget import DEFAULT_RENDER_BUDGET_S

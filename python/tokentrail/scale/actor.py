@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.adapter.http.server import Adapter, start_server
 from tokentrail.errors import SessionClosed, SessionDamaged, SessionError
 from tokentrail.kinds import JournalState, LostReason
 from tokentrail.scale.spec import ActorSpec

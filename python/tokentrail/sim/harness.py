@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from tokentrail.adapter.answers import RETRY_HEADER
+from tokentrail.adapter.turn.answers import RETRY_HEADER
 from tokentrail.core.routing import RoutingShape
 from tokentrail.kinds import Retry, parse_kind
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
@@ -523,7 +523,7 @@ async def simulate(
     `group`, when given), finish it. With `routing`, the adapter asks the engine for routed
     experts of that shape."""
     from tokentrail.adapter.config import SessionSettings
-    from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+    from tokentrail.adapter.http.server import Adapter, AdapterConfig, start_server
     from tokentrail.kinds import History, Restore
     from tokentrail.sim.model import SimulatedEngine
     from tokentrail.text.families import resolve_family

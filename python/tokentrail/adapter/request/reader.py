@@ -12,19 +12,19 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from tokentrail.adapter.limits import Limits
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.resume import Translated
-from tokentrail.adapter.reuse import (
+from tokentrail.adapter.request.limits import Limits
+from tokentrail.adapter.request.parse import check_translated, parse_body, session_key
+from tokentrail.adapter.request.translate import (
     KnownRequest,
     Parsed,
     first_difference,
     parse_reusing,
     translate_reusing,
 )
-from tokentrail.adapter.sessions import Sessions
-from tokentrail.adapter.validation import check_translated, parse_body, session_key
+from tokentrail.adapter.session.sessions import Sessions
 from tokentrail.engines.base import SamplingParams
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ResumeCheck

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from tokentrail.adapter import notes as request_notes
+from tokentrail.adapter.http import notes as request_notes
 from tokentrail.adapter.protocols import WireProtocol, protocol_for_path, protocols
 from tokentrail.errors import EngineError, Overloaded, OverMemory, TokentrailError
 

@@ -19,20 +19,20 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter import notes as request_notes
-from tokentrail.adapter.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
 from tokentrail.adapter.config import AdapterConfig
-from tokentrail.adapter.context import ContextLength
-from tokentrail.adapter.limits import EngineSlots, Limits
-from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
+from tokentrail.adapter.http import notes as request_notes
+from tokentrail.adapter.http.middleware import failed_in_stream
 from tokentrail.adapter.metrics import Metrics
-from tokentrail.adapter.middleware import failed_in_stream
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import Outcome, fill_call_ids
-from tokentrail.adapter.requests import EXCLUDE_HEADER, TurnRequest
-from tokentrail.adapter.sessions import Session, Sessions
-from tokentrail.adapter.whole_reply import send_whole, write_reply
+from tokentrail.adapter.request.context import ContextLength
+from tokentrail.adapter.request.limits import EngineSlots, Limits
+from tokentrail.adapter.request.reader import EXCLUDE_HEADER, TurnRequest
+from tokentrail.adapter.session.sessions import Session, Sessions
+from tokentrail.adapter.turn.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
+from tokentrail.adapter.turn.live import KEEPALIVE_S, LiveReply
+from tokentrail.adapter.turn.whole_reply import send_whole, write_reply
 from tokentrail.engines.base import (
     Engine,
     GenerateRequest,

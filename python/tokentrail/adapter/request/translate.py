@@ -25,7 +25,7 @@ import msgspec
 
 from tokentrail.adapter.protocols.common import WireProtocol
 from tokentrail.adapter.protocols.resume import ResumableProtocol, Translated
-from tokentrail.adapter.validation import STEPWISE_ABOVE, check_translated, parse_body
+from tokentrail.adapter.request.parse import STEPWISE_ABOVE, check_translated, parse_body
 from tokentrail.core.backend import load_backend
 from tokentrail.errors import BodyShapeError, RequestError
 from tokentrail.messages import Conversation

@@ -25,27 +25,27 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter import notes as request_notes
-from tokentrail.adapter.access_log import access_log_middleware
-from tokentrail.adapter.admin import Admin
 from tokentrail.adapter.config import AdapterConfig, SessionSettings
-from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
-from tokentrail.adapter.damaged import refuse_unless_accepted
-from tokentrail.adapter.limits import TurnSlots, model_context_length
-from tokentrail.adapter.memory import MemoryBudget
+from tokentrail.adapter.http import notes as request_notes
+from tokentrail.adapter.http.access_log import access_log_middleware
+from tokentrail.adapter.http.admin import Admin
+from tokentrail.adapter.http.connections import ConnectionGuard, GuardedSite, mark_busy
+from tokentrail.adapter.http.memory import MemoryBudget
+from tokentrail.adapter.http.middleware import errors_as_json, status_of
 from tokentrail.adapter.metrics import Metrics
-from tokentrail.adapter.middleware import errors_as_json, status_of
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
 from tokentrail.adapter.protocols.fields import json_content_type
-from tokentrail.adapter.requests import RequestReader
-from tokentrail.adapter.sessions import Sessions, recover
-from tokentrail.adapter.turns import Turns, TurnSettings, replay_request
-from tokentrail.adapter.validation import (
+from tokentrail.adapter.request.limits import TurnSlots, model_context_length
+from tokentrail.adapter.request.parse import (
     probe_template,
     read_body,
     session_key,
 )
+from tokentrail.adapter.request.reader import RequestReader
+from tokentrail.adapter.session.damaged import refuse_unless_accepted
+from tokentrail.adapter.session.sessions import Sessions, recover
+from tokentrail.adapter.turn.turns import Turns, TurnSettings, replay_request
 from tokentrail.engines.base import Engine
 from tokentrail.errors import NotFound
 from tokentrail.kinds import Stage

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter.connections import GuardedHandler
+from tokentrail.adapter.http.connections import GuardedHandler
 from tokentrail.adapter.protocols import WireProtocol
 from tokentrail.adapter.protocols.common import KEEPALIVE_S, LiveStream
 from tokentrail.messages import Message, ToolSchema

@@ -24,7 +24,7 @@ from aiohttp import HttpVersion11, StreamReader, web, web_protocol
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_request import BaseRequest
 
-from tokentrail.adapter.middleware import Handler, error_response
+from tokentrail.adapter.http.middleware import Handler, error_response
 from tokentrail.errors import BodyCutShort
 
 logger = logging.getLogger(__name__)
