@@ -34,7 +34,7 @@ LIVE_EVERY = 100  # one session in a hundred is unfinished
 
 START = """
 import json, sys, time
-from tokentrail.adapter.http.server import Adapter
+from tokentrail.adapter import Adapter
 from tokentrail.adapter.session.sessions import recover
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.storage.journal import Journal

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from support.fake_engines import IM_END, FakeSGLang
-from tokentrail.adapter.http.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.request.limits import Limits
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.http import header_value

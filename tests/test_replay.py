@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tokentrail.adapter.http.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.kinds import History, Restore

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from support import fixtures
-from tokentrail.adapter.http.server import Adapter, start_server
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.adapter.protocols.responses import read_tools, translate_request
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import RequestError

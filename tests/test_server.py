@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from support.fake_engines import FakeSGLang, FakeVLLM
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.http.server import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.request.limits import Limits
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine

@@ -14,8 +14,8 @@ import pytest
 
 from tokens import assistant, play, system, user
 from tokentrail import TrajectoryManager
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.http.server import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.turn.turns import EXCLUDE_HEADER
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import PolicyError

@@ -30,7 +30,8 @@ from tokentrail.adapter.http.middleware import error_response
 from tokentrail.adapter.offload import Offload, trim_memory
 from tokentrail.adapter.protocols.common import bearer
 from tokentrail.adapter.request.limits import Limits
-from tokentrail.adapter.request.parse import parse_body, read_body
+from tokentrail.adapter.request.parse import parse_body
+from tokentrail.adapter.request.read import read_body
 from tokentrail.adapter.session.damaged import refuse_unless_accepted
 from tokentrail.adapter.session.sessions import Sessions
 from tokentrail.errors import (

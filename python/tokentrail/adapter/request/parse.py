@@ -1,54 +1,54 @@
-"""What a request must be before any protocol reads it, and the probe a chat template must pass
-before the adapter serves with it.
+"""A request's bytes to its JSON object: the second step of a body's way through
+`adapter.request` (read, parse, limit, translate).
 
-`read_body` reads a body within its size and time limits. `parse_body` turns its bytes into a
-JSON object or refuses them with a 400 that names what is wrong and where: bytes that are not
-UTF-8, text that is not JSON (`NaN`, `Infinity` and numbers past a double's range included),
-nesting deeper than the limit, and a lone surrogate (`"\ud800"`) in any string, named by its
-field, since no encoder downstream (the tokenizer, the journal, an HTTP header) can take one.
-`session_key` holds a session id to what can travel in a header. `probe_template` renders a
-one-message conversation at load, so a template that breaks on every request fails at startup
-(after `text.template_check` has rendered the same conversations under a budget).
+`parse_body` parses the bytes whole or refuses them with a 400 that names what is wrong and
+where: bytes that are not UTF-8, text that is not JSON (`NaN`, `Infinity` and numbers past a
+double's range included), nesting deeper than the limit, and a lone surrogate (`"\ud800"`) in
+any string, named by its field, since no encoder downstream (the tokenizer, the journal, an HTTP
+header) can take one.
+
+`parse_reusing` parses only what is new: a harness resends the whole conversation every turn.
+The core (the backend `load_backend` selects) indexes a body (`index_body`: the byte spans of
+its top-level fields and of its messages) and compares it with the session's previous body
+(`request.memo`). A field or message whose bytes are unchanged takes the previous parse's value;
+the rest is parsed (msgspec, which reads numbers and strings as the standard library does).
+Bodies the index does not take, or that hold what only the full parse checks (an escape that may
+be a lone surrogate, nesting past the limit, more values than one parse may hold the loop for),
+go through `parse_body` whole, as does any body msgspec refuses, so every error a body gets is
+the one a full parse names.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import json.scanner
-import logging
 import math
 import re
-import zlib
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+import msgspec
 
-from tokentrail.errors import (
-    BodyCutShort,
-    RequestError,
-    RequestTimeout,
-    RequestTooLarge,
-    TemplateError,
-)
-from tokentrail.messages import Conversation, Message, ToolSchema
-from tokentrail.text.template_check import BASIC_CONVERSATIONS, STARTUP_CONVERSATIONS
+from tokentrail.adapter.protocols.common import WireProtocol
+from tokentrail.adapter.protocols.resume import ResumableProtocol
+from tokentrail.adapter.request.memo import KnownRequest
+from tokentrail.core.backend import load_backend
+from tokentrail.errors import BodyShapeError, RequestError
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from tokentrail import _core
 
 __all__ = [
     "STEPWISE_ABOVE",
-    "check_translated",
+    "Parsed",
     "check_tree",
-    "decoded_body",
     "field_path",
     "parse_body",
-    "probe_template",
-    "read_body",
-    "session_key",
+    "parse_reusing",
 ]
 
+_DECODER = msgspec.json.Decoder()
 # A lone surrogate can only come from a `\uD800`..`\uDFFF` escape: UTF-8 cannot encode one, so
 # bodies without such an escape need no search of their strings.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -57,8 +57,6 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # so a body of millions of tiny values cannot hold the interpreter (and the event loop waiting
 # for it) for a second; below it, one call costs at most a few milliseconds.
 STEPWISE_ABOVE = 50_000
-# What a session id may be: it travels to the engine in headers and names journal rows.
-_SESSION_ID = re.compile(r"[\x21-\x7e]{1,512}")
 
 
 def _finite_float(text: str) -> float:
@@ -132,21 +130,6 @@ def check_tree(
                     stack.append((item, depth + 1, (*path, key)))
 
 
-def check_translated(
-    conversation: Conversation, *, max_depth: int, first: int = 0, tools: bool = True
-) -> None:
-    """A translated conversation held to the body's depth and Unicode rules (one level
-    deeper: an OpenAI tool call's arguments are JSON inside a string), from message `first`
-    on, and its tools when `tools` (a caller that checked these very objects before skips
-    them)."""
-    rules: dict[str, Any] = {"max_depth": max_depth + 1, "surrogates": True}
-    for pos in range(first, len(conversation.messages)):
-        message = cast(dict[str, Any], conversation.messages[pos])
-        check_tree(message, at=("messages", pos), **rules)
-    if tools:
-        check_tree(conversation.tools or [], at=("tools",), **rules)
-
-
 def _lone_surrogate(text: str) -> bool:
     return not text.isascii() and _LONE_SURROGATE.search(text) is not None
 
@@ -166,111 +149,77 @@ def field_path(path: Sequence[str | int]) -> str:
     return out or "body"
 
 
-def session_key(sid: object, where: str = "the API key") -> str:
-    """A session id as it may travel: 1-512 visible ASCII characters, no spaces or controls
-    (it becomes the engine's routing header and a journal key)."""
-    if not isinstance(sid, str) or not _SESSION_ID.fullmatch(sid):
-        shown = repr(sid)[:80]
-        raise RequestError(
-            f"{where} must be 1-512 visible ASCII characters without spaces, got {shown}"
-        )
-    return sid
+@dataclass(frozen=True)
+class Parsed:
+    """A parsed body and what it shares with the session's previous one."""
+
+    body: dict[str, Any]
+    index: _core.BodyIndex | None = None
+    # Top-level fields whose bytes differ from the previous body's (all when there is none).
+    changed: frozenset[str] = frozenset()
+    # Messages before this one are the previous body's, byte for byte (and object for object).
+    first_changed: int = 0
+    previous: KnownRequest | None = None
+
+    def unchanged(self, fields: frozenset[str]) -> bool:
+        """Whether all of `fields` kept their bytes (present or absent in both bodies)."""
+        return self.previous is not None and not (fields & self.changed)
 
 
-Render = Callable[[Sequence[Message], Sequence[ToolSchema] | None], str]
-
-
-def probe_template(render: Render, name: str = "the chat template") -> None:
-    """Render a one-message conversation (or, for a template that insists on one, a system and
-    a user message) and refuse to start when neither renders; log a warning for a shape that
-    fails other than on purpose (`raise_exception`)."""
-    failures: list[TemplateError] = []
-    for messages in BASIC_CONVERSATIONS:
-        try:
-            render(messages, None)
-            break
-        except TemplateError as exc:
-            failures.append(exc)
-    else:
-        raise TemplateError(
-            f"{name} cannot render a one-message conversation, so every request would fail: "
-            f"{failures[0]}"
-        )
-    for basic, failure in zip(BASIC_CONVERSATIONS, failures, strict=False):
-        if failure.__cause__ is not None:  # not the template's own raise_exception
-            logger.warning("%s fails on %d plain messages: %s", name, len(basic), failure)
-    for shape, (messages, tools) in STARTUP_CONVERSATIONS.items():
-        try:
-            render(messages, tools)
-        except TemplateError as exc:
-            if exc.__cause__ is not None:  # not the template's own raise_exception
-                logger.warning("%s fails on a conversation with %s: %s", name, shape, exc)
-
-
-async def read_body(request: web.Request, *, max_bytes: int, timeout_s: float) -> bytes:
-    """The whole body, refused when its Content-Length is over `max_bytes` (before reading
-    it), when it grows past that, or when it does not arrive within `timeout_s` (408: a body
-    shorter than its Content-Length would otherwise hold the connection forever). A body
-    with a `Content-Encoding` is decoded here (`decoded_body`), in a thread."""
-    length = request.content_length
-    if max_bytes and length is not None and length > max_bytes:
-        raise RequestTooLarge(
-            f"request body too large: {length} bytes > {max_bytes} (--max-body-bytes)"
-        )
+def parse_reusing(
+    raw: bytes, proto: WireProtocol, previous: KnownRequest | None, max_depth: int
+) -> Parsed:
+    """`raw` parsed, reusing `previous`'s values for what kept its bytes; `RequestError` for
+    what `parse_body` refuses."""
+    array = proto.array_field if isinstance(proto, ResumableProtocol) else "messages"
     try:
-        raw = await asyncio.wait_for(request.read(), timeout_s or None)
-    except asyncio.TimeoutError:  # not yet the builtin TimeoutError on 3.10
-        expected = f" of the {length} announced" if length is not None else ""
-        raise RequestTimeout(
-            f"the request body{expected} did not arrive within {timeout_s:g} s (--body-timeout)"
-        ) from None
-    except web.HTTPRequestEntityTooLarge:
-        raise RequestTooLarge(
-            f"request body too large: over {max_bytes} bytes (--max-body-bytes)"
-        ) from None
-    except BodyCutShort:
-        # Nothing more can arrive: the body ends here, so the server does not linger to read
-        # (and fail on) the rest of it after the answer.
-        request.content.feed_eof()
-        raise
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding in ("", "identity"):
-        return raw
-    return await asyncio.to_thread(decoded_body, raw, encoding, max_bytes)
-
-
-# `Content-Encoding` values a body may come in, with their zlib window bits.
-_ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-
-
-def decoded_body(raw: bytes, encoding: str, max_bytes: int) -> bytes:
-    """`raw` decoded from its `Content-Encoding`, never to more than `max_bytes` (a small
-    body that inflates past the limit is refused as a large one is). The server's own HTTP
-    layer does not decode bodies: a body that fails to decode there breaks the connection it
-    came on; here it is a 400 and the connection carries on."""
-    wbits = _ENCODINGS.get(encoding)
-    if wbits is None:
-        raise RequestError(
-            f"unsupported Content-Encoding {encoding!r}; supported: identity, "
-            f"{', '.join(_ENCODINGS)}"
-        )
-    if encoding == "deflate" and raw and raw[0] & 0xF != 8:
-        wbits = -zlib.MAX_WBITS  # raw deflate without the zlib header, as some clients send
-    decoder = zlib.decompressobj(wbits)
+        index = load_backend().index_body(raw, array)
+    except BodyShapeError:
+        return Parsed(parse_body(raw, max_depth))
+    if index.surrogate_escape or index.depth > max_depth or index.structural > STEPWISE_ABOVE:
+        return Parsed(parse_body(raw, max_depth))
+    if previous is not None and previous.protocol != proto.name:
+        previous = None
     try:
-        out = decoder.decompress(raw, max_bytes + 1 if max_bytes else 0)
-    except zlib.error as exc:
-        raise RequestError(
-            f"the request body is not valid {encoding} (Content-Encoding: {encoding}): {exc}"
-        ) from None
-    if max_bytes and len(out) > max_bytes:
-        raise RequestTooLarge(
-            f"request body too large: over {max_bytes} bytes once decoded from {encoding} "
-            "(--max-body-bytes)"
-        )
-    if not decoder.eof:
-        raise RequestError(
-            f"the request body is not valid {encoding} (Content-Encoding: {encoding}): "
-            "it ends before the compressed stream does"
-        )
-    return out
+        if previous is None:
+            body = _DECODER.decode(raw)
+            return Parsed(body, index, frozenset(body))
+        return _parse_changed(raw, index, previous)
+    except msgspec.DecodeError:
+        # The full parse names what is wrong (and takes what only msgspec refuses).
+        return Parsed(parse_body(raw, max_depth))
+
+
+def _parse_changed(raw: bytes, index: _core.BodyIndex, previous: KnownRequest) -> Parsed:
+    changed_at, first_changed = load_backend().diff_bodies(previous.raw, previous.index, raw, index)
+    fields = index.fields
+    array_at = index.array_field
+    changed = {fields[pos][0] for pos in changed_at}
+    # A field the previous body had and this one lacks changed too.
+    changed.update(previous.body.keys() - {key for key, _, _ in fields})
+    body: dict[str, Any] = {}
+    for pos, (key, start, end) in enumerate(fields):
+        if pos == array_at:
+            body[key] = _elements(raw, index.elements, previous, key, first_changed)
+        elif key in changed:
+            body[key] = _DECODER.decode(raw[start:end])
+        else:
+            body[key] = previous.body[key]
+    if array_at is None or previous.index.array_field is None:
+        first_changed = 0
+    return Parsed(body, index, frozenset(changed), first_changed, previous)
+
+
+def _elements(
+    raw: bytes,
+    spans: Sequence[tuple[int, int]],
+    previous: KnownRequest,
+    key: str,
+    first_changed: int,
+) -> list[Any]:
+    before = previous.body.get(key)
+    kept = before[:first_changed] if isinstance(before, list) else []
+    if len(kept) < first_changed:
+        kept = []
+        first_changed = 0
+    return kept + [_DECODER.decode(raw[start:end]) for start, end in spans[first_changed:]]

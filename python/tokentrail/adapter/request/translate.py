@@ -1,135 +1,119 @@
-"""What a session's request shares with its previous one: a harness resends the whole
-conversation every turn, and only the parse and translation of what is new are done again.
+"""A parsed body to tokentrail's conversation: the last step of a body's way through
+`adapter.request` (read, parse, limit, translate), checked as the body was.
 
-The core (the backend `load_backend` selects) indexes a body (`index_body`: the byte spans of its
-top-level fields and of its messages) and compares it with the session's previous body. A field
-or message whose bytes are unchanged takes the previous parse's value; the rest is parsed
-(msgspec, which reads numbers and strings as the standard library does); the translation resumes
-after the last unchanged message when the fields it reads are unchanged too
-(`protocols.resume`). Bodies the index does not take, or that hold what only the full parse
-checks (an escape that may be a lone surrogate, nesting past the limit, more values than one
-parse may hold the loop for), go through `validation.parse_body` whole, as does any body msgspec
-refuses, so every error a body gets is the one a full parse names.
+The translation resumes after the last message the session's previous request had too
+(`request.memo`, `protocols.resume`) when the fields it reads are unchanged; only what is new is
+translated and checked again. A request that continues an earlier reply (`previous_response_id`)
+is that turn's conversation from the session's tree, then the new input. Under
+`serve --verify-resume` each body is translated both resumed and in full, and the two compared.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import Any, cast
 
-import msgspec
-
+from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.protocols.common import WireProtocol
 from tokentrail.adapter.protocols.resume import ResumableProtocol, Translated
-from tokentrail.adapter.request.parse import STEPWISE_ABOVE, check_translated, parse_body
-from tokentrail.core.backend import load_backend
-from tokentrail.errors import BodyShapeError, RequestError
+from tokentrail.adapter.request.limits import Limits
+from tokentrail.adapter.request.parse import Parsed, check_tree
+from tokentrail.errors import RequestError
+from tokentrail.kinds import ResumeCheck
 from tokentrail.messages import Conversation
-
-if TYPE_CHECKING:
-    from tokentrail import _core
+from tokentrail.trajectory.manager import TrajectoryManager
+from tokentrail.trajectory.tags import TurnTags
 
 __all__ = [
-    "KnownRequest",
-    "Parsed",
-    "RequestMemo",
+    "Translator",
+    "check_translated",
+    "continued",
     "first_difference",
-    "parse_reusing",
     "translate_reusing",
 ]
 
-_DECODER = msgspec.json.Decoder()
+logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class KnownRequest:
-    """A session's latest request: its bytes, their index, the parse and the translation."""
+class Translator:
+    """Translates the parsed bodies of one adapter's sessions, held to its limits."""
 
-    protocol: str
-    raw: bytes
-    index: _core.BodyIndex
-    body: dict[str, Any]
-    translated: Translated | None = None
+    def __init__(
+        self, manager: TrajectoryManager, limits: Limits, resume_checks: Metrics | None = None
+    ) -> None:
+        """`resume_checks`: translate every request both resumed and in full, and count what
+        that found there (`serve --verify-resume`); None: no check."""
+        self.manager = manager
+        self.limits = limits
+        self.resume_checks = resume_checks
 
+    def whole(
+        self, proto: WireProtocol, body: dict[str, Any], sid: str | None = None
+    ) -> Conversation:
+        """The body in tokentrail's terms, held to the same depth and Unicode rules as the
+        body itself (an OpenAI tool call's arguments are JSON inside a string). A request that
+        continues an earlier reply (`previous_response_id`) is that turn's conversation from
+        the session's tree, then the new input."""
+        try:
+            conversation = continued(proto, body, self.manager, sid)
+        except RecursionError:
+            raise RequestError("the request is nested too deep to translate") from None
+        check_translated(conversation, max_depth=self.limits.max_json_depth)
+        return conversation
 
-@dataclass(frozen=True)
-class Parsed:
-    """A parsed body and what it shares with the session's previous one."""
-
-    body: dict[str, Any]
-    index: _core.BodyIndex | None = None
-    # Top-level fields whose bytes differ from the previous body's (all when there is none).
-    changed: frozenset[str] = frozenset()
-    # Messages before this one are the previous body's, byte for byte (and object for object).
-    first_changed: int = 0
-    previous: KnownRequest | None = None
-
-    def unchanged(self, fields: frozenset[str]) -> bool:
-        """Whether all of `fields` kept their bytes (present or absent in both bodies)."""
-        return self.previous is not None and not (fields & self.changed)
-
-
-def parse_reusing(
-    raw: bytes, proto: WireProtocol, previous: KnownRequest | None, max_depth: int
-) -> Parsed:
-    """`raw` parsed, reusing `previous`'s values for what kept its bytes; `RequestError` for
-    what `parse_body` refuses."""
-    array = proto.array_field if isinstance(proto, ResumableProtocol) else "messages"
-    try:
-        index = load_backend().index_body(raw, array)
-    except BodyShapeError:
-        return Parsed(parse_body(raw, max_depth))
-    if index.surrogate_escape or index.depth > max_depth or index.structural > STEPWISE_ABOVE:
-        return Parsed(parse_body(raw, max_depth))
-    if previous is not None and previous.protocol != proto.name:
-        previous = None
-    try:
-        if previous is None:
-            body = _DECODER.decode(raw)
-            return Parsed(body, index, frozenset(body))
-        return _parse_changed(raw, index, previous)
-    except msgspec.DecodeError:
-        # The full parse names what is wrong (and takes what only msgspec refuses).
-        return Parsed(parse_body(raw, max_depth))
-
-
-def _parse_changed(raw: bytes, index: _core.BodyIndex, previous: KnownRequest) -> Parsed:
-    changed_at, first_changed = load_backend().diff_bodies(previous.raw, previous.index, raw, index)
-    fields = index.fields
-    array_at = index.array_field
-    changed = {fields[pos][0] for pos in changed_at}
-    # A field the previous body had and this one lacks changed too.
-    changed.update(previous.body.keys() - {key for key, _, _ in fields})
-    body: dict[str, Any] = {}
-    for pos, (key, start, end) in enumerate(fields):
-        if pos == array_at:
-            body[key] = _elements(raw, index.elements, previous, key, first_changed)
-        elif key in changed:
-            body[key] = _DECODER.decode(raw[start:end])
+    def resumed(self, proto: WireProtocol, parsed: Parsed, sid: str) -> Translated:
+        """The body translated, resuming the session's previous translation where it can;
+        with `resume_checks`, also in full, the two compared (the full one wins)."""
+        full = partial(self.whole, proto, parsed.body, sid)
+        if self.resume_checks is None:
+            return translate_reusing(proto, parsed, full, self.limits.max_json_depth)
+        resumed: Translated | RequestError
+        try:
+            resumed = translate_reusing(proto, parsed, full, self.limits.max_json_depth)
+        except RequestError as refused:
+            resumed = refused
+        whole: Conversation | RequestError
+        try:
+            whole = full()
+        except RequestError as refused:
+            whole = refused
+        if isinstance(resumed, RequestError) or isinstance(whole, RequestError):
+            difference = None if str(resumed) == str(whole) else f"{resumed!r} != {whole!r}"
         else:
-            body[key] = previous.body[key]
-    if array_at is None or previous.index.array_field is None:
-        first_changed = 0
-    return Parsed(body, index, frozenset(changed), first_changed, previous)
+            difference = first_difference(resumed.conversation, whole)
+        if difference is None:
+            self.resume_checks.resume_checked(ResumeCheck.SAME)
+        else:
+            self.resume_checks.resume_checked(ResumeCheck.MISMATCH)
+            logger.warning(
+                "session %s: the resumed translation is not the full one (%s); the full one "
+                "is used",
+                sid,
+                difference,
+            )
+        if isinstance(whole, RequestError):
+            raise whole
+        return (
+            resumed if difference is None and isinstance(resumed, Translated) else Translated(whole)
+        )
 
 
-def _elements(
-    raw: bytes,
-    spans: Sequence[tuple[int, int]],
-    previous: KnownRequest,
-    key: str,
-    first_changed: int,
-) -> list[Any]:
-    before = previous.body.get(key)
-    kept = before[:first_changed] if isinstance(before, list) else []
-    if len(kept) < first_changed:
-        kept = []
-        first_changed = 0
-    return kept + [_DECODER.decode(raw[start:end]) for start, end in spans[first_changed:]]
+def check_translated(
+    conversation: Conversation, *, max_depth: int, first: int = 0, tools: bool = True
+) -> None:
+    """A translated conversation held to the body's depth and Unicode rules (one level
+    deeper: an OpenAI tool call's arguments are JSON inside a string), from message `first`
+    on, and its tools when `tools` (a caller that checked these very objects before skips
+    them)."""
+    rules: dict[str, Any] = {"max_depth": max_depth + 1, "surrogates": True}
+    for pos in range(first, len(conversation.messages)):
+        message = cast(dict[str, Any], conversation.messages[pos])
+        check_tree(message, at=("messages", pos), **rules)
+    if tools:
+        check_tree(conversation.tools or [], at=("tools",), **rules)
 
 
 def translate_reusing(
@@ -182,38 +166,16 @@ def first_difference(resumed: Conversation, full: Conversation) -> str | None:
     return next((name for name, (a, b) in fields.items() if a != b), None)
 
 
-class RequestMemo:
-    """The latest request of each of the most recent sessions (at most `capacity`; 0: none).
-
-    Per session, not shared: a body is only ever compared with its own session's previous one.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._known: OrderedDict[str, KnownRequest] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, sid: str | None) -> KnownRequest | None:
-        if sid is None or not self.capacity:
-            return None
-        with self._lock:
-            known = self._known.get(sid)
-            if known is not None:
-                self._known.move_to_end(sid)
-            return known
-
-    def put(self, sid: str, known: KnownRequest) -> None:
-        if not self.capacity:
-            return
-        with self._lock:
-            self._known[sid] = known
-            self._known.move_to_end(sid)
-            while len(self._known) > self.capacity:
-                self._known.popitem(last=False)
-
-    def forget(self, sid: str) -> None:
-        with self._lock:
-            self._known.pop(sid, None)
-
-    def __len__(self) -> int:
-        return len(self._known)
+def continued(
+    proto: WireProtocol, body: dict[str, Any], manager: TrajectoryManager, sid: str | None
+) -> Conversation:
+    """The request's conversation; one that continues an earlier reply (`previous_response_id`)
+    is that turn's conversation from the session's tree, then the new input."""
+    ref = proto.continues(body)
+    if ref is None:
+        return proto.translate(body)
+    found = manager.find_reply(sid, ref) if sid is not None else None
+    if found is None:
+        raise RequestError(f"unknown previous response {ref!r} in this session")
+    prior, metadata = found
+    return proto.translate_after(body, prior, list(TurnTags.read(metadata).call_ids))
