@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tokentrail import _core
 from tokentrail.adapter import Adapter, start_server
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
-from tokentrail.adapter.protocols.common import WireProtocol
+from tokentrail.adapter.protocols.base import WireProtocol
 from tokentrail.adapter.protocols.openai import OpenAIChat
 from tokentrail.adapter.protocols.responses import OpenAIResponses
 from tokentrail.adapter.request.memo import KnownRequest, RequestMemo

@@ -9,7 +9,7 @@ from typing import Any
 
 from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.adapter.offload import DEFAULT_WORKERS
-from tokentrail.adapter.protocols.common import KEEPALIVE_S
+from tokentrail.adapter.protocols.base import KEEPALIVE_S
 from tokentrail.adapter.protocols.options import DEFAULT_WIRE, WireOptions
 from tokentrail.adapter.request.limits import Limits
 from tokentrail.kinds import History, Restore, Retry, SettingGroup, parse_kind

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tokentrail.adapter.protocols import anthropic as anthropic
 from tokentrail.adapter.protocols import openai as openai
 from tokentrail.adapter.protocols import responses as responses
-from tokentrail.adapter.protocols.common import (
+from tokentrail.adapter.protocols.base import (
     WireProtocol,
     protocol_for_path,
     protocols,

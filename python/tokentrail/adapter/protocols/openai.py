@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
-from tokentrail.adapter.protocols.common import (
+from tokentrail.adapter.protocols.base import (
     DEFAULT_WIRE,
     ContentReader,
     DeclaredTools,

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tokentrail.adapter.protocols.common import (
+from tokentrail.adapter.protocols.base import (
     LiveStream,
     Outcome,
     WireProtocol,

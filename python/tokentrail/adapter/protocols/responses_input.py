@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
-from tokentrail.adapter.protocols.common import (
+from tokentrail.adapter.protocols.base import (
     ContentReader,
     DeclaredTools,
     append_system_note,

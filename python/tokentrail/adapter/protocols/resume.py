@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tokentrail.adapter.protocols.common import ContentReader, ToolResults, WireProtocol
+from tokentrail.adapter.protocols.base import ContentReader, ToolResults, WireProtocol
 from tokentrail.messages import Conversation, Message
 
 __all__ = ["Fold", "FoldMark", "ResumableProtocol", "Translated"]

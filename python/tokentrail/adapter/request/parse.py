@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tokentrail.adapter.protocols.common import WireProtocol
+from tokentrail.adapter.protocols.base import WireProtocol
 from tokentrail.adapter.protocols.resume import ResumableProtocol
 from tokentrail.adapter.request.memo import KnownRequest
 from tokentrail.core.backend import load_backend

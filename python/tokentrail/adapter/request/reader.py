@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokentrail.adapter.metrics import Metrics
-from tokentrail.adapter.protocols.common import WireProtocol
+from tokentrail.adapter.protocols.base import WireProtocol
 from tokentrail.adapter.request.limits import Limits
 from tokentrail.adapter.request.memo import KnownRequest
 from tokentrail.adapter.request.parse import parse_body, parse_reusing

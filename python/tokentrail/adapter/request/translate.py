@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any, cast
 
 from tokentrail.adapter.metrics import Metrics
-from tokentrail.adapter.protocols.common import WireProtocol
+from tokentrail.adapter.protocols.base import WireProtocol
 from tokentrail.adapter.protocols.resume import ResumableProtocol, Translated
 from tokentrail.adapter.request.limits import Limits
 from tokentrail.adapter.request.parse import Parsed, check_tree
