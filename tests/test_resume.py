@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from support.serve import resume_checks
 from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
-from tokentrail.adapter.protocols.base import WireOptions
 from tokentrail.adapter.protocols.openai import OpenAIChat
+from tokentrail.adapter.protocols.options import WireOptions
 from tokentrail.adapter.protocols.responses import OpenAIResponses
 from tokentrail.adapter.protocols.resume import Fold, Translated
 from tokentrail.adapter.request.memo import KnownRequest

@@ -9,8 +9,8 @@ from typing import Any
 
 from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.adapter.offload import DEFAULT_WORKERS
-from tokentrail.adapter.protocols.base import KEEPALIVE_S
 from tokentrail.adapter.protocols.options import DEFAULT_WIRE, WireOptions
+from tokentrail.adapter.protocols.sse import KEEPALIVE_S
 from tokentrail.adapter.request.limits import Limits
 from tokentrail.kinds import History, Restore, Retry, SettingGroup, parse_kind
 from tokentrail.setting import MAX_SECONDS, MAX_WORKERS, internal, section, setting

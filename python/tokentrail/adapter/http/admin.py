@@ -28,7 +28,7 @@ from aiohttp import web
 
 from tokentrail.adapter.http.middleware import error_response
 from tokentrail.adapter.offload import Offload, trim_memory
-from tokentrail.adapter.protocols.base import bearer
+from tokentrail.adapter.protocols.ids import bearer
 from tokentrail.adapter.request.limits import Limits
 from tokentrail.adapter.request.parse import parse_body
 from tokentrail.adapter.request.read import read_body

@@ -23,7 +23,8 @@ from aiohttp import web
 
 from tokentrail.adapter.http.connections import GuardedHandler
 from tokentrail.adapter.protocols import WireProtocol
-from tokentrail.adapter.protocols.base import KEEPALIVE_S, LiveStream
+from tokentrail.adapter.protocols.base import LiveStream
+from tokentrail.adapter.protocols.sse import KEEPALIVE_S
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.text.stream_parsing import StreamDecoder, StreamDeltas, StreamParser
 from tokentrail.text.tokenizer import LoadedTokenizer

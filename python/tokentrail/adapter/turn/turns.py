@@ -25,7 +25,8 @@ from tokentrail.adapter.http.middleware import failed_in_stream
 from tokentrail.adapter.metrics import Metrics
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
-from tokentrail.adapter.protocols.base import Outcome, fill_call_ids
+from tokentrail.adapter.protocols.base import fill_call_ids
+from tokentrail.adapter.protocols.outcome import Outcome
 from tokentrail.adapter.request.context import ContextLength
 from tokentrail.adapter.request.limits import Limits
 from tokentrail.adapter.request.reader import EXCLUDE_HEADER, TurnRequest
