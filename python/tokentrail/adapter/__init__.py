@@ -10,8 +10,9 @@ Its folders are a request's way through it, and a request goes through each once
 - `request/`: the body, one step per module: its bytes read (`read.py`), parsed to a JSON object
   (`parse.py`, reusing what it shares with the session's previous request, kept in `memo.py`),
   its shape held to the limits (`limits.py`), translated to a conversation and checked
-  (`translate.py`), its sampling held to the limits. `reader.py` runs these steps in that order
-  and hands a `TurnRequest` on.
+  (`translate.py`), its sampling held to the limits. The server reads the bytes; `reader.py`
+  runs the other steps in that order and hands a `TurnRequest` on. `context.py` says how long
+  a prompt may be.
 - `turn/`: the turn around one engine call (`turns.py`), within the caps on turns and engine
   calls at once (`slots.py`): a retry answered from the record (`answers.py`), the reply streamed
   as it is sampled (`live.py`) or written whole (`whole_reply.py`).

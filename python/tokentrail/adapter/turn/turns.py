@@ -1,6 +1,7 @@
-"""One turn's way through the adapter, from a request's bytes to a recorded turn: parse, check
-the limits, translate, prepare the prompt, call the engine, check its output, answer, journal,
-record. The HTTP layer (`adapter.http.server`) reads the request and hands it here.
+"""One turn's way through the adapter, from a checked turn request to a recorded turn: prepare
+the prompt, call the engine, check its output, answer, journal, record. The HTTP layer
+(`adapter.http.server`) reads the request, `adapter.request` parses, limits and translates it,
+and the `TurnRequest` comes here.
 
 Each CPU-heavy step runs in `Offload`'s workers (a session's steps in its lane, one at a time);
 the loop only awaits them, the engine and the socket.
