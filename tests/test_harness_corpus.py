@@ -14,7 +14,7 @@ import pytest
 from support import fixtures
 from support.capture import FIXTURES as CORPUS
 from support.harness_versions import LATEST
-from tokentrail.adapter.protocols.common import protocol_for_path
+from tokentrail.adapter.protocols.registry import protocol_for_path
 
 # (name, path, body) of every body in the corpus.
 Body = tuple[str, str, dict[str, Any]]

@@ -14,9 +14,9 @@ import pytest
 
 from tokens import assistant, play, system, user
 from tokentrail import TrajectoryManager
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
-from tokentrail.adapter.turns import EXCLUDE_HEADER
+from tokentrail.adapter.turn.turns import EXCLUDE_HEADER
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import PolicyError
 from tokentrail.storage.journal import Journal

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tokens import assistant, play, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.core.routing import ReplayRows, RoutingShape
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import NotFound

@@ -1,7 +1,7 @@
 """Every exception tokentrail raises, in one module, under one root: `TokentrailError`.
 
 Each one carries the HTTP status and error type the adapter answers with when it reaches a
-harness; the adapter's one error middleware (`tokentrail.adapter.middleware`) reads them and
+harness; the adapter's one error middleware (`tokentrail.adapter.http.middleware`) reads them and
 writes each protocol's JSON error body. Bad input is an `InvalidInput` (a `ValueError`), named
 for what is wrong: a 4xx. An `EngineError` is not bad input: the engine failed, and the harness
 gets a 502.

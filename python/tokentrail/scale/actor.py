@@ -27,8 +27,8 @@ import ray
 from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.errors import SessionClosed, SessionDamaged, SessionError
 from tokentrail.kinds import JournalState, LostReason
 from tokentrail.scale.spec import ActorSpec
