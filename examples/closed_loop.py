@@ -72,14 +72,14 @@ MATCH_TOLERANCE = 1e-3
 
 @dataclass
 class Config:
-    steps: int = 12
+    steps: int = 14
     model: str = "qwen3"
     prompts: int = 2
     group: int = 8
     turns: int = 2
-    max_tokens: int = 16
+    max_tokens: int = 32
     lr: float = 0.2
-    body_lr: float = 0.02
+    body_lr: float = 0.2
     clip: float = 0.2
     max_staleness: int = 1
     seed: int = 0
@@ -149,8 +149,7 @@ class Trainer:
     def __init__(self, model_dir: Path, cfg: Config) -> None:
         torch.manual_seed(cfg.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        # The output layer learns fast; the body slowly, so that one step does not scramble
-        # the hidden states the head has learned to read.
+        # The output layer's rate and the body's, apart (`--body-lr`); the same by default.
         head = list(self.model.get_output_embeddings().parameters())
         body = [p for p in self.model.parameters() if all(p is not h for h in head)]
         self.optimizer = torch.optim.Adam(
