@@ -161,8 +161,8 @@ class AdapterConfig:
     exclude_known_side_requests: bool = setting(
         False, SESSIONS,
         "exclude the known side requests of Qwen Code (memory extraction), hermes-agent "
-        "(context summarizer), opencode/kilo (title generator) and Claude Code (session "
-        "title) from training; the ledger names the rule that fired",
+        "(context summarizer, background review), opencode/kilo (title generator) and Claude "
+        "Code (session title) from training; the ledger names the rule that fired",
         name="exclude_side_requests",
     )  # fmt: skip
     # -- limits
