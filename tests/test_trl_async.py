@@ -130,3 +130,76 @@ def test_the_worker_hands_the_trainer_tokentrails_samples(tmp_path, monkeypatch)
             s.metrics["rewards/tokentrail_reward"] + s.metrics["rewards/length_reward"]
         )
     assert any(s.advantage != 0 for s in samples)
+
+
+class RecordingTransfer:
+    """TRL's weight transfer as the trainer calls it, recording the calls."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def init_weight_transfer(self) -> None:
+        self.calls.append("init")
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def send_weights(self, iterator) -> None:
+        self.calls.append(f"send {len(list(iterator))}")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+    def destroy(self) -> None:
+        self.calls.append("destroy")
+
+
+def test_named_versions_name_each_sync_after_trls_count() -> None:
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    calls: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append(f"POST {self.path} {body['new_version']}")
+            # The third sync's naming fails: the engine must still resume.
+            self.send_response(500 if body["new_version"] == "3" else 200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        from tokentrail.errors import EngineError
+        from tokentrail.integrations.trl_async import NamedVersions
+
+        transfer = NamedVersions(
+            RecordingTransfer(calls), f"http://127.0.0.1:{server.server_address[1]}"
+        )
+        transfer.init_weight_transfer()
+        for _ in range(2):  # as AsyncGRPOTrainer._sync_weight_merged calls it
+            transfer.pause()
+            transfer.send_weights(iter([("w", torch.zeros(2))]))
+            transfer.resume()
+        transfer.pause()
+        transfer.send_weights(iter([]))
+        with pytest.raises(EngineError):
+            transfer.resume()
+        transfer.destroy()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert calls == [
+        "init",
+        "pause", "send 1", "POST /update_weight_version 1", "resume",
+        "pause", "send 1", "POST /update_weight_version 2", "resume",
+        "pause", "send 0", "POST /update_weight_version 3", "resume",
+        "destroy",
+    ]  # fmt: skip

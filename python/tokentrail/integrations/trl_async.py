@@ -27,6 +27,7 @@ from tokentrail.engines.base import Engine
 from tokentrail.engines.registry import create_engine
 from tokentrail.errors import HarnessFailed
 from tokentrail.integrations.session import Harness, SessionHost, SessionRun, prompt_text
+from tokentrail.integrations.weights import VLLMWeights
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.staleness import NO_STEP, token_steps
@@ -228,6 +229,42 @@ def _trl_classes() -> SimpleNamespace:
     )
 
 
+class NamedVersions:
+    """A TRL `weight_transfer` (`WeightTransferProtocol`) around another, that names each sync's
+    weights in vLLM after TRL's version count: `str(n)` after the n-th send, the number TRL's
+    trainer stamps on the rollouts it dispatches next. TRL's own `WeightTransferClient` names
+    none, so vLLM calls them all `default`; behind this, `TokentrailCapture(token_versions=True)`
+    reads each token's TRL version.
+
+        trainer = AsyncGRPOTrainer(...)
+        trainer.weight_transfer = NamedVersions(trainer.weight_transfer, args.vllm_server_base_url)
+    """
+
+    def __init__(self, inner: Any, vllm_url: str) -> None:
+        self.inner = inner
+        self.weights = VLLMWeights(vllm_url)
+        self.sent = 0
+
+    def init_weight_transfer(self) -> None:
+        self.inner.init_weight_transfer()
+
+    def pause(self) -> None:
+        self.inner.pause()
+
+    def send_weights(self, iterator: Any) -> None:
+        self.inner.send_weights(iterator)
+        self.sent += 1
+
+    def resume(self) -> None:
+        try:
+            self.weights.name(str(self.sent))
+        finally:
+            self.inner.resume()
+
+    def destroy(self) -> None:
+        self.inner.destroy()
+
+
 def rollout_worker(
     capture: TokentrailCapture,
     args: Any,
@@ -275,6 +312,7 @@ def __getattr__(name: str) -> Any:
 # `TokentrailRolloutWorker` and `TokentrailRolloutLoop` are attributes too, built with TRL on
 # first use (`__getattr__`).
 __all__ = [
+    "NamedVersions",
     "Row",
     "TokentrailCapture",
     "rollout_worker",
