@@ -203,3 +203,19 @@ def test_named_versions_name_each_sync_after_trls_count() -> None:
         "pause", "send 0", "POST /update_weight_version 3", "resume",
         "destroy",
     ]  # fmt: skip
+
+
+def test_sampling_the_engines_cannot_do_is_refused_up_front(tmp_path) -> None:
+    from tokentrail.errors import SamplingParamsError
+
+    path = tiny_model("qwen3")
+    args = AsyncGRPOConfig(output_dir=str(tmp_path), use_cpu=True, repetition_penalty=1.1)
+    capture = TokentrailCapture(harness=SeededHarness(), tokenizer=str(path))
+    with pytest.raises(SamplingParamsError, match="repetition_penalty"):
+        rollout_worker(
+            capture,
+            args,
+            model_name="tiny",
+            dataset=Dataset.from_dict({"prompt": [TASKS]}),
+            processing_class=AutoTokenizer.from_pretrained(str(path)),
+        )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -25,7 +26,7 @@ import numpy as np
 
 from tokentrail.engines.base import Engine
 from tokentrail.engines.registry import create_engine
-from tokentrail.errors import HarnessFailed
+from tokentrail.errors import SamplingParamsError
 from tokentrail.integrations.session import Harness, SessionHost, SessionRun, prompt_text
 from tokentrail.integrations.weights import VLLMWeights
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
@@ -111,15 +112,18 @@ def model_tokens(run: SessionRun) -> list[int]:
     return response[sample.loss_mask.astype(bool)].tolist()
 
 
-def sampling_defaults(loop: Any) -> dict[str, Any]:
-    """The worker's sampling settings as a session's defaults (a harness's own request wins)."""
-    out: dict[str, Any] = {"temperature": loop.temperature, "top_p": loop.top_p}
-    if loop.top_k and loop.top_k > 0:
-        out["top_k"] = loop.top_k
-    if loop.min_p is not None:
-        out["min_p"] = loop.min_p
-    if loop.repetition_penalty != 1.0:
-        out["repetition_penalty"] = loop.repetition_penalty
+def sampling_defaults(settings: Any) -> dict[str, Any]:
+    """The worker's (or an `AsyncGRPOConfig`'s) sampling settings as a session's defaults (a
+    harness's own request wins). tokentrail's engines take no `min_p` or
+    `repetition_penalty`: set, they are refused here rather than at every turn."""
+    for name, unset in (("min_p", None), ("repetition_penalty", 1.0)):
+        if getattr(settings, name) != unset:
+            raise SamplingParamsError(
+                f"{name}={getattr(settings, name)}: tokentrail's engines do not take {name}"
+            )
+    out: dict[str, Any] = {"temperature": settings.temperature, "top_p": settings.top_p}
+    if settings.top_k and settings.top_k > 0:
+        out["top_k"] = settings.top_k
     return out
 
 
@@ -169,6 +173,7 @@ def _trl_classes() -> SimpleNamespace:
             self, prompt: Any, tool_dict: Any, tools: Any, group_id: int = 0
         ) -> tuple[Any, ...]:
             assert self.host is not None
+            started = time.monotonic()
             try:
                 run = await self.host.run(
                     self.capture.harness,
@@ -176,9 +181,10 @@ def _trl_classes() -> SimpleNamespace:
                     metadata={"group_id": group_id},
                     sampling_defaults=sampling_defaults(self),
                 )
-            except HarnessFailed:
-                # As TRL's harness worker: a failed session is unscorable, nothing is trained.
-                logger.warning("harness session failed; the rollout is left out", exc_info=True)
+            except Exception:
+                # As TRL's harness worker: a session that failed, whatever failed (the harness,
+                # the engine), is unscorable and trains nothing; the worker goes on.
+                logger.warning("session failed; the rollout is left out", exc_info=True)
                 return self._EMPTY_ROLLOUT
             rows = training_rows(run, self.capture.token_versions)
             sequences = [
@@ -197,7 +203,7 @@ def _trl_classes() -> SimpleNamespace:
                 completion_ids=ids,
                 tally={"transitions": 0.0, "drift_max": 0.0},
                 loop_exhausted=False,
-                duration_s=0.0,
+                duration_s=time.monotonic() - started,
             )
             return completion, ids, sequences, 0, 0, reward
 
@@ -277,6 +283,7 @@ def rollout_worker(
 ) -> Any:
     """A `TokentrailRolloutWorker` set up from an `AsyncGRPOConfig` as the trainer would set up
     its own worker: pass it as `AsyncGRPOTrainer(rollout_worker=...)`."""
+    sampling_defaults(args)  # refuses what the sessions could not sample with, up front
     worker_cls = _trl_classes().TokentrailRolloutWorker
     eos = list(eos_token_ids) if eos_token_ids is not None else [processing_class.eos_token_id]
     return worker_cls(
