@@ -70,7 +70,7 @@ def record_bodies(script: list, turns: int, context: int) -> list[bytes]:
     """The bodies one session sends, recorded against an in-process adapter."""
     from aiohttp import web
 
-    from tokentrail.adapter.server import Adapter, start_server
+    from tokentrail.adapter import Adapter, start_server
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.sim.harness import HarnessSim, Workspace
     from tokentrail.text.tokenizer import load_tokenizer

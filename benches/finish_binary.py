@@ -24,7 +24,7 @@ import urllib.request
 
 import anthropic
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.core.routing import RoutingShape
 from tokentrail.sim.model import SimulatedEngine
 from tokentrail.sim.moe import MoEEngine

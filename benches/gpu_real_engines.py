@@ -37,7 +37,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines import create_engine
 from tokentrail.model.audit import recompute_samples
 from tokentrail.model.forward import CausalLM, set_threads

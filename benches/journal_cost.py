@@ -29,10 +29,10 @@ import numpy as np
 from report import Report, machine
 from sessions import RecordedTurn, Sampled, parsed_replies, record_session
 
+from tokentrail.adapter import Adapter
 from tokentrail.adapter.config import AdapterConfig
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
-from tokentrail.adapter.server import Adapter
-from tokentrail.adapter.turns import journal_turn
+from tokentrail.adapter.turn.turns import journal_turn
 from tokentrail.sim.model import SimulatedEngine
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer

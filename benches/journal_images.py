@@ -66,7 +66,7 @@ def child(turns: int, out: Path) -> None:
     """One side: serve the session into a fresh journal and measure it."""
     import anthropic
 
-    from tokentrail.adapter.server import Adapter, start_server
+    from tokentrail.adapter import Adapter, start_server
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.storage.journal import Journal
     from tokentrail.storage.journal.read import read_journal

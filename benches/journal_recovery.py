@@ -34,8 +34,8 @@ LIVE_EVERY = 100  # one session in a hundred is unfinished
 
 START = """
 import json, sys, time
-from tokentrail.adapter.server import Adapter
-from tokentrail.adapter.sessions import recover
+from tokentrail.adapter import Adapter
+from tokentrail.adapter.session.sessions import recover
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import load_tokenizer

@@ -53,8 +53,8 @@ from support.engine_thread import engine_in_thread  # noqa: E402
 from support.fake_engines import FakeSGLang, FakeVLLM  # noqa: E402
 from support.serve import serving_in_thread  # noqa: E402
 from support.stand_in import scripted_reply  # noqa: E402
-from tokentrail.adapter.protocols.common import KEEPALIVE_S  # noqa: E402
-from tokentrail.adapter.server import Adapter, AdapterConfig  # noqa: E402
+from tokentrail.adapter.http.server import Adapter, AdapterConfig  # noqa: E402
+from tokentrail.adapter.protocols.sse import KEEPALIVE_S  # noqa: E402
 from tokentrail.engines.sglang import SGLangEngine  # noqa: E402
 from tokentrail.engines.vllm import VLLMEngine  # noqa: E402
 from tokentrail.text.tokenizer import load_tokenizer  # noqa: E402

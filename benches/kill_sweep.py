@@ -72,7 +72,7 @@ def frames_per_turn(where: Path) -> list[int]:
 
 def points_for(frames: int, stream: bool) -> list[str]:
     """Where to kill. A reply written whole (what this sweep's engine gives: not streamed as
-    sampled) goes out in one write, SSE frames or JSON alike (`adapter.whole_reply`), so its
+    sampled) goes out in one write, SSE frames or JSON alike (`adapter.turn.whole_reply`), so its
     body has one point inside it; `frames` and `stream` say what the reply holds."""
     del frames, stream
     return ["journal", "journaled", "recorded", "headers", "write-1", "flushed"]

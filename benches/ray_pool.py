@@ -44,7 +44,7 @@ from ray.cluster_utils import Cluster
 sys.path.insert(0, str(Path(__file__).parent))
 from adapter_load import long_script  # noqa: E402
 
-from tokentrail.adapter.server import Adapter, start_server  # noqa: E402
+from tokentrail.adapter.http.server import Adapter, start_server  # noqa: E402
 from tokentrail.engines.scripted import ScriptedEngine  # noqa: E402
 from tokentrail.scale import ActorSpec, AdapterPool, ShippedBatch  # noqa: E402
 from tokentrail.sim.harness import HarnessSim, Workspace  # noqa: E402

@@ -22,7 +22,7 @@ import platform
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.core.routing import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.sim.harness import Behaviour, HarnessSim, SessionSpec

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from report import Report, machine
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.messages import Conversation
 from tokentrail.sim.harness import Behaviour, HarnessSim, SessionSpec
 from tokentrail.sim.model import SimulatedEngine

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.sim.harness import CLAUDE_CODE_TOOLS, Behaviour, HarnessSim, SessionSpec
 from tokentrail.sim.model import SimulatedEngine

@@ -46,15 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import aiohttp  # noqa: E402
 from report import Report, machine  # noqa: E402
 
-import tokentrail.adapter.turns as turns_module  # noqa: E402
+import tokentrail.adapter.turn.turns as turns_module  # noqa: E402
 import tokentrail.engines.http as engines_http  # noqa: E402
-from tokentrail.adapter.live import LiveReply  # noqa: E402
-from tokentrail.adapter.server import (  # noqa: E402
+from tokentrail.adapter.http.server import (  # noqa: E402
     Adapter,
     AdapterConfig,
     freeze_startup_heap,
     start_server,
 )
+from tokentrail.adapter.turn.live import LiveReply  # noqa: E402
 from tokentrail.engines.sglang import SGLangEngine  # noqa: E402
 from tokentrail.text.tokenizer import load_tokenizer  # noqa: E402
 

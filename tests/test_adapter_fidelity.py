@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from support.fake_engines import FakeSGLang
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.text.tokenizer import load_tokenizer

@@ -54,7 +54,7 @@ SESSION = textwrap.dedent(
         count(reference.TurnStore, name)
 
     from tokentrail import pack_samples
-    from tokentrail.adapter.server import Adapter, start_server
+    from tokentrail.adapter import Adapter, start_server
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.storage.journal import Journal
     from tokentrail.text.tokenizer import load_tokenizer

@@ -35,8 +35,8 @@ from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import resume_checks, serving, serving_in_thread
 from support.stand_in import scripted_reply
 from support.sub_agents import SubAgentScript, cd_call
-from tokentrail.adapter.access_log import AccessLog
-from tokentrail.adapter.server import Adapter, AdapterConfig
+from tokentrail.adapter import Adapter, AdapterConfig
+from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.core.routing import RoutingShape
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.sim.moe import KVRouting

@@ -23,7 +23,7 @@ from support.fake_engines import FakeSGLang, FakeVLLM
 from support.serve import resume_checks, serving_in_thread
 from support.stand_in import scripted_reply
 from support.tap import tapped
-from tokentrail.adapter.server import Adapter, AdapterConfig
+from tokentrail.adapter import Adapter, AdapterConfig
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.engines.vllm import VLLMEngine

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from support.fake_engines import IM_END, FakeSGLang, FakeVLLM
-from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.cli.serve import ServeSettings
 from tokentrail.cli.settings import add_arguments, resolve
 from tokentrail.engines.sglang import SGLangEngine

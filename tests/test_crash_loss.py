@@ -27,7 +27,7 @@ import pytest
 
 from support.journal_writer import Kills, kill_rounds, verify
 from support.retrying_client import ADMIN, free_port, serve, stop
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import SessionDamaged

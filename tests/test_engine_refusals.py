@@ -18,9 +18,9 @@ import pytest
 
 from support.fake_engines import FakeVLLM
 from support.images import image_block, png
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.adapter.config import AdapterConfig
-from tokentrail.adapter.limits import Limits
-from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.adapter.request.limits import Limits
 from tokentrail.engines.vllm import VLLMEngine
 from tokentrail.text.tokenizer import load_tokenizer
 

@@ -23,7 +23,7 @@ import pytest
 
 from support.fake_engines import IM_END, FakeSGLang, FakeVLLM
 from tokentrail import TrajectoryManager
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.core.routing import IndexerShape, RoutingShape
 from tokentrail.engines import GenerateRequest, ReplayRequest, SamplingParams
 from tokentrail.engines.bound import answer_limit

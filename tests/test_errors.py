@@ -12,7 +12,7 @@ from aiohttp import web
 
 from tokentrail import errors, kinds
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.middleware import status_of
+from tokentrail.adapter.http.middleware import status_of
 from tokentrail.errors import (
     EngineError,
     EngineOutputError,

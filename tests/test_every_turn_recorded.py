@@ -20,7 +20,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.text.tokenizer import load_tokenizer
 

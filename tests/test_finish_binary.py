@@ -14,7 +14,7 @@ import anthropic
 import numpy as np
 import pytest
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.core.routing import RoutingShape
 from tokentrail.integrations.finish_http import finish_over_http
 from tokentrail.sim.model import SimulatedEngine

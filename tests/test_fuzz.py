@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokentrail.adapter.limits import Limits
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
+from tokentrail.adapter.request.limits import Limits
 from tokentrail.engines.scripted import ScriptedEngine
 
 ADMIN = "fuzz-admin"

@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 
 ADMIN = "half-close-admin"

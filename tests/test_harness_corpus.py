@@ -14,7 +14,7 @@ import pytest
 from support import fixtures
 from support.capture import FIXTURES as CORPUS
 from support.harness_versions import LATEST
-from tokentrail.adapter.protocols.common import protocol_for_path
+from tokentrail.adapter.protocols.registry import protocol_for_path
 
 # (name, path, body) of every body in the corpus.
 Body = tuple[str, str, dict[str, Any]]
@@ -69,3 +69,14 @@ def test_the_corpus_holds_the_default_and_quiet_configurations_of_the_latest_cla
     proto = protocol_for_path("/v1/messages")
     assert proto is not None
     assert "thinking.display" in proto.check_fields(requests[0]["body"])
+
+
+def test_the_corpus_holds_the_default_configuration_of_each_recording_harness() -> None:
+    # The real-harness tests that write the corpus under TOKENTRAIL_RECORD_CORPUS run these
+    # four in their default configuration, at the pinned releases.
+    held = set()
+    for file in CORPUS.glob("*.json"):
+        doc = json.loads(file.read_text("utf-8"))
+        held.add((doc["harness"], doc["version"], doc["configuration"]))
+    for harness in ("claude-code", "opencode", "qwen-code", "hermes-agent"):
+        assert (harness, LATEST[harness].version, "default") in held, harness

@@ -5,10 +5,15 @@ hermes-agent replays every assistant message without its reasoning, with its con
 at both ends and its tool-call arguments re-serialized (sorted keys, compact, ASCII-escaped).
 Its verify-on-stop loop nudges the model twice after an edit in a code workspace, and on
 `--resume` it drops the answers those nudges superseded, the complete answer among them.
+
+A third session runs hermes-agent in its default configuration (only the endpoint, and nothing
+downloaded): a 10-iteration reply in a code workspace, after which hermes forks its background
+skill review over the same conversation; the review is served and masked under its named rule.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -16,8 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from support.capture import capture, write_corpus
 from support.hermes import HERMES_VERSION, Hermes, install_hermes
-from support.serve import Served, serving
+from support.serve import Served, resume_checks, serving, serving_in_thread
+from tokentrail.adapter import Adapter, AdapterConfig
+from tokentrail.adapter.http.access_log import AccessLog
+from tokentrail.engines.base import GenerateRequest
+from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +144,100 @@ def test_real_hermes_plain_thinking_session_is_one_sample(hermes_exe: Path, tmp_
     assert ledger["trained_tokens"] == ledger["generated_tokens"]
     # Every replayed reply lost its reasoning (and the read its argument layout): restored.
     assert ledger["restored_echoes"] == 2
+
+
+# Every start, hermes probes for the local servers it knows (LM Studio, Ollama, llama.cpp,
+# vLLM) before `GET /v1/models`: tokentrail serves none of these routes, and answers 404.
+SERVER_PROBES = {"/api/v1/models", "/api/tags", "/v1/props", "/props", "/version"}
+REVIEW_RULE = f"known:hermes-agent {HERMES_VERSION} background review"
+REVIEW_ASK = "Review the conversation above and "
+TEST_CALC = "from calc import add\n\nassert add(2, 3) == 5\nprint('ok')\n"
+# Ten tool-calling iterations, the last the answer: the skill-review threshold.
+DEFAULT_SCRIPT = [
+    _thinking("Is there an add() already?", "", ("search_files", {"pattern": "def add"})),
+    _thinking("  What is this project?  ", "", ("read_file", {"path": "pyproject.toml"})),
+    _thinking("None yet.", " Writing calc.py.\n",
+              ("write_file", {"path": "calc.py", "content": "def add(a, b):\n    return a + b\n"})),
+    _thinking("Check it.", "", ("read_file", {"path": "calc.py"})),
+    _thinking("A test next.", "", ("write_file", {"path": "test_calc.py", "content": TEST_CALC})),
+    _thinking("Run it.", "", ("terminal", {"command": "python3 test_calc.py"})),
+    _thinking("And by hand.", "",
+              ("terminal", {"command": "python3 -c 'import calc; print(calc.add(2, 3))'"})),
+    _thinking("Look at the test again.", "", ("read_file", {"path": "test_calc.py"})),
+    _thinking("What is in the workspace?", "", ("terminal", {"command": "ls"})),
+    _thinking("Done.", "Added add() to calc.py; test_calc.py passes."),
+]  # fmt: skip
+
+
+class _WithReview(ScriptedEngine):
+    """The script, and "Nothing to save." for hermes's background review (a replay of the
+    whole conversation, which the script would answer by its assistant count)."""
+
+    def choose(self, req: GenerateRequest) -> list[dict]:
+        users = [m for m in req.messages if m.get("role") == "user"]
+        if users and str(users[-1].get("content")).startswith(REVIEW_ASK):
+            return [{"type": "text", "text": "Nothing to save."}]
+        return super().choose(req)
+
+
+def test_real_hermes_default_configuration_masks_its_background_review(
+    hermes_exe: Path, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "pyproject.toml").write_text('[project]\nname = "demo"\nversion = "0.1.0"\n')
+    tokenizer = load_tokenizer()
+    log = tmp_path / "access.log"
+    adapter = Adapter(
+        engine=_WithReview(tokenizer, DEFAULT_SCRIPT),
+        tokenizer=tokenizer,
+        config=AdapterConfig(
+            verify_resume=True,
+            exclude_known_side_requests=True,
+            access_log=AccessLog(str(log), json=True),
+        ),
+    )
+    seen = capture(adapter)
+    with serving_in_thread(adapter) as (url, loop):
+        hermes = Hermes.configured(
+            hermes_exe, tmp_path / "hermes-home", base_url=url, api_key=SID, verify_on_stop=None
+        )
+        run = hermes.chat("Add an add(a, b) function to calc.py, with a test.", cwd=workspace)
+        assert run.returncode == 0, (run.stderr[-2000:], run.stdout[-2000:])
+        trajectory = asyncio.run_coroutine_threadsafe(
+            adapter.finish_trajectory(SID, reward=1.0), loop
+        ).result(60)
+        metrics = adapter.metrics.render()[0].decode()
+    if os.environ.get("TOKENTRAIL_RECORD_CORPUS"):
+        name = f"hermes_agent_{HERMES_VERSION}_default_skill_review"
+        write_corpus(name, "hermes-agent", HERMES_VERSION, "default", seen)
+    assert (workspace / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    assert (workspace / "test_calc.py").read_text() == TEST_CALC
+    posted = [c for c in seen if c.method == "POST"]
+    reviews = [
+        c for c in posted
+        if str([m for m in c.body["messages"] if m["role"] == "user"][-1]["content"])
+        .startswith(REVIEW_ASK)
+    ]  # fmt: skip
+    # The review runs in a daemon thread that races hermes's exit in `-q` mode: it is sent
+    # when it wins (every solo run here), and a review cut short is the harness leaving (499).
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    refused = [e for e in entries if 400 <= e["status"] < 500]
+    probes = {(e["method"], e["route"], e["status"]) for e in refused if e["method"] == "GET"}
+    assert probes == {("GET", route, 404) for route in SERVER_PROBES}, refused
+    left = [e for e in refused if e["method"] != "GET"]
+    assert len(left) <= len(reviews) and {e["status"] for e in left} <= {499}, refused
+    assert len(posted) - len(reviews) >= len(DEFAULT_SCRIPT)
+
+    ledger = trajectory.ledger
+    excluded = [t for t in ledger.turns if t.excluded is not None]
+    assert len(excluded) <= len(reviews) and {t.excluded for t in excluded} <= {REVIEW_RULE}
+    assert ledger.trained_tokens == ledger.generated_tokens - sum(t.generated for t in excluded)
+    # The main conversation is one sample, every generated token of it trained.
+    (sample,) = trajectory.samples
+    assert sample.metadata["turns"] == [
+        n for n, t in enumerate(ledger.turns, 1) if t.excluded is None
+    ]
+    assert ledger.trained_tokens > 0 and ledger.restored_echoes >= len(DEFAULT_SCRIPT) - 1
+    checks = resume_checks(metrics)
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)

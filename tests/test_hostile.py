@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from support.fake_engines import IM_END, FakeSGLang
-from tokentrail.adapter.limits import Limits
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
+from tokentrail.adapter.request.limits import Limits
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.http import header_value
 from tokentrail.engines.scripted import ScriptedEngine
@@ -470,7 +470,7 @@ def test_control_characters_never_reach_an_engine_header() -> None:
 
 
 def test_a_body_of_many_values_parses_as_the_small_one_does() -> None:
-    from tokentrail.adapter.validation import parse_body
+    from tokentrail.adapter.request.parse import parse_body
 
     tools = [
         {"name": f"t{i}", "input_schema": {"type": "object", "x": [1, 2.5, None]}}

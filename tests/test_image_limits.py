@@ -15,7 +15,7 @@ import pytest
 
 from support.images import image_block, png
 from tokentrail import cli
-from tokentrail.adapter.server import start_server
+from tokentrail.adapter import start_server
 from tokentrail.cli import settings
 from tokentrail.cli.serve import ServeSettings, build_adapter
 from tokentrail.text.vision import ImageLimits

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from support.images import image_block, png
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import ImageError
 from tokentrail.messages import Conversation, ImageSource

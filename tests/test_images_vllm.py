@@ -19,7 +19,7 @@ from aiohttp import web
 
 from support.fake_engines import IMAGE_PAD, VISION_END, VISION_START, FakeVLLM
 from support.images import image_block, png
-from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.engines.base import GenerateRequest, SamplingParams
 from tokentrail.engines.vllm import VLLMEngine
 from tokentrail.messages import ImageInput

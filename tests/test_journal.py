@@ -333,7 +333,7 @@ def _as_in(new: dict, old: dict) -> dict:
 
 
 def test_schema_1_journals_are_read_and_migrated(tmp_path: Path) -> None:
-    from tokentrail.adapter.server import Adapter
+    from tokentrail.adapter import Adapter
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.storage.replay import as_recorded
     from tokentrail.text.tokenizer import load_tokenizer

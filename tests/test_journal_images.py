@@ -25,7 +25,7 @@ import anthropic
 import pytest
 
 from support.images import image_block, png
-from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.kinds import JournalEvent
 from tokentrail.storage.export import read_samples

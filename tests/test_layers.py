@@ -109,6 +109,27 @@ def test_no_import_cycle() -> None:
     assert cycles(import_graph()) == []
 
 
+# A request body's steps through `adapter.request`, in the order it takes them: a step imports
+# only the steps before it, so a body goes through each once and parsing never calls back into
+# an earlier file.
+REQUEST_STEPS = ["memo", "read", "parse", "limits", "context", "translate", "reader"]
+
+
+def test_a_body_goes_through_the_request_steps_in_order() -> None:
+    prefix = "tokentrail.adapter.request."
+    graph = import_graph()
+    steps = sorted(name[len(prefix) :] for name in graph if name.startswith(prefix))
+    assert steps == sorted(REQUEST_STEPS)
+    wrong = []
+    for step in REQUEST_STEPS:
+        for target in graph[prefix + step]:
+            if target.startswith(prefix):
+                earlier = REQUEST_STEPS[: REQUEST_STEPS.index(step)]
+                if target[len(prefix) :] not in earlier:
+                    wrong.append(f"{step} -> {target[len(prefix) :]}")
+    assert wrong == []
+
+
 def test_a_cycle_through_a_function_local_import_is_found(tmp_path: Path) -> None:
     """The check itself: a cycle whose second half is imported inside a function (the way the
     journal's writer and its migration, or the tokenizer and the families, once hid theirs)."""

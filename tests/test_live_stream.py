@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from support.fake_engines import IM_END, FakeSGLang, FakeVLLM
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.engines.vllm import VLLMEngine
 from tokentrail.storage.journal import Journal

@@ -16,8 +16,8 @@ import openai
 
 from support.images import image_block, png
 from tokentrail import cli
-from tokentrail.adapter.memory import MemoryBudget, default_max_memory, machine_memory, rss
-from tokentrail.adapter.server import start_server
+from tokentrail.adapter import start_server
+from tokentrail.adapter.http.memory import MemoryBudget, default_max_memory, machine_memory, rss
 from tokentrail.cli import settings
 from tokentrail.cli.serve import ServeSettings, build_adapter
 

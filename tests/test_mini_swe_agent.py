@@ -17,8 +17,8 @@ import pytest
 
 from support.mini_swe_agent import MINI_VERSION, SUBMIT, install_mini, run_mini
 from support.serve import resume_checks, serving_in_thread
-from tokentrail.adapter.access_log import AccessLog
-from tokentrail.adapter.server import Adapter, AdapterConfig
+from tokentrail.adapter import Adapter, AdapterConfig
+from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.text.tokenizer import load_tokenizer
 

@@ -22,8 +22,8 @@ from support.capture import capture, write_corpus
 from support.opencode import OPENCODE_VERSION, install_opencode, run_opencode
 from support.serve import resume_checks, serving_in_thread
 from support.sub_agents import SubAgentScript, cd_call
-from tokentrail.adapter.access_log import AccessLog
-from tokentrail.adapter.server import Adapter, AdapterConfig
+from tokentrail.adapter import Adapter, AdapterConfig
+from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.engines.base import GenerateRequest
 from tokentrail.text.tokenizer import load_tokenizer
 

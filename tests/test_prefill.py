@@ -12,7 +12,7 @@ import anthropic
 import openai
 import pytest
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.text.tokenizer import load_tokenizer
 from tokentrail.trajectory.ledger import Ledger

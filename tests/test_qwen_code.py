@@ -5,10 +5,16 @@ The scripted model reads two files in parallel, makes an edit that fails and the
 succeeds, writes a file, runs a shell command and answers. Qwen Code replays every reply with
 its reasoning trimmed and its arguments re-serialized; the session must be one sample with
 every generated token trained, the trimmed reasoning restored.
+
+A third session runs Qwen Code in its default configuration (no auto-update, nothing else set):
+a fix with tools, then `--continue` with a question it answers directly, after which Qwen Code
+runs its managed memory extraction on the same key; that side request is served and masked
+under its named rule.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -17,11 +23,17 @@ from pathlib import Path
 
 import pytest
 
+from support.capture import capture, write_corpus
 from support.engine_thread import engine_in_thread
 from support.fake_engines import FakeSGLang, FakeVLLM
-from support.qwen_code import QWEN_CODE_VERSION, install_qwen_code, run_qwen
-from support.serve import serving
+from support.qwen_code import DEFAULT_SETTINGS, QWEN_CODE_VERSION, install_qwen_code, run_qwen
+from support.serve import resume_checks, serving, serving_in_thread
 from support.stand_in import scripted_reply
+from tokentrail.adapter import Adapter, AdapterConfig
+from tokentrail.adapter.http.access_log import AccessLog
+from tokentrail.engines.base import GenerateRequest
+from tokentrail.engines.scripted import ScriptedEngine
+from tokentrail.text.tokenizer import load_tokenizer
 
 CALC = "def add(a, b):\n    return a+b\n"
 
@@ -170,3 +182,82 @@ def test_real_qwen_code_streams_token_by_token_from_a_streaming_engine(
     ledger = finished["ledger"]
     assert len(finished["samples"]) == 1
     assert ledger["trained_tokens"] == ledger["generated_tokens"] > 0
+
+
+MEMORY_RULE = f"known:qwen-code {QWEN_CODE_VERSION} memory extraction"
+MEMORY_AGENT = "You are now acting as the managed memory extraction subagent"
+
+
+class _WithMemory(ScriptedEngine):
+    """The script, and a reply that saves nothing for the memory extraction agent (it carries
+    the conversation so far, which the script would answer by its assistant count)."""
+
+    def choose(self, req: GenerateRequest) -> list[dict]:
+        if req.messages and str(req.messages[0].get("content")).startswith(MEMORY_AGENT):
+            return [{"type": "text", "text": "Nothing durable to save."}]
+        return super().choose(req)
+
+
+def test_real_qwen_code_default_configuration_masks_its_memory_extraction(
+    qwen_exe: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(CALC)
+    calc = str(repo / "calc.py")
+    script = [
+        [
+            {"type": "thinking", "thinking": "Read it first."},
+            {"type": "tool_use", "name": "read_file", "input": {"file_path": calc}},
+        ],
+        [{"type": "tool_use", "name": "edit",
+          "input": {"file_path": calc, "old_string": "    return a+b",
+                    "new_string": "    return a + b"}}],
+        [{"type": "text", "text": "Fixed the spacing in calc.py."}],
+        [{"type": "text", "text": "add(2, 3) returns 5."}],
+    ]  # fmt: skip
+    tokenizer = load_tokenizer()
+    log = tmp_path / "access.log"
+    adapter = Adapter(
+        engine=_WithMemory(tokenizer, script),
+        tokenizer=tokenizer,
+        config=AdapterConfig(
+            verify_resume=True,
+            exclude_known_side_requests=True,
+            access_log=AccessLog(str(log), json=True),
+        ),
+    )
+    seen = capture(adapter)
+    home = tmp_path / "home"
+    prompts = [("Fix the spacing in calc.py.", ()), ("What does add(2, 3) return?", ("-c",))]
+    with serving_in_thread(adapter) as (url, loop):
+        for prompt, args in prompts:
+            run = run_qwen(
+                qwen_exe, prompt, base_url=url, session_id="qwen-default", cwd=repo,
+                timeout=180, settings=DEFAULT_SETTINGS, home=home, args=args,
+            )  # fmt: skip
+            assert run.returncode == 0, (run.stderr[-2000:], run.stdout[-2000:])
+            assert run.result is not None and run.result.get("subtype") == "success"
+        trajectory = asyncio.run_coroutine_threadsafe(
+            adapter.finish_trajectory("qwen-default", reward=1.0), loop
+        ).result(60)
+        metrics = adapter.metrics.render()[0].decode()
+    if os.environ.get("TOKENTRAIL_RECORD_CORPUS"):
+        name = f"qwen_code_{QWEN_CODE_VERSION}_default_continue_memory"
+        write_corpus(name, "qwen-code", QWEN_CODE_VERSION, "default", seen)
+    assert (repo / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entries and not [e for e in entries if 400 <= e["status"] < 500], entries
+    assert {c.path for c in seen} == {"/v1/chat/completions"}
+
+    ledger = trajectory.ledger
+    # The answer to the continued prompt (no tool call) starts the memory extraction.
+    assert [t.excluded for t in ledger.turns] == [None] * len(script) + [MEMORY_RULE]
+    excluded = ledger.turns[-1].generated
+    assert ledger.trained_tokens == ledger.generated_tokens - excluded > 0
+    # `--continue` replays the first prompt without the date reminder Qwen Code sent with it:
+    # the continued turn renders as a sample of its own, nothing restored by force.
+    assert [s.metadata["turns"] for s in trajectory.samples] == [[1, 2, 3], [4]]
+    assert "fork" not in trajectory.drift_counts
+    checks = resume_checks(metrics)
+    assert checks["mismatch"] == 0 and checks["same"] >= len(ledger.turns)

@@ -318,7 +318,7 @@ def test_real_claude_code_session_on_a_real_model_passes_the_audit(
 def test_real_codex_session_on_a_real_model_passes_the_audit(
     name: str, codex_exe: Path, model_dirs, tmp_path: Path
 ) -> None:
-    from tokentrail.adapter.server import Adapter, AdapterConfig
+    from tokentrail.adapter import Adapter, AdapterConfig
     from tokentrail.trajectory.manager import TrajectoryManager
 
     work = tmp_path / "work"

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.kinds import History, Restore
@@ -124,8 +124,10 @@ def test_audit_gates_on_the_masked_fraction(tokenizer, tmp_path: Path, capsys) -
 def test_a_lossy_session_logs_one_warning_naming_tools_and_reasons(
     tokenizer, tmp_path: Path, caplog
 ) -> None:
-    with caplog.at_level("WARNING", logger="tokentrail.adapter.sessions"):
+    with caplog.at_level("WARNING", logger="tokentrail.adapter.session.sessions"):
         record(tokenizer, tmp_path / "j.db", restore="off", policy="merge", sessions=1)
-    lines = [r.getMessage() for r in caplog.records if r.name == "tokentrail.adapter.sessions"]
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "tokentrail.adapter.session.sessions"
+    ]
     assert len(lines) == 1
     assert "job-0" in lines[0] and "Edit (merged_rewrite=1)" in lines[0]

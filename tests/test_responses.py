@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from support import fixtures
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.adapter.protocols.responses import read_tools, translate_request
-from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import RequestError
 from tokentrail.sim.codex import CODEX_FILES, CODEX_SCRIPT, CODEX_TOOLS, CodexWorkspace

@@ -343,7 +343,7 @@ def test_a_hermes_session_is_one_sample_and_trains_everything(history: str) -> N
 
     import openai
 
-    from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+    from tokentrail.adapter import Adapter, AdapterConfig, start_server
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.text.tokenizer import load_tokenizer
 

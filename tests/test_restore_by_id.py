@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tokens import LOGPROB, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.messages import Conversation
 from tokentrail.storage.journal import Journal

@@ -1,10 +1,11 @@
 """A resumed translation is the full one, on every request.
 
-The request memo (`adapter.reuse`) translates only the wire messages after the last unchanged
-one, from a mark the previous translation left (`protocols.resume`). Here: the reported case
-(a mid-list `system` note that changes between requests), then a property test over request
-sequences where earlier messages are edited, replaced, removed, re-typed, have `cache_control`
-moved, and notes appear, change and disappear, for Anthropic, Chat Completions and Responses.
+The request memo (`adapter.request.memo`, `adapter.request.translate`) translates only the wire
+messages after the last unchanged one, from a mark the previous translation left
+(`protocols.resume`). Here: the reported case (a mid-list `system` note that changes between
+requests), then a property test over request sequences where earlier messages are edited, replaced,
+removed, re-typed, have `cache_control` moved, and notes appear, change and disappear, for
+Anthropic, Chat Completions and Responses.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from support.serve import resume_checks
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
-from tokentrail.adapter.protocols.common import WireOptions
 from tokentrail.adapter.protocols.openai import OpenAIChat
+from tokentrail.adapter.protocols.options import WireOptions
 from tokentrail.adapter.protocols.responses import OpenAIResponses
 from tokentrail.adapter.protocols.resume import Fold, Translated
-from tokentrail.adapter.reuse import KnownRequest, parse_reusing, translate_reusing
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
-from tokentrail.adapter.validation import parse_body
+from tokentrail.adapter.request.memo import KnownRequest
+from tokentrail.adapter.request.parse import parse_body, parse_reusing
+from tokentrail.adapter.request.translate import translate_reusing
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import RequestError

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.sim.harness import CLAUDE_CODE_TOOLS, SYSTEM_PROMPT, SessionSpec
 from tokentrail.sim.model import SimulatedEngine
 from tokentrail.storage.journal import Journal

@@ -19,13 +19,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokentrail import _core
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.adapter.protocols.anthropic import AnthropicMessages
-from tokentrail.adapter.protocols.common import WireProtocol
+from tokentrail.adapter.protocols.base import WireProtocol
 from tokentrail.adapter.protocols.openai import OpenAIChat
 from tokentrail.adapter.protocols.responses import OpenAIResponses
-from tokentrail.adapter.reuse import KnownRequest, RequestMemo, parse_reusing, translate_reusing
-from tokentrail.adapter.server import Adapter, start_server
-from tokentrail.adapter.validation import parse_body
+from tokentrail.adapter.request.memo import KnownRequest, RequestMemo
+from tokentrail.adapter.request.parse import parse_body, parse_reusing
+from tokentrail.adapter.request.translate import translate_reusing
 from tokentrail.core.reference import body as reference
 from tokentrail.errors import BodyShapeError, RequestError
 from tokentrail.sim.harness import Behaviour, HarnessSim, SessionSpec, simulate

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from support.fake_engines import IM_END, FakeSGLang, indexer_rows
 from tokens import assistant, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord, cli
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.cli.serve import ServeSettings, replay_shapes, resolve_settings
 from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.engines import ScriptedEngine, SGLangEngine

@@ -30,8 +30,8 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tokentrail.adapter.config import SessionSettings  # noqa: E402
+from tokentrail.adapter.http.server import start_server  # noqa: E402
 from tokentrail.adapter.metrics import Metrics  # noqa: E402
-from tokentrail.adapter.server import start_server  # noqa: E402
 from tokentrail.errors import EngineSpecError, JournalError, SessionLost  # noqa: E402
 from tokentrail.kinds import LostReason  # noqa: E402
 from tokentrail.scale import ActorHealth, ActorSpec, AdapterPool, FinishedBatch  # noqa: E402

@@ -14,9 +14,9 @@ import openai
 import pytest
 
 from support.fake_engines import FakeSGLang, FakeVLLM
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.limits import Limits
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter.request.limits import Limits
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.engines.vllm import VLLMEngine

@@ -20,8 +20,8 @@ import openai
 import pytest
 
 from support.fake_engines import FakeSGLang
-from tokentrail.adapter.access_log import AccessLog
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
+from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.engines.vllm import VLLMEngine
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer

@@ -13,7 +13,7 @@ from typing import Any
 
 from tokentrail import cli
 from tokentrail.adapter.config import AdapterConfig
-from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.request.limits import Limits
 from tokentrail.cli import settings
 from tokentrail.cli.serve import ServeSettings, resolve_settings
 from tokentrail.kinds import SettingGroup, SettingSource

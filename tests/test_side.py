@@ -14,9 +14,9 @@ import pytest
 
 from tokens import assistant, play, system, user
 from tokentrail import TrajectoryManager
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
-from tokentrail.adapter.turns import EXCLUDE_HEADER
+from tokentrail.adapter.turn.turns import EXCLUDE_HEADER
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import PolicyError
 from tokentrail.storage.journal import Journal
@@ -53,6 +53,12 @@ CLAUDE_TITLE = (
 CLAUDE_TITLE_REPORTED = (
     "Generate a concise, sentence-case title (3-7 words) that captures the main topic or goal "
     'of this coding session.\n\nReturn JSON with a single "title" field.'
+)
+# hermes-agent 0.19.0's skill review (`agent/background_review.py`, the start of
+# `_SKILL_REVIEW_PROMPT`): the last user message of a replay of the main conversation.
+HERMES_REVIEW = (
+    "Review the conversation above and update the skill library. Be ACTIVE \u2014 most "
+    "sessions produce at least one skill update, even if small."
 )
 MAIN_SYSTEM = "You are Qwen Code, a non-interactive CLI agent."
 AGENT_PROMPT = "Find every TODO comment in the repository and list the files that hold them."
@@ -164,6 +170,12 @@ CC_TITLE_REPORTED = [
     {"role": "system", "content": CLAUDE_TITLE_REPORTED},
     {"role": "user", "content": "<session>\nfix calc.py\n</session>"},
 ]
+HERMES_MAIN = [
+    {"role": "system", "content": "You are Hermes Agent, an intelligent AI assistant."},
+    {"role": "user", "content": "What does pyproject.toml say?"},
+    {"role": "assistant", "content": "It names the project demo."},
+]
+REVIEW = [*HERMES_MAIN, {"role": "user", "content": HERMES_REVIEW}]
 # Claude Code's main conversation: the same system message holds none of it.
 CC_MAIN = [
     {
@@ -222,6 +234,18 @@ def test_each_known_rule_fires_on_its_side_request_only() -> None:
     # The main conversation's system prompt, and a user asking for a title there, are not.
     assert rules.match(CC_MAIN) is None
     assert rules.match(MAIN) is None
+    # hermes-agent's background review is told by its last user message, not its first.
+    assert rules.match(REVIEW) == "known:hermes-agent 0.19.0 background review"
+    assert rules.match(HERMES_MAIN) is None
+    assert rules.match([*REVIEW, {"role": "assistant", "content": "Nothing to save."}]) == (
+        "known:hermes-agent 0.19.0 background review"
+    )
+    # A user quoting the ask mid-message, or an earlier turn's ask, is not a review.
+    quoted = [*HERMES_MAIN, {"role": "user", "content": f"Please: {HERMES_REVIEW}"}]
+    assert rules.match(quoted) is None
+    assert rules.match([*REVIEW, {"role": "user", "content": "thanks"}]) is None
+    # A pattern of one's own reads the first message only.
+    assert SideRules.compile(["Review the conversation"]).match(REVIEW) is None
     names = [rule.name for rule in KNOWN_SIDE_REQUESTS]
     assert len(set(names)) == len(names)
     assert all(rule.version[0].isdigit() for rule in KNOWN_SIDE_REQUESTS)
@@ -270,3 +294,25 @@ def test_a_session_can_exclude_its_own_side_conversations(tokenizer) -> None:
     own, other = asyncio.run(go())
     assert own.ledger.turns[0].excluded == "pattern:memory extraction" and not own.samples
     assert other.ledger.turns[0].excluded is None and len(other.samples) == 1
+
+
+def test_a_review_that_replays_the_main_conversation_is_masked_and_the_main_one_kept(
+    tokenizer,
+) -> None:
+    # hermes-agent's review fork sends the main conversation as it stands, the reply included,
+    # with its ask appended: it extends the main conversation's branch, and only its own turn
+    # is excluded.
+    main = HERMES_MAIN[:2]
+    trajectory, statuses, _ = run_session(
+        tokenizer,
+        [(main, {}), ([*main, {"role": "assistant", "content": "Noted."}, REVIEW[-1]], {})],
+        exclude_known_side_requests=True,
+    )
+    assert statuses == [200, 200]
+    ledger = trajectory.ledger
+    assert [t.excluded for t in ledger.turns] == [
+        None,
+        "known:hermes-agent 0.19.0 background review",
+    ]
+    assert ledger.trained_tokens == ledger.turns[0].generated > 0
+    assert [s.metadata["turns"] for s in trajectory.samples] == [[1]]

@@ -883,7 +883,7 @@ def test_prompts_equal_the_hugging_face_objects_own(hf, conversation) -> None:
 
 
 def test_tokentrails_own_adapter_takes_the_hugging_face_object(hf) -> None:
-    from tokentrail.adapter.server import Adapter
+    from tokentrail.adapter import Adapter
     from tokentrail.engines.scripted import ScriptedEngine
 
     async def run() -> list:

@@ -10,7 +10,7 @@ import json
 import aiohttp
 
 from support.field_shapes import REFUSED, SERVED, M
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 
 

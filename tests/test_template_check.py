@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tokentrail.adapter.server import Adapter
+from tokentrail.adapter import Adapter
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import TemplateBudgetExceeded, TemplateError

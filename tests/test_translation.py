@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tokentrail.adapter.protocols import anthropic, openai
-from tokentrail.adapter.protocols.common import WireOptions
+from tokentrail.adapter.protocols.options import WireOptions
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.text.chat_template import TOOL_ERROR_MARKER, render

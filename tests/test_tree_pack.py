@@ -13,8 +13,8 @@ import aiohttp
 import numpy as np
 import pytest
 
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main
 from tokentrail.errors import SessionError, TreeError
 from tokentrail.sim.harness import CLAUDE_CODE_TOOLS, SYSTEM_PROMPT, SessionSpec

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tokens import assistant, play, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.core.routing import ReplayRows, RoutingShape
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.errors import NotFound
@@ -98,8 +98,8 @@ def test_journal_view_is_the_journal_s_ledger(tokenizer, tmp_path: Path, restore
 def _fates_of(mgr: TrajectoryManager, sid: str, limit: int) -> list[dict]:
     names = mgr.core.REPLAY_STATUS
 
-    def read(root, store, trajectory):
-        data = SessionData(sid, "live", root, store, trajectory)
+    def read(root, store, trajectory, echoes):
+        data = SessionData(sid, "live", root, store, trajectory, echoes)
         details = [turn_detail(data, t.turn_index, None, names) for t in trajectory.ledger.turns]
         return details, trajectory
 
@@ -325,7 +325,10 @@ def test_the_tree_labels_each_branch_with_why_it_branched() -> None:
 
 
 def _fates_of_tree(mgr: TrajectoryManager):
-    return mgr.inspect("s", lambda root, store, traj: (tree_view(root, traj.ledger), traj.ledger))
+    def read(root, store, traj, echoes):
+        return tree_view(root, traj.ledger), traj.ledger
+
+    return mgr.inspect("s", read)
 
 
 def test_a_journal_being_written_is_read_again_as_it_grows(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ import pytest
 from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
 from support.images import image_block, png
 from support.serve import serving
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main as cli_main
 from tokentrail.engines import create_engine
 from tokentrail.engines.base import GenerateRequest, SamplingParams

@@ -1,7 +1,7 @@
 """Every exception tokentrail raises, in one module, under one root: `TokentrailError`.
 
 Each one carries the HTTP status and error type the adapter answers with when it reaches a
-harness; the adapter's one error middleware (`tokentrail.adapter.middleware`) reads them and
+harness; the adapter's one error middleware (`tokentrail.adapter.http.middleware`) reads them and
 writes each protocol's JSON error body. Bad input is an `InvalidInput` (a `ValueError`), named
 for what is wrong: a 4xx. An `EngineError` is not bad input: the engine failed, and the harness
 gets a 502.
@@ -9,6 +9,7 @@ gets a 502.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -259,7 +260,9 @@ class SessionDamaged(InvalidInput):
     status = 409
     kind = "session_damaged"
 
-    def __init__(self, sid: str, message: str, lost: dict[str, Any], ledger: dict[str, Any]):
+    def __init__(
+        self, sid: str, message: str, lost: Mapping[str, object], ledger: Mapping[str, object]
+    ):
         super().__init__(message)
         self.sid = sid
         self.lost = lost
@@ -352,7 +355,7 @@ class SessionLost(InvalidInput):
     kind = "invalid_request_error"
 
     def __init__(
-        self, sid: str, reason: str, detail: str = "", lost: dict[str, Any] | None = None
+        self, sid: str, reason: str, detail: str = "", lost: Mapping[str, object] | None = None
     ) -> None:
         self.sid = sid
         self.reason = reason

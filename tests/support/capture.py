@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter.server import Adapter
+from tokentrail.adapter import Adapter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests"
 # Strings longer than this are a harness's prose; shorter ones are names, ids and settings.

@@ -34,7 +34,7 @@ def _die() -> None:
 def install(point: str, turn: int) -> None:
     from aiohttp import web
 
-    from tokentrail.adapter.answers import Answers, RecordedAnswer
+    from tokentrail.adapter.turn.answers import Answers, RecordedAnswer
     from tokentrail.storage.journal import Journal
 
     state = {"turns": 0, "writes": 0, "armed": False}

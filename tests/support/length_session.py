@@ -14,7 +14,7 @@ from typing import Any
 
 import anthropic
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.base import GenerateRequest, Generation
 from tokentrail.engines.scripted import ScriptedEngine, scripted_logprob
 from tokentrail.kinds import History

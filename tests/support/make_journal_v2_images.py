@@ -24,7 +24,7 @@ import anthropic
 import numpy as np
 from PIL import Image
 
-from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.storage.journal import Journal
 from tokentrail.text.tokenizer import load_tokenizer

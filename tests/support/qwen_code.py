@@ -4,16 +4,20 @@
 `qwen --auth-type openai --approval-mode yolo -o stream-json PROMPT` session in a scratch HOME
 whose settings turn off everything that is not the agent's own requests (usage statistics,
 telemetry, the managed auto-memory agent and its siblings, update checks), and returns its
-stream-json events. The CLI sends the session id as `Authorization: Bearer <session id>` and
-streams every `POST /v1/chat/completions`; it calls no other path.
+stream-json events. `settings=DEFAULT_SETTINGS` runs the default configuration instead, and a
+`home` kept across runs lets a later run `--continue` the session. The CLI sends the session id
+as `Authorization: Bearer <session id>` and streams every `POST /v1/chat/completions`; it calls
+no other path.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from support.harness_versions import LATEST
 from support.headless import run_headless
@@ -41,6 +45,15 @@ CI_SETTINGS = {
     # The vendored ripgrep is installed without its exec bit; the built-in grep is quiet.
     "tools": {"useRipgrep": False},
 }
+
+
+# The default configuration, with the one switch a CI run needs: no auto-update, which would
+# `npm install` a newer release over the pinned one (CI is offline). Everything else is Qwen
+# Code's default: usage statistics on (its RUM endpoint is unreachable and fails quietly),
+# chat recording on (so `--continue` works), the managed auto-memory extraction on (a side
+# request after a reply that answers the user's prompt without a tool call), and the vendored
+# ripgrep, which npm installs without its exec bit (Qwen Code then uses its built-in grep).
+DEFAULT_SETTINGS = {"general": {"enableAutoUpdate": False}}
 
 
 @dataclass
@@ -77,14 +90,19 @@ def run_qwen(
     cwd: Path,
     timeout: float = 120,
     model: str = "qwen3",
+    settings: Mapping[str, Any] = CI_SETTINGS,
+    home: Path | None = None,
+    args: Sequence[str] = (),
 ) -> QwenRun:
     """Run one headless session in `cwd` with every tool approved, against `base_url` (the
-    adapter's root; the CLI is pointed at its `/v1`)."""
-    with tempfile.TemporaryDirectory(prefix="qwen-home-") as home:
-        (Path(home) / ".qwen").mkdir()
-        (Path(home) / ".qwen" / "settings.json").write_text(json.dumps(CI_SETTINGS))
+    adapter's root; the CLI is pointed at its `/v1`), in `home` (a scratch one when None)
+    with `settings` as its `~/.qwen/settings.json`; `args` go before the prompt."""
+    with tempfile.TemporaryDirectory(prefix="qwen-home-") as scratch:
+        root = home or Path(scratch)
+        (root / ".qwen").mkdir(parents=True, exist_ok=True)
+        (root / ".qwen" / "settings.json").write_text(json.dumps(settings))
         env = {
-            "HOME": home,
+            "HOME": str(root),
             "OPENAI_BASE_URL": f"{base_url}/v1",
             "OPENAI_API_KEY": session_id,
             "OPENAI_MODEL": model,
@@ -92,7 +110,7 @@ def run_qwen(
         }
         argv = [
             str(exe), "--auth-type", "openai", "--approval-mode", "yolo",
-            "-o", "stream-json", "--max-session-turns", "20", prompt,
+            "-o", "stream-json", "--max-session-turns", "20", *args, prompt,
         ]  # fmt: skip
         done = run_headless(argv, cwd=cwd, env=env, timeout=timeout, what="qwen")
     events = []

@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokentrail.adapter.server import Adapter, start_server
+from tokentrail.adapter import Adapter, start_server
 
 
 def free_port() -> int:

@@ -7,11 +7,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokentrail.adapter.access_log import AccessLog
-from tokentrail.adapter.limits import Limits
+from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.adapter.offload import DEFAULT_WORKERS
-from tokentrail.adapter.protocols.common import KEEPALIVE_S
 from tokentrail.adapter.protocols.options import DEFAULT_WIRE, WireOptions
+from tokentrail.adapter.protocols.sse import KEEPALIVE_S
+from tokentrail.adapter.request.limits import Limits
 from tokentrail.kinds import History, Restore, Retry, SettingGroup, parse_kind
 from tokentrail.setting import MAX_SECONDS, MAX_WORKERS, internal, section, setting
 from tokentrail.text.render_budget import DEFAULT_RENDER_BUDGET_S
@@ -79,7 +79,8 @@ class AdapterConfig:
         bounds=(0, MAX_SECONDS), name="render_budget",
     )  # fmt: skip
     # Sessions (the most recent) whose latest request is kept, so that their next request is
-    # parsed and translated only where it differs (`adapter.reuse`); 0: every request in full.
+    # parsed and translated only where it differs (`adapter.request.memo`); 0: every request
+    # in full.
     request_memo: int = setting(
         256, HISTORY,
         "sessions whose latest request is kept, so the next is parsed only where it differs; "
@@ -131,7 +132,7 @@ class AdapterConfig:
     )  # fmt: skip
     # Open sessions at most (0: no cap); sessions idle this long are evicted (0: never).
     max_sessions: int = setting(10_000, SESSIONS, "open sessions (503 past it); 0: no cap")
-    # Resident bytes the adapter admits work up to (`adapter.memory`); 0: half the machine's.
+    # Resident bytes the adapter admits work up to (`adapter.http.memory`); 0: half the machine's.
     max_memory: int = setting(
         0, SESSIONS,
         "resident memory the adapter admits work up to: 429/529 with Retry-After past it; "
@@ -160,8 +161,8 @@ class AdapterConfig:
     exclude_known_side_requests: bool = setting(
         False, SESSIONS,
         "exclude the known side requests of Qwen Code (memory extraction), hermes-agent "
-        "(context summarizer), opencode/kilo (title generator) and Claude Code (session "
-        "title) from training; the ledger names the rule that fired",
+        "(context summarizer, background review), opencode/kilo (title generator) and Claude "
+        "Code (session title) from training; the ledger names the rule that fired",
         name="exclude_side_requests",
     )  # fmt: skip
     # -- limits

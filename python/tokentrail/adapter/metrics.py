@@ -40,7 +40,8 @@ __all__ = [
 # The pipeline stages of one turn, in order; `TurnTiming.lap` names.
 STAGES = tuple(s.value for s in Stage)
 DRIFT_KINDS = tuple(k.value for k in DriftKind)
-MASK_REASONS = tuple(r.value for r in MaskReason)
+# `stale` is a trainer's decision after finish (`trajectory.staleness`), never the adapter's.
+MASK_REASONS = tuple(r.value for r in MaskReason if r is not MaskReason.STALE)
 # How a retried request was answered.
 RETRY_ANSWERS = ("recorded", "generated")
 # 0.1 ms (a cache hit in `restore`) up to 60 s (a long generation in `engine`).

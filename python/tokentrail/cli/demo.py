@@ -56,7 +56,7 @@ async def _demo_run(
 
     import aiohttp
 
-    from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+    from tokentrail.adapter import Adapter, AdapterConfig, start_server
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.sim.harness import HarnessSim, Workspace
     from tokentrail.trajectory.manager import TrajectoryManager
@@ -92,7 +92,7 @@ async def _demo_codex(tokenizer: Any, engine: Any = None) -> tuple[Any, Any]:
     """A Codex-shaped session (exec_command, the free-form apply_patch) over the Responses API."""
     import aiohttp
 
-    from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+    from tokentrail.adapter import Adapter, AdapterConfig, start_server
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.sim.codex import CODEX_FILES, CODEX_SCRIPT, CODEX_TOOLS, CodexWorkspace
     from tokentrail.sim.harness import Behaviour, HarnessSim

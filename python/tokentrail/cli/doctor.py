@@ -195,7 +195,7 @@ def check_engine(s: ServeSettings, tokenizer: Any, timeout_s: float = CHECK_TIME
 def check_template(s: ServeSettings, tokenizer: Any) -> Check:
     """The template (the override, else the tokenizer's) compiles, its family is detected, and
     every boundary `check-template` tries can be spliced."""
-    from tokentrail.adapter.server import Adapter
+    from tokentrail.adapter import Adapter
     from tokentrail.engines.scripted import ScriptedEngine
     from tokentrail.text.families import resolve_family
     from tokentrail.trajectory.splice import check_template as boundaries

@@ -28,7 +28,7 @@ from tokentrail.setting import MAX_SECONDS, section, setting
 from tokentrail.trajectory.policies import ManagerPolicies
 
 if TYPE_CHECKING:
-    from tokentrail.adapter.server import Adapter
+    from tokentrail.adapter import Adapter
 
 SERVER, ENGINE, JOURNAL = SettingGroup.SERVER, SettingGroup.ENGINE, SettingGroup.JOURNAL
 REPLAY, LOGGING = SettingGroup.REPLAY, SettingGroup.LOGGING
@@ -137,7 +137,7 @@ def resolve_settings(
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from tokentrail.adapter.server import serve_forever
+    from tokentrail.adapter import serve_forever
 
     try:
         resolved = settings.resolve(ServeSettings, args)
@@ -158,9 +158,9 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "no --admin-token: the admin routes (finish, drop) are off over HTTP"
         )
-    from tokentrail.adapter.memory import map_large_buffers
+    from tokentrail.adapter.http.memory import map_large_buffers
 
-    # Freed bodies and images go back to the system (`adapter.memory`).
+    # Freed bodies and images go back to the system (`adapter.http.memory`).
     map_large_buffers()
     logging.getLogger(__name__).info(
         "memory budget: %d MB (--max-memory)", adapter.memory.max_bytes >> 20
@@ -210,8 +210,8 @@ def build_adapter(s: ServeSettings) -> Adapter:
     and value that keeps it from starting: an engine spec, a tokenizer, a chat template, a
     journal, a pattern or a shape it cannot use."""
     import tokentrail.sim  # noqa: F401 - registers the simulated model as an engine
-    from tokentrail.adapter.access_log import AccessLog
-    from tokentrail.adapter.server import Adapter
+    from tokentrail.adapter import Adapter
+    from tokentrail.adapter.http.access_log import AccessLog
     from tokentrail.engines import create_engine
     from tokentrail.engines.streaming import StreamingEngine
     from tokentrail.storage.journal import Journal

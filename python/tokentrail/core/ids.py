@@ -15,10 +15,17 @@ from tokentrail.errors import TokenIdError
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
 Logprobs = Sequence[float] | npt.NDArray[np.floating]
 
+# The arrays it hands back, as the core's stub types them: ids, their logprobs, a loss mask
+# (or a per-token status code), and replay rows (`[tokens, layers, k]`, their own type).
+TokenArray = npt.NDArray[np.uint32]
+LogprobArray = npt.NDArray[np.float32]
+MaskArray = npt.NDArray[np.uint8]
+RowArray = npt.NDArray[np.integer]
+
 _MAX_TOKEN_ID = 2**32 - 1
 
 
-def as_token_array(ids: object, what: str) -> np.ndarray:
+def as_token_array(ids: object, what: str) -> TokenArray:
     """Check a token sequence and return it as a `uint32` array (no copy when it already is)."""
     if isinstance(ids, np.ndarray):
         if ids.ndim != 1 or ids.dtype.kind not in "iu":

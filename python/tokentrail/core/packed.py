@@ -7,6 +7,9 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
+
+from tokentrail.core.ids import LogprobArray, MaskArray, RowArray, TokenArray
 
 if TYPE_CHECKING:
     from tokentrail import _core
@@ -26,18 +29,18 @@ class PackedBatch:
     `cu_seqlens` (int32, samples + 1 entries from 0) and `max_seqlen` are FlashAttention's.
     """
 
-    tokens: np.ndarray
-    cu_seqlens: np.ndarray
-    position_ids: np.ndarray
-    sample_index: np.ndarray
-    loss_mask: np.ndarray
-    logprobs: np.ndarray
-    rewards: np.ndarray
-    advantages: np.ndarray
+    tokens: TokenArray
+    cu_seqlens: npt.NDArray[np.int32]
+    position_ids: npt.NDArray[np.int32]
+    sample_index: npt.NDArray[np.int32]
+    loss_mask: MaskArray
+    logprobs: LogprobArray
+    rewards: npt.NDArray[np.float32]
+    advantages: npt.NDArray[np.float32]
     max_seqlen: int
     # `[tokens, layers, k]` in the samples' own type, when every sample carries them.
-    routed_experts: np.ndarray | None = None
-    indexer_topk: np.ndarray | None = None
+    routed_experts: RowArray | None = None
+    indexer_topk: RowArray | None = None
 
     @property
     def num_samples(self) -> int:

@@ -15,10 +15,12 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
+from tokentrail.core.ids import RowArray
 from tokentrail.errors import ReplayError
 from tokentrail.kinds import Replay, ReplayGap, parse_kind
 
@@ -119,7 +121,7 @@ class ReplayRows:
     """One turn's rows on one channel: `rows[i]` is position `start + i` of prompt + output,
     up to but not including the last token (never fed forward); or `gap`, why there are none."""
 
-    rows: np.ndarray | None = None
+    rows: RowArray | None = None
     start: int = 0
     gap: ReplayGap | None = None
 
@@ -127,7 +129,7 @@ class ReplayRows:
     def missing(cls, gap: ReplayGap) -> ReplayRows:
         return cls(None, 0, parse_kind(ReplayGap, gap, "replay gap", ReplayError))
 
-    def store_arg(self) -> str | tuple[int, np.ndarray]:
+    def store_arg(self) -> str | tuple[int, RowArray]:
         """What `TurnStore.push` takes for it."""
         if self.rows is None:
             return str(self.gap or ReplayGap.ENGINE_RETURNED_NONE)
@@ -136,7 +138,7 @@ class ReplayRows:
 
 def checked_rows(
     channel: Replay,
-    values: np.ndarray,
+    values: npt.NDArray[np.integer],
     *,
     start: int,
     prompt_tokens: int,
@@ -170,7 +172,7 @@ def checked_rows(
 
 
 def _out_of_range(
-    channel: Replay, rows: np.ndarray, shape: RoutingShape | IndexerShape
+    channel: Replay, rows: RowArray, shape: RoutingShape | IndexerShape
 ) -> str | None:
     if isinstance(shape, IndexerShape):
         low = int(rows.min()) if rows.size else 0
@@ -192,6 +194,12 @@ def _out_of_range(
     return None
 
 
+class WeightSpanJson(TypedDict):
+    version: str
+    start: int
+    end: int
+
+
 @dataclass(frozen=True)
 class WeightSpan:
     """Output tokens `start..end` of a turn were sampled with weights `version`."""
@@ -200,7 +208,7 @@ class WeightSpan:
     start: int
     end: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> WeightSpanJson:
         return {"version": self.version, "start": self.start, "end": self.end}
 
 

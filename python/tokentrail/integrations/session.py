@@ -19,8 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.adapter.config import AdapterConfig, SessionSettings
-from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.engines.base import Engine
 from tokentrail.errors import HarnessFailed
 from tokentrail.sim.harness import HarnessSim, SessionSpec

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,8 +27,8 @@ import ray
 from aiohttp import web
 from prometheus_client.metrics_core import Metric
 
+from tokentrail.adapter import Adapter, start_server
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.server import Adapter, start_server
 from tokentrail.errors import SessionClosed, SessionDamaged, SessionError
 from tokentrail.kinds import JournalState, LostReason
 from tokentrail.scale.spec import ActorSpec
@@ -191,7 +191,7 @@ class AdapterActor:
         results = await asyncio.gather(*(one(*item) for item in items), return_exceptions=True)
         finished: dict[str, Trajectory] = {}
         failures: dict[str, tuple[str, str]] = {}
-        losses: dict[str, dict[str, Any]] = {}
+        losses: dict[str, Mapping[str, object]] = {}
         for (sid, _, _), result in zip(items, results, strict=True):
             if isinstance(result, Trajectory):
                 finished[sid] = result

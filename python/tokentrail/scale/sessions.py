@@ -5,8 +5,8 @@ was lost. It lives in the trainer's process, so it outlasts any actor's restart.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from tokentrail.compat import StrEnum
 from tokentrail.errors import PoolError, SessionError, SessionLost
@@ -74,7 +74,7 @@ class SessionMap:
         self.get(sid).state = state
 
     def lose(
-        self, sid: str, reason: str, detail: str, lost: dict[str, Any] | None = None
+        self, sid: str, reason: str, detail: str, lost: Mapping[str, object] | None = None
     ) -> SessionLost:
         """Mark `sid` lost for good, with the reason a trainer reads (and, for a damaged
         journal, what of it is gone)."""

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokentrail.adapter import Adapter
 from tokentrail.adapter.config import AdapterConfig
-from tokentrail.adapter.server import Adapter
 from tokentrail.core.routing import IndexerShape, RoutingShape
 from tokentrail.engines.base import Engine
 from tokentrail.engines.registry import DEFAULT_TIMEOUT_S, create_engine, engine_names

@@ -9,9 +9,8 @@ from shared memory: the samples it unpacks are views of those columns, never cop
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from tokentrail.storage.export import (
     samples_from_columns,
 )
 from tokentrail.storage.tree_pack import TreePack, pack_tree
-from tokentrail.trajectory.ledger import Ledger
+from tokentrail.trajectory.ledger import Ledger, LedgerJson
 from tokentrail.trajectory.manager import Trajectory
 from tokentrail.trajectory.sample import Sample
 
@@ -37,7 +36,7 @@ class ShippedSession:
     sid: str
     first: int
     count: int
-    ledger: dict
+    ledger: LedgerJson
 
 
 @dataclass
@@ -50,7 +49,7 @@ class ShippedBatch:
     columns: dict[str, np.ndarray]
     sessions: list[ShippedSession] = field(default_factory=list)
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)
-    losses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    losses: dict[str, Mapping[str, object]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -58,7 +57,7 @@ class ShippedBatch:
         actor: int,
         finished: dict[str, Trajectory],
         failures: dict[str, tuple[str, str]] | None = None,
-        losses: dict[str, dict[str, Any]] | None = None,
+        losses: dict[str, Mapping[str, object]] | None = None,
     ) -> ShippedBatch:
         samples: list[Sample] = []
         sessions = []

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from tokentrail.adapter.answers import RETRY_HEADER
+from tokentrail.adapter.turn.answers import RETRY_HEADER
 from tokentrail.core.routing import RoutingShape
 from tokentrail.kinds import Retry, parse_kind
 from tokentrail.sim.model import COMPACT_TAG, VERIFY_TAG, Plan, sim_file
@@ -522,8 +522,8 @@ async def simulate(
     """Serve an adapter over the simulated model on loopback, play one session (opened in
     `group`, when given), finish it. With `routing`, the adapter asks the engine for routed
     experts of that shape."""
+    from tokentrail.adapter import Adapter, AdapterConfig, start_server
     from tokentrail.adapter.config import SessionSettings
-    from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
     from tokentrail.kinds import History, Restore
     from tokentrail.sim.model import SimulatedEngine
     from tokentrail.text.families import resolve_family

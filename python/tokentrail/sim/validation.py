@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from tokentrail.adapter.server import Adapter, AdapterConfig, start_server
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.kinds import MaskReason, Restore, RewritePolicy
 from tokentrail.sim.harness import DEFAULT_WORKSPACE, Behaviour, HarnessSim, Workspace

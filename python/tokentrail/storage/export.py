@@ -139,7 +139,7 @@ def _canonical(sample: Sample, i: int) -> Sample:
     )
 
 
-def _as_dtype(values: Any, dtype: type[np.generic], i: int, name: str) -> np.ndarray:
+def _as_dtype(values: object, dtype: type[np.generic], i: int, name: str) -> np.ndarray:
     """`values` as a 1-D array of `dtype`: integers only if no value changes, floats rounded."""
     array = np.asarray(values)
     if array.dtype == dtype and array.ndim == 1:
@@ -157,7 +157,7 @@ def _as_dtype(values: Any, dtype: type[np.generic], i: int, name: str) -> np.nda
     return converted
 
 
-def _dumps(value: Any, i: int) -> str:
+def _dumps(value: object, i: int) -> str:
     try:
         return json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError) as err:

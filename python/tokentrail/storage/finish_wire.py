@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -73,8 +74,8 @@ def write_finish(
     sink: Sink,
     fmt: FinishFormat,
     samples: list[Sample],
-    ledger: dict[str, Any],
-    lost: dict[str, Any] | None,
+    ledger: Mapping[str, object],
+    lost: Mapping[str, object] | None,
 ) -> None:
     """Write a binary `/finish` answer to `sink` (a file, or a writer that streams what it is
     given: the arrays go out in pieces as they are written)."""

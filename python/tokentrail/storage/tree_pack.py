@@ -15,12 +15,12 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
 from tokentrail.errors import TreeError
-from tokentrail.trajectory.layout_stats import TreeStats
+from tokentrail.trajectory.layout_stats import TreeStats, TreeStatsJson
 from tokentrail.trajectory.prefix_tree import PrefixTree, build_prefix_tree
 from tokentrail.trajectory.sample import Sample
 
@@ -37,6 +37,14 @@ def group_of(sample: Sample) -> str:
     if group is not None:
         return str(group)
     return f"session:{sample.metadata.get('session_id', '')}"
+
+
+class TreePackStatsJson(TypedDict):
+    """`TreePack.to_dict`: the layout's savings, all groups, per group, per session."""
+
+    total: TreeStatsJson
+    groups: dict[str, TreeStatsJson]
+    sessions: dict[str, TreeStatsJson]
 
 
 @dataclass
@@ -65,7 +73,7 @@ class TreePack:
             out.update(tree.session_stats())
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TreePackStatsJson:
         """The stats, JSON-ready: all groups, per group, per session."""
         return {
             "total": self.stats.to_dict(),

@@ -7,13 +7,16 @@ of `STARTUP_CONVERSATIONS`) run first in `python -m tokentrail.text.template_che
 `RLIMIT_CPU` and `RLIMIT_AS` set, and a template that runs past either is refused with its name
 and the limit (`TemplateBudgetExceeded`). A template that finishes inside the budget is then
 rendered in the server as before, where the same renders of the same input cost the same. The
-templates tokentrail ships are its own code, tested here, and are not run twice.
+templates tokentrail ships are its own code, tested here, and are not run twice. There,
+`probe_template` renders a one-message conversation at load, so a template that breaks on every
+request fails at startup.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import resource
@@ -21,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +40,10 @@ __all__ = [
     "STARTUP_CONVERSATIONS",
     "TemplateBudget",
     "check_within_budget",
+    "probe_template",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,36 @@ def _shipped_templates() -> frozenset[str]:
 
 
 # --- the child ----------------------------------------------------------------------------------
+
+
+Render = Callable[[Sequence[Message], Sequence[ToolSchema] | None], str]
+
+
+def probe_template(render: Render, name: str = "the chat template") -> None:
+    """Render a one-message conversation (or, for a template that insists on one, a system and
+    a user message) and refuse to start when neither renders; log a warning for a shape that
+    fails other than on purpose (`raise_exception`)."""
+    failures: list[TemplateError] = []
+    for messages in BASIC_CONVERSATIONS:
+        try:
+            render(messages, None)
+            break
+        except TemplateError as exc:
+            failures.append(exc)
+    else:
+        raise TemplateError(
+            f"{name} cannot render a one-message conversation, so every request would fail: "
+            f"{failures[0]}"
+        )
+    for basic, failure in zip(BASIC_CONVERSATIONS, failures, strict=False):
+        if failure.__cause__ is not None:  # not the template's own raise_exception
+            logger.warning("%s fails on %d plain messages: %s", name, len(basic), failure)
+    for shape, (messages, tools) in STARTUP_CONVERSATIONS.items():
+        try:
+            render(messages, tools)
+        except TemplateError as exc:
+            if exc.__cause__ is not None:  # not the template's own raise_exception
+                logger.warning("%s fails on a conversation with %s: %s", name, shape, exc)
 
 
 def _limit_self(cpu_s: int, memory_bytes: int) -> None:

@@ -6,6 +6,9 @@ content string, drops the reasoning and re-serializes tool-call arguments (sorte
 separators, non-ASCII escaped), Qwen Code trims the reasoning. `echo_view` maps a message and
 its re-renderings onto one comparable form; `is_echo` also accepts an echo whose reasoning the
 harness dropped. Everything else must match.
+
+This module recognizes an echo and keeps no state about any session; restoring one (walking a
+session's tree and substituting what was generated) is `restore.py`'s.
 """
 
 from __future__ import annotations

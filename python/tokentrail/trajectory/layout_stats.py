@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
+
+
+class TreeStatsJson(TypedDict):
+    rows: int
+    row_tokens: int
+    tree_tokens: int
+    saved_tokens: int
+    ratio: float
 
 
 @dataclass(frozen=True)
@@ -29,7 +37,7 @@ class TreeStats:
         """Row tokens per tree token (1.0: nothing shared)."""
         return self.row_tokens / self.tree_tokens if self.tree_tokens else 1.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TreeStatsJson:
         return {
             "rows": self.rows,
             "row_tokens": self.row_tokens,

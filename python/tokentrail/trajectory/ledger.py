@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
+from tokentrail.core.ids import MaskArray
 from tokentrail.kinds import (
     FALLBACK_PREFIX,
     Fallback,
@@ -29,8 +30,8 @@ from tokentrail.kinds import (
     parse_kind,
 )
 from tokentrail.messages import tool_names
-from tokentrail.trajectory.layout_stats import TreeStats
-from tokentrail.trajectory.lost import LostSpan, lost_events, lost_turns
+from tokentrail.trajectory.layout_stats import TreeStats, TreeStatsJson
+from tokentrail.trajectory.lost import LostSpan, LostSpanJson, lost_events, lost_turns
 from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node
 
@@ -38,6 +39,56 @@ if TYPE_CHECKING:
     from tokentrail import _core
 
 logger = logging.getLogger(__name__)
+
+
+class TurnLedgerJson(TypedDict):
+    turn_index: int
+    tools: list[str]
+    generated: int
+    trained: int
+    masked: dict[str, int]
+    history: str | None
+    fallback: str | None
+    excluded: str | None
+    dropped_media: dict[str, int]
+    superseded: bool
+    retries: int
+    constrained: int
+    length_truncated: bool
+    weight_versions: list[str]
+
+
+class ReplayCoverageJson(TypedDict):
+    tokens: int
+    present: int
+    missing: dict[str, int]
+    coverage: float
+
+
+class LedgerJson(TypedDict):
+    """`Ledger.to_dict`: the ledger as `/finish` answers it and each sample's metadata holds."""
+
+    generated_tokens: int
+    trained_tokens: int
+    masked_tokens: dict[str, int]
+    excluded_turns: int
+    constrained_tokens: int
+    length_truncated_turns: int
+    turns_across_updates: int
+    dropped_media: dict[str, int]
+    restored_echoes: int
+    restored_by_tool: dict[str, int]
+    restored_by_id: dict[str, dict[str, int]]
+    turns: list[TurnLedgerJson]
+    by_tool: dict[str, dict[str, int]]
+    splice_fallbacks: dict[str, int]
+    replay: dict[str, ReplayCoverageJson]
+    weight_versions: dict[str, dict[str, int]]
+    retries: int
+    layout: TreeStatsJson | None
+    lost_turns: int
+    lost_events: int
+    lost: list[LostSpanJson]
 
 
 @dataclass
@@ -78,7 +129,7 @@ class TurnLedger:
             return self.fallback.label
         return None if self.history is None else self.history.value
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TurnLedgerJson:
         return {
             "turn_index": self.turn_index,
             "tools": list(self.tools),
@@ -125,7 +176,7 @@ class ReplayCoverage:
         return self.present / self.tokens if self.tokens else 1.0
 
     @classmethod
-    def of(cls, status: np.ndarray, names: Sequence[str]) -> ReplayCoverage:
+    def of(cls, status: MaskArray, names: Sequence[str]) -> ReplayCoverage:
         """The coverage of one sample, from its per-token status codes (`REPLAY_STATUS`)."""
         counted = np.bincount(status[: max(0, len(status) - 1)], minlength=len(names))
         missing = {names[code]: int(n) for code, n in enumerate(counted) if code > 1 and n}
@@ -137,7 +188,7 @@ class ReplayCoverage:
         for reason, n in other.missing.items():
             self.missing[reason] = self.missing.get(reason, 0) + n
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ReplayCoverageJson:
         return {
             "tokens": self.tokens,
             "present": self.present,
@@ -299,7 +350,7 @@ class Ledger:
             lost=[LostSpan.from_dict(x) for x in d.get("lost") or ()],
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LedgerJson:
         """The ledger as JSON. `restored_echoes` counts restored messages, `restored_by_tool`
         the tool calls in them by name (two units: see the fields)."""
         return {

@@ -23,7 +23,7 @@ from tokentrail.kinds import (
 )
 from tokentrail.messages import tool_names
 from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
-from tokentrail.trajectory.lost import LostSpan
+from tokentrail.trajectory.lost import LostJson, LostSpan
 from tokentrail.trajectory.lost import summary as lost_summary
 from tokentrail.trajectory.prefix_tree import tree_stats
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
@@ -71,7 +71,7 @@ class Trajectory:
         return dict(Counter(str(d.kind) for d in self.drifts))
 
     @property
-    def lost(self) -> dict[str, Any] | None:
+    def lost(self) -> LostJson | None:
         """What the session lost before linearization (see `trajectory.lost`), or None."""
         return lost_summary(self.ledger.lost)
 
@@ -98,7 +98,7 @@ def linearize_session(
     restored: int,
     restored_by_tool: Mapping[str, int],
     replays: tuple[Replay, ...],
-    status: Any,
+    status: Sequence[str],
     train_superseded: bool = False,
     train_constrained: ConstrainedPolicy = ConstrainedPolicy.MASK,
     restored_by_id: Mapping[str, Mapping[str, int]] | None = None,

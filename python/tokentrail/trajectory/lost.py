@@ -11,9 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 UNKNOWN = -1
+
+
+class LostSpanJson(TypedDict):
+    first: int
+    events: int
+    turns: int
+    reason: str
+
+
+class LostJson(TypedDict):
+    """`summary`: the loss in a finish answer and each sample's metadata."""
+
+    turns: int
+    events: int
+    spans: list[LostSpanJson]
 
 
 @dataclass(frozen=True)
@@ -25,7 +40,7 @@ class LostSpan:
     turns: int  # how many of them were generated turns (-1: unknown)
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LostSpanJson:
         return {
             "first": self.first,
             "events": self.events,
@@ -62,7 +77,7 @@ def lost_events(spans: Sequence[LostSpan]) -> int:
     return total(s.events for s in spans)
 
 
-def summary(spans: Sequence[LostSpan]) -> dict[str, Any] | None:
+def summary(spans: Sequence[LostSpan]) -> LostJson | None:
     """What a finish answer and each sample's metadata say of the loss (None: nothing lost)."""
     if not spans:
         return None
@@ -86,4 +101,14 @@ def describe(sid: str, spans: Sequence[LostSpan]) -> str:
     return f"session {sid!r} lost journaled turns before it was finished: " + "; ".join(parts)
 
 
-__all__ = ["UNKNOWN", "LostSpan", "describe", "lost_events", "lost_turns", "summary", "total"]
+__all__ = [
+    "UNKNOWN",
+    "LostJson",
+    "LostSpan",
+    "LostSpanJson",
+    "describe",
+    "lost_events",
+    "lost_turns",
+    "summary",
+    "total",
+]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from tokentrail.core.backend import load_backend
-from tokentrail.core.ids import TokenIds
+from tokentrail.core.ids import RowArray, TokenIds
 from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
 from tokentrail.kinds import (
@@ -26,12 +25,13 @@ from tokentrail.kinds import (
     RewritePolicy,
     parse_kind,
 )
-from tokentrail.messages import Message, ToolSchema, tool_names
+from tokentrail.messages import Message, ToolSchema
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
-from tokentrail.trajectory.linearize import Trajectory, linearize_session
+from tokentrail.trajectory.linearize import Trajectory as Trajectory  # what reads return
+from tokentrail.trajectory.linearize import linearize_session
 from tokentrail.trajectory.policies import DEFAULT_POLICIES
-from tokentrail.trajectory.restore import ByIdRestore, Seen, restore_echoes
+from tokentrail.trajectory.restore import EchoRestorer, Seen
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.tags import TurnTags
@@ -47,8 +47,9 @@ FoundTurn = tuple[list[Message], dict[str, Any]]
 P = TypeVar("P", DriftPolicy, RewritePolicy, ConstrainedPolicy)
 
 T = TypeVar("T")
-# What reads a session as it stands: its tree, its turn store and its linearization.
-SessionReader = Callable[[Node, "_core.TurnStore", Trajectory], T]
+# What reads a session as it stands: its tree, its turn store, its linearization and its echo
+# restore (read them, do not change them).
+SessionReader = Callable[[Node, "_core.TurnStore", Trajectory, EchoRestorer], T]
 
 
 @dataclass(frozen=True)
@@ -67,17 +68,13 @@ class _Session:
     store: _core.TurnStore  # the backend's TurnStore: every turn's tokens, stored compactly
     root: Node = field(default_factory=Node)
     turns: int = 0
-    restored: int = 0
-    restored_by_tool: Counter[str] = field(default_factory=Counter)
-    # Of those, the ones restored by identity only: tool -> what the harness changed -> count.
-    restored_by_id: dict[str, Counter[str]] = field(default_factory=dict)
+    # Its echo restore: what it recognized, restored and counted (`trajectory.restore`).
+    echoes: EchoRestorer = field(default_factory=EchoRestorer)
     # The node holding each generated turn, by turn index.
     by_index: dict[int, Node] = field(default_factory=dict)
     # The nodes of the generated turns tagged with each reply id (one, as ids are minted per
     # reply), in the order they were recorded: `find_reply` without a walk of the tree.
     by_reply: dict[str, list[Node]] = field(default_factory=dict)
-    # The latest conversation restored: what a next one that shares its messages reuses.
-    seen: Seen | None = None
 
     def add_turn(self, leaf: Node) -> None:
         self.by_index[self.turns] = leaf
@@ -88,15 +85,6 @@ class _Session:
     def reply(self, reply_id: str) -> Node | None:
         """The generated turn whose reply had this id (a turn a rewrite demoted is none)."""
         return next((n for n in self.by_reply.get(reply_id, ()) if n.turn is not None), None)
-
-    def note_restored(self, nodes: Sequence[Node], by_id: Sequence[ByIdRestore] = ()) -> None:
-        """Generated turns restored for the first time, `by_id` those by identity only."""
-        for node in nodes:
-            self.restored += 1
-            self.restored_by_tool.update(tool_names(node.message))
-        for found in by_id:
-            for tool in tool_names(found.node.message):
-                self.restored_by_id.setdefault(tool, Counter())[found.difference.value] += 1
 
 
 def _policy(kind: type[P], value: object, what: str) -> P:
@@ -299,18 +287,15 @@ class TrajectoryManager:
         """
         with self._lock:
             session = self._sessions.get(sid)
-            seen = session.seen if session is not None and unchanged else None
+            seen = session.echoes.seen if session is not None and unchanged else None
         keys = _message_keys(messages, "messages", seen, unchanged)
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
                 return list(messages), keys, {}
-            seen = seen if session.seen is seen else None
-            restored = restore_echoes(
+            restored = session.echoes.restore(
                 session.root, messages, keys, tools, seen, unchanged, call_ids
             )
-            session.seen = Seen(list(messages), keys, restored.messages)
-            session.note_restored(restored.newly, restored.by_id)
         return restored.messages, restored.keys, restored.echo_ids
 
     def splice_anchor(
@@ -364,11 +349,11 @@ class TrajectoryManager:
 
     def restored_by_tool(self, sid: str) -> dict[str, int]:
         session = self._sessions.get(sid)
-        return dict(session.restored_by_tool) if session else {}
+        return dict(session.echoes.restored_by_tool) if session else {}
 
     def restored_echoes(self, sid: str) -> int:
         session = self._sessions.get(sid)
-        return session.restored if session else 0
+        return session.echoes.restored if session else 0
 
     # -- linearization ------------------------------------------------------------------------
 
@@ -389,15 +374,15 @@ class TrajectoryManager:
         return _linearize(self, sid, session, reward, extra_metadata, max_sample_tokens)
 
     def inspect(self, sid: str, read: SessionReader[T], *, max_sample_tokens: int = 0) -> T:
-        """`read(tree, store, trajectory)` of a session linearized as it stands, under the lock
-        and without consuming it (a viewer watches sessions while their turns arrive)."""
+        """`read(tree, store, trajectory, echoes)` of a session linearized as it stands, under
+        the lock and without consuming it (a viewer watches sessions while their turns arrive)."""
         max_sample_tokens = _count(max_sample_tokens, "max_sample_tokens")
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
                 raise SessionError(f"no session {sid!r}")
             trajectory = _linearize(self, sid, session, 0.0, None, max_sample_tokens)
-            return read(session.root, session.store, trajectory)
+            return read(session.root, session.store, trajectory, session.echoes)
 
     def get_trajectory(
         self,
@@ -438,9 +423,9 @@ def _linearize(
         max_sample_tokens=max_sample_tokens,
         reward=float(reward),
         extra_metadata=extra_metadata,
-        restored=session.restored,
-        restored_by_tool=session.restored_by_tool,
-        restored_by_id=session.restored_by_id,
+        restored=session.echoes.restored,
+        restored_by_tool=session.echoes.restored_by_tool,
+        restored_by_id=session.echoes.restored_by_id,
         replays=manager.replay_channels,
         status=manager.core.REPLAY_STATUS,
         train_superseded=manager.train_superseded,
@@ -520,7 +505,7 @@ def _store_id(node: Node | None) -> int:
     return node.turn.id if node is not None and node.turn is not None else -1
 
 
-def _replay_arg(rows: ReplayRows | None) -> str | tuple[int, np.ndarray] | None:
+def _replay_arg(rows: ReplayRows | None) -> str | tuple[int, RowArray] | None:
     return None if rows is None else rows.store_arg()
 
 
@@ -542,13 +527,8 @@ def _message_keys(
 ) -> list[MessageKey]:
     if not isinstance(messages, list):
         raise MessageError(f"{what} must be a list of messages, got {type(messages).__name__}")
-    keys = []
-    if seen is not None:
-        # Messages that are the previous call's own objects keep their keys.
-        for m, before, key in zip(messages[:unchanged], seen.given, seen.keys, strict=False):
-            if m is not before:
-                break
-            keys.append(key)
+    # Messages that are the previous restore's own objects keep their keys.
+    keys = seen.keys_for(messages, unchanged) if seen is not None else []
     for pos in range(len(keys), len(messages)):
         m = messages[pos]
         if not isinstance(m, dict):

@@ -13,12 +13,14 @@ what the rows that train a node agree on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from tokentrail.core.ids import LogprobArray, MaskArray, RowArray, TokenArray
 from tokentrail.errors import TreeError
 from tokentrail.kinds import TreeMask, parse_kind
 from tokentrail.trajectory.layout_stats import TreeStats
@@ -26,6 +28,9 @@ from tokentrail.trajectory.sample import REPLAY_FIELDS, Sample
 
 # A dense boolean mask past this many nodes is over 1 GiB: ask for the flex block mask instead.
 MAX_DENSE_TOKENS = 32768
+
+_Int32 = npt.NDArray[np.int32]
+_Int64 = npt.NDArray[np.int64]
 
 
 def tree_mask(value: TreeMask | str) -> TreeMask:
@@ -55,30 +60,30 @@ class PrefixTree:
     root). Every row ends at the end of a block.
     """
 
-    tokens: np.ndarray
-    parent: np.ndarray
-    position_ids: np.ndarray
-    subtree_end: np.ndarray
-    trained_rows: np.ndarray
-    loss_mask: np.ndarray
-    logprobs: np.ndarray
-    weight_version: np.ndarray
+    tokens: TokenArray
+    parent: _Int32
+    position_ids: _Int32
+    subtree_end: _Int32
+    trained_rows: _Int32
+    loss_mask: MaskArray
+    logprobs: LogprobArray
+    weight_version: _Int32
     versions: list[str]
-    row_offsets: np.ndarray
-    row_nodes: np.ndarray
-    row_loss_mask: np.ndarray
-    row_logprobs: np.ndarray
-    row_weight_version: np.ndarray
-    rewards: np.ndarray
-    response_lengths: np.ndarray
+    row_offsets: _Int64
+    row_nodes: _Int32
+    row_loss_mask: MaskArray
+    row_logprobs: LogprobArray
+    row_weight_version: _Int32
+    rewards: npt.NDArray[np.float32]
+    response_lengths: _Int64
     row_sessions: list[str]
-    block_offsets: np.ndarray
-    block_parent: np.ndarray
+    block_offsets: _Int64
+    block_parent: _Int32
     # Nodes two training rows give different rollout logprobs or weight versions: their
     # per-node label is the first such row's; a trainer should use the per-row labels there.
     label_conflicts: int = 0
-    routed_experts: np.ndarray | None = None
-    indexer_topk: np.ndarray | None = None
+    routed_experts: RowArray | None = None
+    indexer_topk: RowArray | None = None
     row_metadata: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -93,7 +98,7 @@ class PrefixTree:
     def stats(self) -> TreeStats:
         return TreeStats(self.num_rows, int(self.row_offsets[-1]), self.num_nodes)
 
-    def row_path(self, row: int) -> np.ndarray:
+    def row_path(self, row: int) -> _Int32:
         """The nodes of row `row`, one per token of its sample, root first."""
         return self.row_nodes[self.row_offsets[row] : self.row_offsets[row + 1]]
 
@@ -116,7 +121,9 @@ class PrefixTree:
         values = np.asarray(node_values)[self.row_nodes]
         return np.split(values, self.row_offsets[1:-1])
 
-    def scatter(self, row_values: Sequence[float] | np.ndarray) -> np.ndarray:
+    def scatter(
+        self, row_values: Sequence[float] | npt.NDArray[np.floating]
+    ) -> npt.NDArray[np.float64]:
         """One value per row (an advantage) summed onto the nodes each row trains: a loss
         `sum(node_weight * f(logprob))` over the tree equals the rows' summed losses."""
         values = np.asarray(row_values, dtype=np.float64)
@@ -129,7 +136,7 @@ class PrefixTree:
         np.add.at(out, self.row_nodes, per_token)
         return out
 
-    def attention_mask(self) -> np.ndarray:
+    def attention_mask(self) -> npt.NDArray[np.bool_]:
         """`[N, N]` booleans, True where query node `i` may attend to key node `j` (its
         ancestors and itself)."""
         n = self.num_nodes
@@ -207,7 +214,7 @@ class _Row:
 
     __slots__ = ("tokens", "replay")
 
-    def __init__(self, tokens: np.ndarray, replay: list[np.ndarray]) -> None:
+    def __init__(self, tokens: TokenArray, replay: list[npt.NDArray[np.unsignedinteger]]) -> None:
         self.tokens = tokens
         self.replay = replay
 
@@ -297,7 +304,7 @@ def _number(order: list[_Block]) -> None:
         )
 
 
-def _replay_rows(samples: Sequence[Sample]) -> dict[str, list[np.ndarray]]:
+def _replay_rows(samples: Sequence[Sample]) -> dict[str, list[RowArray]]:
     """Each replay field the samples carry: all of them, one row per token, of one shape."""
     out = {}
     for name in REPLAY_FIELDS:
@@ -317,7 +324,7 @@ def _replay_rows(samples: Sequence[Sample]) -> dict[str, list[np.ndarray]]:
     return out
 
 
-def _rows(samples: Sequence[Sample], replay: dict[str, list[np.ndarray]]) -> list[_Row]:
+def _rows(samples: Sequence[Sample], replay: dict[str, list[RowArray]]) -> list[_Row]:
     out = []
     for i, sample in enumerate(samples):
         tokens = np.ascontiguousarray(np.asarray(sample.tokens, dtype=np.uint32))
@@ -326,7 +333,7 @@ def _rows(samples: Sequence[Sample], replay: dict[str, list[np.ndarray]]) -> lis
     return out
 
 
-def _row_words(rows: np.ndarray, n: int) -> np.ndarray:
+def _row_words(rows: RowArray, n: int) -> npt.NDArray[np.unsignedinteger]:
     """Replay rows as `[n, words]` of the widest unsigned type their bytes divide into, so
     comparing a 48 x 8 uint8 row is 48 word compares, not 384 byte compares."""
     raw = np.ascontiguousarray(rows).view(np.uint8).reshape(n, rows[0].nbytes if n else 0)
@@ -336,7 +343,9 @@ def _row_words(rows: np.ndarray, n: int) -> np.ndarray:
     return raw
 
 
-def _row_labels(samples: Sequence[Sample], versions: dict[str, int]) -> Iterable[tuple[Any, ...]]:
+def _row_labels(
+    samples: Sequence[Sample], versions: dict[str, int]
+) -> Iterator[tuple[MaskArray, LogprobArray, _Int32]]:
     """Per sample, over its whole sequence: loss mask, logprobs, weight version index."""
     for i, sample in enumerate(samples):
         n, response = len(sample.tokens), int(sample.response_length)

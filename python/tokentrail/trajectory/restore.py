@@ -1,8 +1,10 @@
-"""Where an echo is restored: a harness's re-rendering of a generated message is replaced by the
-message we generated, before the turn is rendered, so the tree and the token prefix line up.
+"""Echo restore: a harness's re-rendering of a generated message is replaced by the message we
+generated, before the turn is rendered, so the tree and the token prefix line up.
 
-`echo.py` decides whether two messages are the same message; this module walks a session's tree
-along an incoming message list and substitutes every recognized echo with the tree's own dict.
+Two modules, two ideas: `echo.py` recognizes an echo (normalizes two messages and compares
+them); this module restores: it walks a session's tree along an incoming message list and
+substitutes every recognized echo with the tree's own dict. `EchoRestorer` is one session's
+restore and owns all of its state; the tree's `Node`s hold the tree alone.
 
 An echo is recognized two ways. By identity: its tool calls carry the ids we minted for a
 generated turn (the harness sent them, `Conversation.call_ids`) and name the same tools, so it
@@ -15,6 +17,7 @@ echoes whose ids the harness dropped or re-minted.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -23,7 +26,7 @@ from tokentrail.kinds import REASONING_FIELDS, EchoDifference
 from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory.echo import echo_difference, is_echo
 from tokentrail.trajectory.tags import TurnTags
-from tokentrail.trajectory.tree import MessageKey, Node, message_key
+from tokentrail.trajectory.tree import MessageKey, Node, message_key, message_of
 
 logger = logging.getLogger(__name__)
 
@@ -62,84 +65,153 @@ class ByIdRestore:
 
 @dataclass(frozen=True)
 class Seen:
-    """One `restore_echoes` call: the messages given, their keys, the messages it returned."""
+    """One `EchoRestorer.restore` call: the messages given, their keys, the messages it returned."""
 
     given: list[Message]
     keys: list[MessageKey]
     restored: list[Message]
 
+    def keys_for(self, messages: Sequence[object], unchanged: int) -> list[MessageKey]:
+        """The keys of the leading messages, among the first `unchanged`, that are the very
+        objects this call was given: a next call takes them rather than computing them."""
+        keys: list[MessageKey] = []
+        for m, before, key in zip(messages[:unchanged], self.given, self.keys, strict=False):
+            if m is not before:
+                break
+            keys.append(key)
+        return keys
 
-def restore_echoes(
-    root: Node,
-    messages: Sequence[Message],
-    keys: list[MessageKey],
-    tools: Sequence[ToolSchema] | None,
-    seen: Seen | None = None,
-    unchanged: int = 0,
-    call_ids: Mapping[int, tuple[str, ...]] | None = None,
-) -> Restored:
-    """Walk from `root`: exact matches advance; where nothing matches exactly, a generated
-    assistant child that the incoming message is an echo of is substituted (by identity: its
-    calls carry the ids minted for that child, to the same tools; else `echo.is_echo`), and
-    the walk goes on. `keys` are the incoming messages' routing keys.
 
-    An exact match of a generated message is substituted too: routing keys ignore key order,
-    templates do not (`tojson` writes arguments in dict order), so a harness that sorts the
-    keys of our arguments (hermes-agent) would render other tokens than were sampled. It counts
-    as a restore when the key order differed.
+class EchoRestorer:
+    """One session's echo restore and everything it keeps between calls.
 
-    `seen` is the session's previous call: a message among the first `unchanged` that is the
-    very object it was given, substituted by the same generated message, was compared then.
-    `call_ids` (by message index) are the ids the harness sent with each message's calls; None
-    turns restore by identity off, leaving the coarse comparison alone.
+    Per tree node, the keys of the harness echoes recognized among its children and the
+    generated child each one restores to (a harness replays an echo the same way every time:
+    it is recognized once); the generated nodes restored so far (each counts once); the counts
+    the ledger reports; and the session's previous call (`seen`), whose keys and restores a
+    next call that shares its messages reuses.
     """
-    out = list(messages)
-    keys = list(keys)
-    newly: list[Node] = []
-    by_id: list[ByIdRestore] = []
-    node = root
-    for i, key in enumerate(keys):
-        nxt = node.child(key)
-        if nxt is not None:
-            generated = nxt.message if nxt.turn is not None else None
-            if generated is not None and seen is not None and i < unchanged:
-                if i < len(seen.given) and out[i] is seen.given[i]:
-                    if seen.restored[i] is generated:
-                        out[i] = generated
-                        node = nxt
-                        continue
-            if generated is not None and generated is not out[i]:
-                reordered = not _same_layout(generated, out[i])
-                out[i] = generated
-                if reordered and not nxt.metadata.get("restored"):
-                    nxt.metadata = {**nxt.metadata, "restored": True}
-                    newly.append(nxt)
-        else:
-            # A harness replays an echo the same way every time: recognize it once.
-            nxt = node.known_echo(key)
-            if nxt is None:
-                ids = call_ids.get(i) if call_ids is not None else None
-                found = _id_target(node, out[i], ids) if ids else None
-                if found is not None and not _coarse_echo(found, out[i], tools):
-                    kind = _difference(found, out[i], tools)
-                    if not found.metadata.get("restored"):
-                        by_id.append(ByIdRestore(i, found, ids or (), kind))
-                    logger.debug("echo restored by its call ids %s (%s differ)", ids, kind)
-                    nxt = found
-                else:
-                    nxt = _echo_target(node, out[i], tools)
+
+    __slots__ = ("_echoes", "_restored", "seen", "restored", "restored_by_tool", "restored_by_id")
+
+    def __init__(self) -> None:
+        self._echoes: dict[Node, dict[MessageKey, Node]] = {}
+        self._restored: set[Node] = set()
+        # The latest conversation restored.
+        self.seen: Seen | None = None
+        # Generated messages restored, in all and by tool; of those, the ones restored by
+        # identity only: tool -> what the harness changed -> count.
+        self.restored = 0
+        self.restored_by_tool: Counter[str] = Counter()
+        self.restored_by_id: dict[str, Counter[str]] = {}
+
+    def restore(
+        self,
+        root: Node,
+        messages: Sequence[Message],
+        keys: list[MessageKey],
+        tools: Sequence[ToolSchema] | None,
+        seen: Seen | None = None,
+        unchanged: int = 0,
+        call_ids: Mapping[int, tuple[str, ...]] | None = None,
+    ) -> Restored:
+        """Walk from `root`: exact matches advance; where nothing matches exactly, a generated
+        assistant child that the incoming message is an echo of is substituted (by identity:
+        its calls carry the ids minted for that child, to the same tools; else
+        `echo.is_echo`), and the walk goes on. `keys` are the incoming messages' routing keys.
+
+        An exact match of a generated message is substituted too: routing keys ignore key
+        order, templates do not (`tojson` writes arguments in dict order), so a harness that
+        sorts the keys of our arguments (hermes-agent) would render other tokens than were
+        sampled. It counts as a restore when the key order differed.
+
+        `seen` is `self.seen` as the caller read it (None once another call replaced it): a
+        message among the first `unchanged` that is the very object it was given, substituted
+        by the same generated message, was compared then. `call_ids` (by message index) are
+        the ids the harness sent with each message's calls; None turns restore by identity
+        off, leaving the coarse comparison alone.
+        """
+        restored = self._walk(
+            root, messages, keys, tools, seen if seen is self.seen else None, unchanged, call_ids
+        )
+        self.seen = Seen(list(messages), keys, restored.messages)
+        for node in restored.newly:
+            self.restored += 1
+            self.restored_by_tool.update(tool_names(node.message))
+        for found in restored.by_id:
+            for tool in tool_names(found.node.message):
+                self.restored_by_id.setdefault(tool, Counter())[found.difference.value] += 1
+        return restored
+
+    def echoes_of(self, child: Node) -> list[Message]:
+        """The harness's versions of `child`'s message that were restored to it."""
+        echoes = self._echoes.get(child.parent) if child.parent is not None else None
+        return [message_of(k) for k, c in (echoes or {}).items() if c is child]
+
+    def _walk(
+        self,
+        root: Node,
+        messages: Sequence[Message],
+        keys: list[MessageKey],
+        tools: Sequence[ToolSchema] | None,
+        seen: Seen | None,
+        unchanged: int,
+        call_ids: Mapping[int, tuple[str, ...]] | None,
+    ) -> Restored:
+        out = list(messages)
+        keys = list(keys)
+        newly: list[Node] = []
+        by_id: list[ByIdRestore] = []
+        node = root
+        for i, key in enumerate(keys):
+            nxt = node.child(key)
+            if nxt is not None:
+                generated = nxt.message if nxt.turn is not None else None
+                if generated is not None and seen is not None and i < unchanged:
+                    if i < len(seen.given) and out[i] is seen.given[i]:
+                        if seen.restored[i] is generated:
+                            out[i] = generated
+                            node = nxt
+                            continue
+                if generated is not None and generated is not out[i]:
+                    reordered = not _same_layout(generated, out[i])
+                    out[i] = generated
+                    if reordered and nxt not in self._restored:
+                        self._restored.add(nxt)
+                        newly.append(nxt)
+            else:
+                # A harness replays an echo the same way every time: recognize it once.
+                nxt = self._known(node, key)
                 if nxt is None:
-                    break
-                node.remember_echo(key, nxt)
-            generated = nxt.message
-            assert generated is not None  # an echo target is a generated turn
-            out[i] = generated
-            keys[i] = nxt.key if nxt.key is not None else message_key(generated)
-            if not nxt.metadata.get("restored"):
-                nxt.metadata = {**nxt.metadata, "restored": True}
-                newly.append(nxt)
-        node = nxt
-    return Restored(out, keys, newly, by_id)
+                    ids = call_ids.get(i) if call_ids is not None else None
+                    found = _id_target(node, out[i], ids) if ids else None
+                    if found is not None and not _coarse_echo(found, out[i], tools):
+                        kind = _difference(found, out[i], tools)
+                        if found not in self._restored:
+                            by_id.append(ByIdRestore(i, found, ids or (), kind))
+                        logger.debug("echo restored by its call ids %s (%s differ)", ids, kind)
+                        nxt = found
+                    else:
+                        nxt = _echo_target(node, out[i], tools)
+                    if nxt is None:
+                        break
+                    self._echoes.setdefault(node, {})[key] = nxt
+                generated = nxt.message
+                assert generated is not None  # an echo target is a generated turn
+                out[i] = generated
+                keys[i] = nxt.key if nxt.key is not None else message_key(generated)
+                if nxt not in self._restored:
+                    self._restored.add(nxt)
+                    newly.append(nxt)
+            node = nxt
+        return Restored(out, keys, newly, by_id)
+
+    def _known(self, node: Node, key: MessageKey) -> Node | None:
+        """The generated child an echo with this key was recognized as, under `node`."""
+        echoes = self._echoes.get(node)
+        child = echoes.get(key) if echoes is not None else None
+        # A child that has since stopped being a generated turn restores nothing.
+        return child if child is not None and child.turn is not None else None
 
 
 def _id_target(node: Node, message: Message, ids: tuple[str, ...]) -> Node | None:

@@ -14,11 +14,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tokentrail.core.ids import TokenArray
 from tokentrail.trajectory.tree import Node
 
 
 def unanswered(
-    node: Node, prompt: np.ndarray, prompt_of: Callable[[int], np.ndarray]
+    node: Node, prompt: TokenArray, prompt_of: Callable[[int], TokenArray]
 ) -> list[Node]:
     """The generated children of `node` (the end of a prompt's path) that a request with prompt
     ids `prompt` repeats; `prompt_of(turn id)` reads a stored turn's prompt ids."""

@@ -15,10 +15,12 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
+from tokentrail.core.ids import LogprobArray, MaskArray, RowArray, TokenArray
 from tokentrail.kinds import Replay
 from tokentrail.trajectory.ledger import ReplayCoverage
 from tokentrail.trajectory.tree import Node
@@ -30,23 +32,40 @@ if TYPE_CHECKING:
 REPLAY_FIELDS = ("routed_experts", "indexer_topk")
 
 
+class MultimodalInputs(TypedDict):
+    """`Sample.multimodal_inputs`: slime's `multimodal_inputs`, verl's `multi_modal_data`."""
+
+    images: list[bytes]
+    image_grid_thw: npt.NDArray[np.int64]
+    image_offsets: list[int]
+
+
+class TrainedVersion(TypedDict):
+    """A trained stretch `[start, end)` of a sample's tokens sampled by weights `version`."""
+
+    version: str
+    start: int
+    end: int
+    trained: int
+
+
 @dataclass
 class Sample:
-    tokens: np.ndarray
-    loss_mask: np.ndarray
-    rollout_log_probs: np.ndarray
+    tokens: TokenArray
+    loss_mask: MaskArray
+    rollout_log_probs: LogprobArray
     response_length: int
     reward: float = 0.0
     metadata: dict[str, Any] = field(default_factory=dict)
     # `[len(tokens), layers, top_k]` expert ids; `[len(tokens), layers, index_topk]` indices.
-    routed_experts: np.ndarray | None = None
-    indexer_topk: np.ndarray | None = None
+    routed_experts: RowArray | None = None
+    indexer_topk: RowArray | None = None
 
     @property
     def prompt_length(self) -> int:
         return len(self.tokens) - self.response_length
 
-    def multimodal_inputs(self) -> dict[str, Any] | None:
+    def multimodal_inputs(self) -> MultimodalInputs | None:
         """The sample's images as slime's `Sample.multimodal_inputs` and verl's
         `multi_modal_data` hold them, with the processor's grid: `images` (encoded bytes, in
         token order), `image_grid_thw` (`[n, 3]`), `image_offsets` (where each image's
@@ -61,7 +80,7 @@ class Sample:
         }
 
     @property
-    def constrained(self) -> np.ndarray:
+    def constrained(self) -> MaskArray:
         """`[response_length]` uint8: 1 where the token was sampled under a structured-output
         grammar (a forced tool call), its logprob the grammar's, not the policy's."""
         mask = np.zeros(self.response_length, dtype=np.uint8)
@@ -157,14 +176,14 @@ def replay_rows(
 
 
 def trained_versions(
-    built: _core.BuiltSample, loss_mask: np.ndarray, nodes: Sequence[Node]
-) -> list[dict[str, Any]]:
+    built: _core.BuiltSample, loss_mask: MaskArray, nodes: Sequence[Node]
+) -> list[TrainedVersion]:
     """The weight version of every trained stretch of `built` (whose sample trains
     `loss_mask`), in `tokens` positions: `{"version", "start", "end", "trained"}`, the last the
     trained tokens it holds."""
     response_start = len(built.tokens) - len(loss_mask)
     by_turn = {n.turn.id: n.turn for n in nodes if n.turn is not None}
-    out = []
+    out: list[TrainedVersion] = []
     for span in built.spans:
         turn = by_turn.get(span.turn)
         if turn is None:

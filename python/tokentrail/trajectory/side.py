@@ -12,7 +12,9 @@ prompt, or the first user message when there is none) or by a request header: ex
 are served and journaled like any other, and the ledger masks their tokens as `excluded`.
 `--exclude-side-requests` adds the side requests seen from real harnesses (`KNOWN_SIDE_REQUESTS`),
 each a rule named with the harness and the release it was seen in: the ledger's `excluded`
-reason names the rule that fired (`known:claude-code 2.1.332 session title`).
+reason names the rule that fired (`known:claude-code 2.1.332 session title`). A known rule reads
+the first message, or the request's last user message for a side request that replays the main
+conversation and appends its own ask (hermes-agent's background review).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import TypedDict
 
 from tokentrail.errors import PolicyError
 from tokentrail.messages import Message
@@ -30,6 +33,8 @@ from tokentrail.trajectory.tree import Node
 __all__ = [
     "KNOWN_SIDE_REQUESTS",
     "SUBAGENT_TOOLS",
+    "ConversationTags",
+    "Reads",
     "SideRule",
     "SideRules",
     "conversation_tags",
@@ -38,15 +43,34 @@ __all__ = [
 ]
 
 
+class ConversationTags(TypedDict):
+    """`conversation_tags`: the conversation a sample came from, in its metadata."""
+
+    root_branch: int | None
+    system_fingerprint: str | None
+    subagent: bool
+
+
+class Reads(Enum):
+    """Which message of a request a side rule searches."""
+
+    # The conversation's first message (the system prompt, or the first user message).
+    FIRST = "first"
+    # The request's last user message: a side request that replays the main conversation
+    # and appends its own ask, which no first message tells apart.
+    LAST_USER = "last_user"
+
+
 @dataclass(frozen=True)
 class SideRule:
-    """A side request a real harness makes, recognized by its first message: the harness,
-    the release it was seen in, what the request is for, and the pattern (searched)."""
+    """A side request a real harness makes, recognized by one of its messages (`reads`): the
+    harness, the release it was seen in, what the request is for, and the pattern (searched)."""
 
     harness: str
     version: str
     what: str
     pattern: str
+    reads: Reads = Reads.FIRST
 
     @property
     def name(self) -> str:
@@ -67,6 +91,18 @@ KNOWN_SIDE_REQUESTS = (
         "0.19.0",
         "summarizer",
         r"\AYou are a summarization agent creating a context checkpoint",
+    ),
+    # After a reply that took 10 tool-calling iterations (the skill review) or every 10 user
+    # turns (the memory review), hermes-agent forks a review agent in the background: the main
+    # conversation replayed, the same system prompt, and one more user message asking it to
+    # review the conversation (`agent/background_review.py`'s three prompts).
+    SideRule(
+        "hermes-agent",
+        "0.19.0",
+        "background review",
+        r"\AReview the conversation above and "
+        r"(?:update the skill library|consider saving to memory|update two things)",
+        Reads.LAST_USER,
     ),
     # `agent/prompt/title.txt`, which kilo shares; a provider header may come before it, so it
     # is anchored at a line.
@@ -106,32 +142,47 @@ def _first_text(messages: Sequence[Message]) -> str:
     return content if isinstance(content, str) else ""
 
 
+def _last_user_text(messages: Sequence[Message]) -> str:
+    last = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    content = last.get("content") if last is not None else None
+    return content if isinstance(content, str) else ""
+
+
 @dataclass(frozen=True)
 class SideRules:
-    """Patterns (regular expressions, searched) on a conversation's first message, each with
-    the reason a match is excluded for (`pattern:<the pattern>`, or a known rule's name)."""
+    """Patterns (regular expressions, searched) on a conversation's first message (or, for a
+    known rule that says so, the request's last user message), each with the reason a match is
+    excluded for (`pattern:<the pattern>`, or a known rule's name)."""
 
     patterns: tuple[re.Pattern[str], ...] = ()
     reasons: tuple[str, ...] = ()
+    reads: tuple[Reads, ...] = ()
 
     @classmethod
     def compile(cls, patterns: Iterable[str] | None, known: Iterable[SideRule] = ()) -> SideRules:
-        compiled, reasons = [], []
-        named = [(p, f"pattern:{p}") for p in patterns or ()]
-        named += [(rule.pattern, f"known:{rule.name}") for rule in known]
-        for pattern, reason in named:
+        compiled, reasons, reads = [], [], []
+        named = [(p, f"pattern:{p}", Reads.FIRST) for p in patterns or ()]
+        named += [(rule.pattern, f"known:{rule.name}", rule.reads) for rule in known]
+        for pattern, reason, where in named:
             try:
                 compiled.append(re.compile(pattern))
             except re.error as exc:
                 raise PolicyError(f"bad side-conversation pattern {pattern!r}: {exc}") from None
             reasons.append(reason)
-        return cls(tuple(compiled), tuple(reasons))
+            reads.append(where)
+        return cls(tuple(compiled), tuple(reasons), tuple(reads))
 
     def match(self, messages: Sequence[Message]) -> str | None:
-        """Why the conversation is excluded: the reason of the first pattern its first message
-        matches, if any."""
-        text = _first_text(messages)
-        found = (r for p, r in zip(self.patterns, self.reasons, strict=True) if p.search(text))
+        """Why the conversation is excluded: the reason of the first pattern that the message
+        it reads matches, if any."""
+        texts = {Reads.FIRST: _first_text(messages)}
+        if Reads.LAST_USER in self.reads:
+            texts[Reads.LAST_USER] = _last_user_text(messages)
+        found = (
+            reason
+            for pattern, reason, where in zip(self.patterns, self.reasons, self.reads, strict=True)
+            if pattern.search(texts[where])
+        )
         return next(found, None)
 
     def __bool__(self) -> bool:
@@ -178,7 +229,7 @@ def subagent_prompts(nodes: Iterable[Node]) -> list[tuple[str, Node]]:
 
 def conversation_tags(
     root: Node, leaf: Node, prompts: Sequence[tuple[str, Node]]
-) -> dict[str, Any]:
+) -> ConversationTags:
     """The conversation a sample ending at `leaf` came from: `root_branch` (which of the
     tree's first messages it descends from, in order of arrival), `system_fingerprint`, and
     `subagent` (its first user message carries a prompt from `prompts` that a turn outside

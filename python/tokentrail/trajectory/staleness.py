@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from tokentrail.errors import PolicyError
 from tokentrail.kinds import MaskReason, StalenessPolicy
@@ -47,7 +48,7 @@ def step_of(version: str) -> int:
         ) from None
 
 
-def token_steps(sample: Sample, version_step: VersionStep = step_of) -> np.ndarray:
+def token_steps(sample: Sample, version_step: VersionStep = step_of) -> npt.NDArray[np.int64]:
     """Per response position (as `loss_mask`), the trainer step of the weights that sampled
     it; `NO_STEP` where no version is known."""
     steps = np.full(sample.response_length, NO_STEP, dtype=np.int64)
@@ -59,11 +60,23 @@ def token_steps(sample: Sample, version_step: VersionStep = step_of) -> np.ndarr
     return steps
 
 
-def staleness(sample: Sample, step: int, version_step: VersionStep = step_of) -> np.ndarray:
+def staleness(
+    sample: Sample, step: int, version_step: VersionStep = step_of
+) -> npt.NDArray[np.int64]:
     """Per response position, how many steps old its weights are at trainer step `step`
     (`step` minus the token's version); `NO_STEP` where no version is known."""
     steps = token_steps(sample, version_step)
     return np.where(steps == NO_STEP, NO_STEP, step - steps)
+
+
+class StalenessJson(TypedDict):
+    step: int
+    max_staleness: int
+    policy: str
+    trained_by_staleness: dict[str, int]
+    tokens_masked: int
+    samples_dropped: int
+    tokens_dropped: int
 
 
 @dataclass
@@ -80,7 +93,7 @@ class StalenessReport:
     samples_dropped: int = 0
     tokens_dropped: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> StalenessJson:
         return {
             "step": self.step,
             "max_staleness": self.max_staleness,
@@ -128,7 +141,7 @@ def limit_staleness(
     return kept, report
 
 
-def _masked(sample: Sample, stale: np.ndarray, n_stale: int) -> Sample:
+def _masked(sample: Sample, stale: npt.NDArray[np.bool_], n_stale: int) -> Sample:
     mask = sample.loss_mask.copy()
     mask[stale] = 0
     masked = dict(sample.metadata.get("masked") or {})

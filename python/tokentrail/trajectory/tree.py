@@ -70,7 +70,9 @@ class Node:
 
     Kept small: a session holds one node per message it ever saw. Only generated turns keep
     their message dict; a routing node keeps its key (which holds the content) and rebuilds
-    the dict on demand. Children are indexed by key once there is more than one.
+    the dict on demand. Children are indexed by key once there is more than one. A node holds
+    the tree alone: what echo restore keeps about it lives in the session's
+    `restore.EchoRestorer`.
     """
 
     __slots__ = (
@@ -85,7 +87,6 @@ class Node:
         "tools",
         "metadata",
         "demoted",
-        "_echoes",
     )
 
     def __init__(
@@ -108,9 +109,6 @@ class Node:
         self.tools: list[ToolSchema] | None = None
         self.metadata: Mapping[str, Any] = _NO_METADATA
         self.demoted: Sequence[DemotedTurn] = ()
-        # Keys of harness echoes recognized among the children, and the generated child each
-        # one restores to.
-        self._echoes: dict[MessageKey, Node] | None = None
 
     @property
     def message(self) -> Message | None:
@@ -142,23 +140,6 @@ class Node:
         if child.key is not None:
             self._by_key.setdefault(child.key, child)
         return child
-
-    def known_echo(self, key: MessageKey) -> Node | None:
-        echoes = self._echoes
-        if echoes is None:
-            return None
-        child = echoes.get(key)
-        # A child that has since stopped being a generated turn restores nothing.
-        return child if child is not None and child.turn is not None else None
-
-    def remember_echo(self, key: MessageKey, child: Node) -> None:
-        if self._echoes is None:
-            self._echoes = {}
-        self._echoes[key] = child
-
-    def echoes_of(self, child: Node) -> list[Message]:
-        """The harness's versions of `child`'s message that were restored to it."""
-        return [message_of(k) for k, c in (self._echoes or {}).items() if c is child]
 
     def demote(self, demoted: DemotedTurn) -> None:
         self.demoted = [*self.demoted, demoted]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tokentrail.core.ids import Logprobs, TokenIds, as_token_array
+from tokentrail.core.ids import LogprobArray, Logprobs, TokenArray, TokenIds, as_token_array
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import LogprobLengthError, ReplayError, TokenIdError
 from tokentrail.kinds import Fallback, History, parse_kind
@@ -39,9 +39,9 @@ class TurnRecord:
 class CheckedTurn:
     """A validated turn: ids as `uint32` arrays, logprobs as `float32` or None."""
 
-    prompt_ids: np.ndarray
-    output_ids: np.ndarray
-    logprobs: np.ndarray | None
+    prompt_ids: TokenArray
+    output_ids: TokenArray
+    logprobs: LogprobArray | None
     finish_reason: str | None
     ill_formed: bool
     history: History | None = None

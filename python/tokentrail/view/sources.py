@@ -19,6 +19,7 @@ from tokentrail.storage.replay import Settings, record_session
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
+from tokentrail.trajectory.restore import EchoRestorer
 from tokentrail.trajectory.tree import Node
 from tokentrail.view.view_model import (
     Decode,
@@ -159,8 +160,10 @@ class JournalSource:
 
 
 def _inspect(manager: TrajectoryManager, sid: str, state: str) -> SessionData:
-    def read(root: Node, store: _core.TurnStore, trajectory: Trajectory) -> SessionData:
-        return SessionData(sid, state, root, store, trajectory)
+    def read(
+        root: Node, store: _core.TurnStore, trajectory: Trajectory, echoes: EchoRestorer
+    ) -> SessionData:
+        return SessionData(sid, state, root, store, trajectory, echoes)
 
     return manager.inspect(sid, read)
 
@@ -186,8 +189,10 @@ class LiveSource:
         }
 
     def _read(self, sid: str, what: Any) -> Any:
-        def read(root: Node, store: _core.TurnStore, trajectory: Trajectory) -> Any:
-            return what(SessionData(sid, "live", root, store, trajectory))
+        def read(
+            root: Node, store: _core.TurnStore, trajectory: Trajectory, echoes: EchoRestorer
+        ) -> Any:
+            return what(SessionData(sid, "live", root, store, trajectory, echoes))
 
         try:
             return self.manager.inspect(sid, read)

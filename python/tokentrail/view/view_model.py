@@ -18,6 +18,7 @@ from tokentrail.kinds import BranchReason, MaskReason
 from tokentrail.messages import Message, tool_names
 from tokentrail.trajectory.ledger import Ledger, TurnLedger
 from tokentrail.trajectory.linearize import Trajectory
+from tokentrail.trajectory.restore import EchoRestorer
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tree import Node, iter_nodes
@@ -57,6 +58,8 @@ class SessionData:
     root: Node
     store: _core.TurnStore
     trajectory: Trajectory
+    # The session's echo restore: which harness messages were restored to which turn.
+    echoes: EchoRestorer
 
 
 def session_summary(data: SessionData) -> dict[str, Any]:
@@ -322,8 +325,7 @@ def turn_detail(
             "rendered": _token(prompt, shared, decode),
             "previous_length": len(before),
         }
-    parent = node.parent
-    echoes = parent.echoes_of(node) if parent is not None and node.turn is turn else []
+    echoes = data.echoes.echoes_of(node) if node.turn is turn else []
     counts = fate_counts(fates)
     return {
         "turn_index": turn_index,

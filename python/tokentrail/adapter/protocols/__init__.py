@@ -8,11 +8,7 @@ from __future__ import annotations
 from tokentrail.adapter.protocols import anthropic as anthropic
 from tokentrail.adapter.protocols import openai as openai
 from tokentrail.adapter.protocols import responses as responses
-from tokentrail.adapter.protocols.common import (
-    WireProtocol,
-    protocol_for_path,
-    protocols,
-    register_protocol,
-)
+from tokentrail.adapter.protocols.base import WireProtocol
+from tokentrail.adapter.protocols.registry import protocol_for_path, protocols, register_protocol
 
 __all__ = ["WireProtocol", "protocol_for_path", "protocols", "register_protocol"]

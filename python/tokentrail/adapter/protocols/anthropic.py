@@ -13,30 +13,24 @@ from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
-from tokentrail.adapter.protocols.common import (
-    DEFAULT_WIRE,
-    ContentReader,
+from tokentrail.adapter.protocols.base import LiveStream, WireProtocol
+from tokentrail.adapter.protocols.content import ContentReader, append_system_note, wire_messages
+from tokentrail.adapter.protocols.fields import ANTHROPIC, ANTHROPIC_COUNT, ANTHROPIC_DEFAULTED
+from tokentrail.adapter.protocols.ids import mint_id
+from tokentrail.adapter.protocols.options import DEFAULT_WIRE, WireOptions, system_reminder
+from tokentrail.adapter.protocols.outcome import Outcome
+from tokentrail.adapter.protocols.registry import register_protocol
+from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
+from tokentrail.adapter.protocols.sampling import sampling_keys
+from tokentrail.adapter.protocols.server_blocks import is_server_block, server_block_text
+from tokentrail.adapter.protocols.sse import pieces
+from tokentrail.adapter.protocols.tool_results import ToolResults
+from tokentrail.adapter.protocols.tools import (
     DeclaredTools,
-    LiveStream,
-    Outcome,
-    ToolResults,
-    WireOptions,
-    WireProtocol,
-    append_system_note,
-    is_server_block,
-    mint_id,
-    pieces,
-    register_protocol,
-    sampling_keys,
-    server_block_text,
-    system_reminder,
     tool_choice,
     tool_schema,
     translate_tools,
-    wire_messages,
 )
-from tokentrail.adapter.protocols.fields import ANTHROPIC, ANTHROPIC_COUNT, ANTHROPIC_DEFAULTED
-from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema

@@ -19,17 +19,12 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tokentrail.adapter.protocols.common import (
-    LiveStream,
-    Outcome,
-    WireProtocol,
-    mint_id,
-    pieces,
-    register_protocol,
-    sampling_keys,
-)
+from tokentrail.adapter.protocols.base import LiveStream, WireProtocol
 from tokentrail.adapter.protocols.fields import RESPONSES
+from tokentrail.adapter.protocols.ids import mint_id
 from tokentrail.adapter.protocols.openai import dump_arguments
+from tokentrail.adapter.protocols.outcome import Outcome
+from tokentrail.adapter.protocols.registry import register_protocol
 from tokentrail.adapter.protocols.responses_input import (
     CUSTOM_INPUT,
     ToolTable,
@@ -38,6 +33,8 @@ from tokentrail.adapter.protocols.responses_input import (
     translate_request,
 )
 from tokentrail.adapter.protocols.resume import ResumableProtocol, Translated
+from tokentrail.adapter.protocols.sampling import sampling_keys
+from tokentrail.adapter.protocols.sse import pieces
 from tokentrail.errors import RequestError
 from tokentrail.messages import Conversation, Message
 from tokentrail.text.stream_parsing import StreamDeltas

@@ -18,15 +18,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
-from tokentrail.adapter.protocols.common import (
-    ContentReader,
-    DeclaredTools,
-    append_system_note,
-    tool_choice,
-    tool_schema,
-)
+from tokentrail.adapter.protocols.content import ContentReader, append_system_note
 from tokentrail.adapter.protocols.openai import parse_arguments
 from tokentrail.adapter.protocols.resume import Fold, Translated
+from tokentrail.adapter.protocols.tools import DeclaredTools, tool_choice, tool_schema
 from tokentrail.errors import RequestError
 from tokentrail.kinds import ToolChoice
 from tokentrail.messages import Conversation, Message, ToolCall, ToolSchema

@@ -22,7 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tokentrail.adapter.protocols.common import ContentReader, ToolResults, WireProtocol
+from tokentrail.adapter.protocols.base import WireProtocol
+from tokentrail.adapter.protocols.content import ContentReader
+from tokentrail.adapter.protocols.tool_results import ToolResults
 from tokentrail.messages import Conversation, Message
 
 __all__ = ["Fold", "FoldMark", "ResumableProtocol", "Translated"]

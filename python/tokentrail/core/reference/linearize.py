@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tokentrail.core.ids import as_token_array
+from tokentrail.core.ids import LogprobArray, MaskArray, TokenArray, as_token_array
 from tokentrail.errors import LogprobLengthError, PolicyError
 from tokentrail.kinds import DriftKind, DriftPolicy, parse_kind
 
@@ -21,7 +21,8 @@ POLICIES = tuple(p.value for p in DriftPolicy)
 
 def token_list(ids: object, what: str = "token ids") -> list[int]:
     """Validate a token sequence (list, tuple or integer numpy array) into a list of ints."""
-    return as_token_array(ids, what).tolist()
+    out: list[int] = as_token_array(ids, what).tolist()
+    return out
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -141,15 +142,15 @@ class SampleBuilder:
         return any(self._mask[self.response_start :])
 
     @property
-    def tokens(self) -> np.ndarray:
+    def tokens(self) -> TokenArray:
         return np.asarray(self._tokens, dtype=np.uint32)
 
     @property
-    def loss_mask(self) -> np.ndarray:
+    def loss_mask(self) -> MaskArray:
         return np.asarray(self._mask, dtype=np.uint8)
 
     @property
-    def logprobs(self) -> np.ndarray:
+    def logprobs(self) -> LogprobArray:
         return np.asarray(self._logprobs, dtype=np.float32)
 
     def finish(self, max_sample_tokens: int = 0) -> BuiltSample:
@@ -187,9 +188,9 @@ class SampleBuilder:
 class BuiltSample:
     """One linearized run: `tokens` in full, `loss_mask`/`logprobs` over the response part."""
 
-    tokens: np.ndarray
-    loss_mask: np.ndarray
-    logprobs: np.ndarray
+    tokens: TokenArray
+    loss_mask: MaskArray
+    logprobs: LogprobArray
     response_start: int
     truncated: bool
     turns: list[int]

@@ -4,9 +4,12 @@ batch, with their replay rows when given."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
+from tokentrail.core.ids import Logprobs, RowArray, TokenArray, TokenIds
 from tokentrail.core.packed import PackedBatch
 from tokentrail.core.reference.linearize import token_list
 from tokentrail.errors import PackError
@@ -17,15 +20,19 @@ Packed = PackedBatch
 
 _INT32_MAX = 2**31 - 1
 
+_Ints = Sequence[int] | npt.NDArray[np.integer]
+_Floats = Sequence[float] | npt.NDArray[np.floating]
+_Scalar = TypeVar("_Scalar", bound=np.generic)
+
 
 def pack(
-    tokens: Sequence[Sequence[int] | np.ndarray],
-    loss_masks: Sequence[Sequence[int] | np.ndarray],
-    logprobs: Sequence[Sequence[float] | np.ndarray],
-    response_lengths: Sequence[int] | np.ndarray,
-    rewards: Sequence[float] | np.ndarray,
-    routed_experts: Sequence[np.ndarray] | None = None,
-    indexer_topk: Sequence[np.ndarray] | None = None,
+    tokens: Sequence[TokenIds],
+    loss_masks: Sequence[_Ints],
+    logprobs: Sequence[Logprobs],
+    response_lengths: _Ints,
+    rewards: _Floats,
+    routed_experts: Sequence[RowArray] | None = None,
+    indexer_topk: Sequence[RowArray] | None = None,
 ) -> PackedBatch:
     """Pack samples into one batch for variable-length attention.
 
@@ -80,8 +87,8 @@ def pack(
         raise PackError(f"{n} samples of {total} tokens in all do not fit int32 cu_seqlens")
     packed_rows = {what: _packed_rows(arrays, what, seqlens) for what, arrays in replay.items()}
 
-    mask_parts: list[np.ndarray] = []
-    lp_parts: list[np.ndarray] = []
+    mask_parts: list[npt.NDArray[np.uint8]] = []
+    lp_parts: list[npt.NDArray[np.float32]] = []
     for t, mask, lp, length in zip(ids, masks, lps, lengths.tolist(), strict=True):
         prompt = len(t) - length
         mask_parts += [np.zeros(prompt, dtype=np.uint8), mask]
@@ -108,7 +115,7 @@ def pack(
 _ROW_TYPES = ("uint8", "uint16", "uint32", "int32")
 
 
-def _row_arrays(values: Sequence[object], what: str) -> list[np.ndarray]:
+def _row_arrays(values: Sequence[object], what: str) -> list[RowArray]:
     """Per-sample replay rows: 3-D arrays of one tape type and row shape, as the first one."""
     arrays = [np.ascontiguousarray(value) for value in values]
     for i, array in enumerate(arrays):
@@ -127,7 +134,7 @@ def _row_arrays(values: Sequence[object], what: str) -> list[np.ndarray]:
     return arrays
 
 
-def _packed_rows(arrays: list[np.ndarray], what: str, seqlens: list[int]) -> np.ndarray | None:
+def _packed_rows(arrays: list[RowArray], what: str, seqlens: list[int]) -> RowArray | None:
     """The samples' rows one after another, or None for no samples."""
     if len(arrays) != len(seqlens):
         raise PackError(f"{what}: {len(arrays)} entries for {len(seqlens)} samples")
@@ -137,7 +144,7 @@ def _packed_rows(arrays: list[np.ndarray], what: str, seqlens: list[int]) -> np.
     return np.concatenate(arrays) if arrays else None
 
 
-def _array1(values: object, dtype: type[np.generic]) -> np.ndarray:
+def _array1(values: object, dtype: type[_Scalar]) -> npt.NDArray[_Scalar]:
     """`values` as numpy's `asarray` reads them, which must be 1-D."""
     array = np.asarray(values, dtype=dtype)
     if array.ndim != 1:
@@ -145,14 +152,14 @@ def _array1(values: object, dtype: type[np.generic]) -> np.ndarray:
     return array
 
 
-def _packed_ids(ids: object, what: str) -> np.ndarray:
+def _packed_ids(ids: object, what: str) -> TokenArray:
     """A 1-D uint32 array as it is; anything else checked by `token_list`."""
     if isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype == np.uint32:
         return ids
     return np.asarray(token_list(ids, what), dtype=np.uint32)
 
 
-def _concat(parts: list[np.ndarray], dtype: type[np.generic]) -> np.ndarray:
+def _concat(parts: Sequence[npt.NDArray[np.generic]], dtype: type[_Scalar]) -> npt.NDArray[_Scalar]:
     if not parts:
         return np.zeros(0, dtype=dtype)
     return np.concatenate(parts).astype(dtype, copy=False)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tokentrail.core.ids import LogprobArray, MaskArray, RowArray, TokenArray
 from tokentrail.core.reference.linearize import (
     Linearized,
     lcp,
@@ -132,18 +133,18 @@ class TurnStore:
             return 0
         return min(lcp(self._tokens(parent), prompt), max(0, self._full_len(parent) - 1))
 
-    def routed_experts(self, turn: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def routed_experts(self, turn: int, length: int | None = None) -> tuple[RowArray, MaskArray]:
         """The turn's first `length` positions (default: all) of routed experts: rows
         `[length, layers, top_k]` and one `REPLAY_STATUS` code per position."""
         return self._replay_rows(ROUTED, turn, length)
 
-    def indexer_topk(self, turn: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def indexer_topk(self, turn: int, length: int | None = None) -> tuple[RowArray, MaskArray]:
         """`routed_experts` for the indexer top-k tape."""
         return self._replay_rows(INDEXER, turn, length)
 
     def _replay_rows(
         self, channel: str, turn: int, length: int | None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[RowArray, MaskArray]:
         self._check(turn)
         full = self._full_len(turn)
         length = full if length is None else length
@@ -168,7 +169,7 @@ class TurnStore:
         if not 0 <= turn < len(self):
             raise PolicyError(f"turn {turn} does not exist ({len(self)} turns stored)")
 
-    def prompt_ids(self, turn: int) -> np.ndarray:
+    def prompt_ids(self, turn: int) -> TokenArray:
         return np.asarray(self._prompt(turn), dtype=np.uint32)
 
     def _prompt(self, turn: int) -> list[int]:
@@ -186,7 +187,7 @@ class TurnStore:
             full = full[: self._prefix[t]] + self._tail[t] + self._output[t]
         return full
 
-    def tokens(self, turn: int) -> np.ndarray:
+    def tokens(self, turn: int) -> TokenArray:
         """The turn's prompt then output ids."""
         self._check(turn)
         return np.asarray(self._tokens(turn), dtype=np.uint32)
@@ -198,11 +199,11 @@ class TurnStore:
         self._cached = (turn, full)
         return full
 
-    def output_ids(self, turn: int) -> np.ndarray:
+    def output_ids(self, turn: int) -> TokenArray:
         self._check(turn)
         return np.asarray(self._output[turn], dtype=np.uint32)
 
-    def logprobs(self, turn: int) -> np.ndarray | None:
+    def logprobs(self, turn: int) -> LogprobArray | None:
         self._check(turn)
         lps = self._logprobs[turn]
         return None if lps is None else np.asarray(lps, dtype=np.float32)

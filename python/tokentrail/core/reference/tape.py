@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokentrail.core.ids import MaskArray, RowArray
 from tokentrail.errors import ReplayError
 
 # What a materialized position holds; a status's code is its index.
@@ -67,10 +68,10 @@ class TapeShape:
 
 
 # One push argument, parsed: None (absent), a status code, or (start, rows).
-Given = None | int | tuple[int, np.ndarray]
+Given = None | int | tuple[int, RowArray]
 
 
-def read_rows(value: object, what: str) -> np.ndarray:
+def read_rows(value: object, what: str) -> RowArray:
     """`value` as numpy reads it, which must be a 3-D integer array."""
     array = np.ascontiguousarray(value)
     if array.ndim != 3 or array.dtype.kind not in "iu":
@@ -104,7 +105,7 @@ def given(value: object, channel: str, prompt: int) -> Given:
 @dataclass
 class _TapeTurn:
     start: int  # `from` in the core: the first own position with a row
-    rows: np.ndarray
+    rows: RowArray
     status: int
 
 
@@ -163,7 +164,7 @@ class Tape:
         own = rows[own_from - start : end - start] if own_from < end else empty
         self.turns.append(_TapeTurn(own_from, own.astype(self.shape.dtype), PRESENT))
 
-    def fill(self, turn: int, lo: int, hi: int, out: np.ndarray, status: np.ndarray) -> None:
+    def fill(self, turn: int, lo: int, hi: int, out: RowArray, status: MaskArray) -> None:
         """Fill positions `lo..hi` of `turn`'s sequence, at or after its origin and before its
         last token."""
         entry = self.turns[turn]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -301,5 +301,5 @@ def _post_processor_reason(processor: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _first(reasons: Any) -> str | None:
+def _first(reasons: Iterable[str | None]) -> str | None:
     return next((reason for reason in reasons if reason is not None), None)

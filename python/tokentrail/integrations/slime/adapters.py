@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from tokentrail.adapter import Adapter
 from tokentrail.adapter.config import AdapterConfig, SessionSettings
 from tokentrail.adapter.protocols.options import WireOptions
-from tokentrail.adapter.server import Adapter
 from tokentrail.core.routing import RoutingShape
 from tokentrail.engines.base import GenerateRequest, Generation, SamplingParams
 from tokentrail.engines.sglang import SGLangEngine

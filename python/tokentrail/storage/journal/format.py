@@ -23,11 +23,12 @@ import json
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypedDict, TypeVar
 
 import numpy as np
 
 from tokentrail.core.backend import load_backend
+from tokentrail.core.ids import LogprobArray, TokenArray
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, ReplayGap, parse_kind
@@ -76,7 +77,7 @@ def blob_hash(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def dump(data: Any) -> bytes:
+def dump(data: object) -> bytes:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -85,11 +86,17 @@ def tools_bytes(tools: Sequence[ToolSchema]) -> bytes:
     return dump(tools)
 
 
-def prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+def prefix_len(a: TokenArray, b: TokenArray) -> int:
     return load_backend().common_prefix_len(a, b)
 
 
-def digest(message: Message, key: MessageKey | None = None) -> tuple[int, int]:
+# A message's identity as the writer keeps it (`digest`).
+Digest = tuple[int, int]
+# What a branch holds of its messages: the writer their digests, a reader the messages.
+Item = TypeVar("Item")
+
+
+def digest(message: Message, key: MessageKey | None = None) -> Digest:
     """A message's identity for finding what a turn shares with its base (writer side only:
     Python's string hash is per process). Key order is ignored, as in routing: `key`, when
     given, is the message's routing key, computed already."""
@@ -99,28 +106,28 @@ def digest(message: Message, key: MessageKey | None = None) -> tuple[int, int]:
 
 
 @dataclass
-class Base:
+class Base(Generic[Item]):
     """One conversation branch a later turn may continue: its latest turn."""
 
     seq: int
-    tokens: np.ndarray  # prompt + output ids
+    tokens: TokenArray  # prompt + output ids
     # The writer keeps message digests, a reader the messages themselves.
-    messages: list[Any]
+    messages: list[Item]
 
 
 @dataclass
-class Bases:
+class Bases(Generic[Item]):
     """A session's last few branches; the writer and every reader update them the same way."""
 
-    items: list[Base] = field(default_factory=list)
+    items: list[Base[Item]] = field(default_factory=list)
 
-    def get(self, seq: int) -> Base:
+    def get(self, seq: int) -> Base[Item]:
         for base in self.items:
             if base.seq == seq:
                 return base
         raise JournalError(f"turn base #{seq} is not one of the session's last branches")
 
-    def token_base(self, prompt: np.ndarray) -> tuple[int, int, list[int]]:
+    def token_base(self, prompt: TokenArray) -> tuple[int, int, list[int]]:
         """(base seq, shared prefix) of the branch sharing the longest prefix, and every
         branch's shared prefix (for `add`)."""
         shared = [prefix_len(b.tokens, prompt) for b in self.items]
@@ -130,7 +137,7 @@ class Bases:
                 best, at = base.seq, n
         return best, at, shared
 
-    def message_base(self, digests: list[Any]) -> tuple[int, int]:
+    def message_base(self, digests: list[Item]) -> tuple[int, int]:
         """(base seq, shared messages) of the branch sharing the most leading messages."""
         best, keep = 0, 0
         for base in self.items:
@@ -143,11 +150,11 @@ class Bases:
                 best, keep = base.seq, n
         return best, keep
 
-    def digested(self) -> Bases:
+    def digested(self: Bases[Message]) -> Bases[Digest]:
         """A reader's branches as a writer keeps them: messages as digests."""
         return Bases([Base(b.seq, b.tokens, list(map(digest, b.messages))) for b in self.items])
 
-    def add(self, base: Base, shared: list[int]) -> None:
+    def add(self, base: Base[Item], shared: list[int]) -> None:
         """A new turn: it replaces the branches its prompt contains; the oldest go beyond
         `MAX_BASES`. `shared` is each branch's prefix with the new prompt."""
         kept = [b for b, n in zip(self.items, shared, strict=True) if n < len(b.tokens)]
@@ -215,7 +222,22 @@ def encode_turn(turn: JournaledTurn, base: TurnBase) -> EncodedTurn:
     return EncodedTurn(shrink(dump(data)), ids)
 
 
-def replay_json(rows: ReplayRows) -> dict[str, Any]:
+class ReplayGapJson(TypedDict):
+    """A turn without replay rows on a channel: why."""
+
+    gap: str
+
+
+class ReplayRowsJson(TypedDict):
+    """A turn's replay rows on a channel: from `start`, `shape` rows of `dtype`, base64."""
+
+    start: int
+    dtype: str
+    shape: list[int]
+    data: str
+
+
+def replay_json(rows: ReplayRows) -> ReplayGapJson | ReplayRowsJson:
     """A turn's replay rows for the journal: the gap, or the start and the rows in the
     smallest integer type that holds them, base64 of little-endian bytes."""
     if rows.rows is None:
@@ -260,9 +282,9 @@ def payload_bytes(payload: bytes) -> bytes:
 
 @dataclass
 class DecodedIds:
-    tail: np.ndarray
-    output: np.ndarray
-    logprobs: np.ndarray | None
+    tail: TokenArray
+    output: TokenArray
+    logprobs: LogprobArray | None
 
 
 def decode_ids(data: dict[str, Any], ids: bytes) -> DecodedIds:
@@ -282,7 +304,7 @@ class TurnDecoder:
     """A reader's state for one session: the branches its turns are stored against."""
 
     sid: str
-    bases: Bases = field(default_factory=Bases)
+    bases: Bases[Message] = field(default_factory=Bases)
     # The hash of the last turn's tool list.
     tools_ref: str | None = None
 
@@ -291,7 +313,7 @@ class TurnDecoder:
         seq: int,
         data: dict[str, Any],
         ids: bytes,
-        tools_of: Any,
+        tools_of: Callable[[str], list[ToolSchema]],
         with_images: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> JournaledTurn:
         """The turn `data`/`ids` describe; `tools_of(hash)` reads a tool list from `blobs`,

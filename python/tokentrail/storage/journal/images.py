@@ -133,7 +133,7 @@ class ImageReader:
         ]
         return {**metadata, "images": joined}
 
-    def text(self, digest: Any) -> str:
+    def text(self, digest: object) -> str:
         if not isinstance(digest, str):
             raise JournalError("an image of the turn's tags has neither bytes nor a digest")
         text = self._texts.get(digest)

@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -295,7 +296,9 @@ def _end_of(state: str) -> str | None:
     return None
 
 
-def _insert(out: sqlite3.Connection, sid: str, k: _Kept, kind: JournalEvent, data: dict) -> None:
+def _insert(
+    out: sqlite3.Connection, sid: str, k: _Kept, kind: JournalEvent, data: Mapping[str, object]
+) -> None:
     payload = dump(data)
     cur = out.execute(
         "INSERT INTO events (sid, sess_seq, kind, payload, ids, crc) VALUES (?, ?, ?, ?, ?, ?)",

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tokentrail.core.ids import LogprobArray, TokenArray
 from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, parse_kind
 from tokentrail.storage.journal.format import END_STATES
@@ -30,11 +31,11 @@ from tokentrail.trajectory.ledger import parse_history_label
 logger = logging.getLogger(__name__)
 
 
-def _ids(text: str) -> np.ndarray:
+def _ids(text: str) -> TokenArray:
     return np.frombuffer(base64.b64decode(text), dtype="<u4").astype(np.uint32)
 
 
-def _lps(text: str | None) -> np.ndarray | None:
+def _lps(text: str | None) -> LogprobArray | None:
     if text is None:
         return None
     return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(np.float32)
@@ -62,7 +63,7 @@ def read_v1(path: Path) -> tuple[dict[str, str], list[SessionRecord]]:
         scan = Scan()
         rows = list(scan_rows(db, "seq, sid, kind, payload, crc", scan))
     sessions: dict[str, SessionRecord] = {}
-    held: dict[str, tuple[int, np.ndarray]] = {}
+    held: dict[str, tuple[int, TokenArray]] = {}
     turns: dict[int, JournaledTurn] = {}
     retracted: set[int] = set()
     for seq, sid, kind, payload, crc in rows:
@@ -96,7 +97,7 @@ def _apply(
     kind: str,
     data: dict[str, Any],
     seq: int,
-    held: dict[str, tuple[int, np.ndarray]],
+    held: dict[str, tuple[int, TokenArray]],
     turns: dict[int, JournaledTurn],
     retracted: set[int],
 ) -> None:
@@ -129,7 +130,7 @@ def _apply(
 
 
 def _turn(
-    sid: str, seq: int, d: dict[str, Any], prompt: np.ndarray, output: np.ndarray
+    sid: str, seq: int, d: dict[str, Any], prompt: TokenArray, output: TokenArray
 ) -> JournaledTurn:
     if "history" in d:
         history = (

@@ -42,6 +42,7 @@ from tokentrail.storage.journal.format import (
     END_STATES,
     Base,
     Bases,
+    Digest,
     TurnBase,
     TurnDecoder,
     blob_hash,
@@ -85,19 +86,19 @@ class _Writer:
     state: str
     last: int  # its last session sequence number
     first: int  # the global seq of its first event
-    bases: Bases = field(default_factory=Bases)
+    bases: Bases[Digest] = field(default_factory=Bases)
     tools: str | None = None  # hash of its last turn's tool list
     # Its last turn's messages and tool list as the objects it was given, with the messages'
     # digests: a harness resends the conversation every turn and the adapter's request memo
     # hands back the very objects of what is unchanged, so only what follows them is digested
     # and an unchanged tool list is not serialized again.
     seen: Sequence[Message] = ()
-    seen_digests: list[Any] = field(default_factory=list)
+    seen_digests: list[Digest] = field(default_factory=list)
     seen_tools: object = None
 
     def digests(
         self, messages: Sequence[Message], keyed: tuple[Sequence[Message], Sequence[MessageKey]]
-    ) -> list[Any]:
+    ) -> list[Digest]:
         """Each message's `digest`, computed only past the leading run of the last turn's
         objects, from the routing key the caller computed for it when there is one (`keyed`:
         messages and their keys, position for position)."""
@@ -222,7 +223,7 @@ class Journal:
                 self.recovery.damaged.extend(damage)
                 for d in damage:
                     logger.warning("journal %s: %s", self.path, d.describe())
-                    yield Event(sid, d.first, JournalEvent.LOST, d.span().to_dict())
+                    yield Event(sid, d.first, JournalEvent.LOST, dict(d.span().to_dict()))
                 cut[sid] = good
         if cut:
             self._db.close()

@@ -1,6 +1,7 @@
-"""One turn's way through the adapter, from a request's bytes to a recorded turn: parse, check
-the limits, translate, prepare the prompt, call the engine, check its output, answer, journal,
-record. The HTTP layer (`adapter.server`) reads the request and hands it here.
+"""One turn's way through the adapter, from a checked turn request to a recorded turn: prepare
+the prompt, call the engine, check its output, answer, journal, record. The HTTP layer
+(`adapter.http.server`) reads the request, `adapter.request` parses, limits and translates it,
+and the `TurnRequest` comes here.
 
 Each CPU-heavy step runs in `Offload`'s workers (a session's steps in its lane, one at a time);
 the loop only awaits them, the engine and the socket.
@@ -19,20 +20,22 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter import notes as request_notes
-from tokentrail.adapter.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
 from tokentrail.adapter.config import AdapterConfig
-from tokentrail.adapter.context import ContextLength
-from tokentrail.adapter.limits import EngineSlots, Limits
-from tokentrail.adapter.live import KEEPALIVE_S, LiveReply
+from tokentrail.adapter.http import notes as request_notes
+from tokentrail.adapter.http.middleware import failed_in_stream
 from tokentrail.adapter.metrics import Metrics
-from tokentrail.adapter.middleware import failed_in_stream
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
-from tokentrail.adapter.protocols.common import Outcome, fill_call_ids
-from tokentrail.adapter.requests import EXCLUDE_HEADER, TurnRequest
-from tokentrail.adapter.sessions import Session, Sessions
-from tokentrail.adapter.whole_reply import send_whole, write_reply
+from tokentrail.adapter.protocols.base import fill_call_ids
+from tokentrail.adapter.protocols.outcome import Outcome
+from tokentrail.adapter.request.context import ContextLength
+from tokentrail.adapter.request.limits import Limits
+from tokentrail.adapter.request.reader import EXCLUDE_HEADER, TurnRequest
+from tokentrail.adapter.session.sessions import Session, Sessions
+from tokentrail.adapter.turn.answers import RecordedAnswer, is_empty, requested_retry, sampling_key
+from tokentrail.adapter.turn.live import KEEPALIVE_S, LiveReply
+from tokentrail.adapter.turn.slots import EngineSlots
+from tokentrail.adapter.turn.whole_reply import send_whole, write_reply
 from tokentrail.engines.base import (
     Engine,
     GenerateRequest,
@@ -83,7 +86,7 @@ class TurnSettings:
     context_tokens: int
     # What a retried request gets unless the session or the request says otherwise.
     retry: Retry = Retry.REPLAY
-    # Stream replies to the harness as they are sampled (`adapter.live`), with a keepalive
+    # Stream replies to the harness as they are sampled (`adapter.turn.live`), with a keepalive
     # whenever nothing else went out for `keepalive_s`; off: a streamed reply is written
     # whole once the turn is done.
     live_stream: bool = False

@@ -24,7 +24,7 @@ from aiohttp import HttpVersion11, StreamReader, web, web_protocol
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_request import BaseRequest
 
-from tokentrail.adapter.middleware import Handler, error_response
+from tokentrail.adapter.http.middleware import Handler, error_response
 from tokentrail.errors import BodyCutShort
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class GuardedHandler(web_protocol.RequestHandler):
 
     def when_peer_done(self, callback: Callable[[], None]) -> None:
         """Call `callback` if the peer sends its last byte while the answer in progress
-        streams (`adapter.live`: a keepalive then goes out at once, which the reset of a peer
+        streams (`adapter.turn.live`: a keepalive then goes out at once, which the reset of a peer
         that left entirely answers)."""
         self._on_peer_done.append(callback)
 

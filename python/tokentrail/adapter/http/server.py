@@ -1,15 +1,15 @@
 """The HTTP adapter a harness talks to, as if it were the Anthropic or OpenAI API.
 
 This module is the HTTP layer only: it reads a request within the admission limits
-(`adapter.limits`), picks the protocol its route belongs to and hands the turn to
-`adapter.turns`, which runs it through the `TurnPipeline` around one engine call. Every
+(`adapter.request.limits`), picks the protocol its route belongs to and hands the turn to
+`adapter.turn.turns`, which runs it through the `TurnPipeline` around one engine call. Every
 CPU-heavy step (parsing, translating, rendering, tokenizing, parsing the output, recording,
 journal writes) runs off the event loop (`adapter.offload`), so `/healthz` and every other
 session stay responsive while one request is heavy. A request refused before its turn is
 journaled leaves no session behind; a turn is journaled and recorded before its reply leaves,
 and kept whether or not the reply reaches the client: a retried request for it is answered
-from the record (`adapter.answers`). Errors become JSON in the protocol's shape in one
-middleware (`adapter.middleware`).
+from the record (`adapter.turn.answers`). Errors become JSON in the protocol's shape in one
+middleware (`adapter.http.middleware`).
 """
 
 from __future__ import annotations
@@ -25,32 +25,30 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter import notes as request_notes
-from tokentrail.adapter.access_log import access_log_middleware
-from tokentrail.adapter.admin import Admin
 from tokentrail.adapter.config import AdapterConfig, SessionSettings
-from tokentrail.adapter.connections import ConnectionGuard, GuardedSite, mark_busy
-from tokentrail.adapter.damaged import refuse_unless_accepted
-from tokentrail.adapter.limits import TurnSlots, model_context_length
-from tokentrail.adapter.memory import MemoryBudget
+from tokentrail.adapter.http import notes as request_notes
+from tokentrail.adapter.http.access_log import access_log_middleware
+from tokentrail.adapter.http.admin import Admin
+from tokentrail.adapter.http.connections import ConnectionGuard, GuardedSite, mark_busy
+from tokentrail.adapter.http.memory import MemoryBudget
+from tokentrail.adapter.http.middleware import errors_as_json, status_of
 from tokentrail.adapter.metrics import Metrics
-from tokentrail.adapter.middleware import errors_as_json, status_of
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol, protocols
 from tokentrail.adapter.protocols.fields import json_content_type
-from tokentrail.adapter.requests import RequestReader
-from tokentrail.adapter.sessions import Sessions, recover
-from tokentrail.adapter.turns import Turns, TurnSettings, replay_request
-from tokentrail.adapter.validation import (
-    probe_template,
-    read_body,
-    session_key,
-)
+from tokentrail.adapter.request.context import model_context_length
+from tokentrail.adapter.request.read import read_body
+from tokentrail.adapter.request.reader import RequestReader, session_key
+from tokentrail.adapter.session.damaged import refuse_unless_accepted
+from tokentrail.adapter.session.sessions import Sessions, recover
+from tokentrail.adapter.turn.slots import TurnSlots
+from tokentrail.adapter.turn.turns import Turns, TurnSettings, replay_request
 from tokentrail.engines.base import Engine
 from tokentrail.errors import NotFound
 from tokentrail.kinds import Stage
 from tokentrail.storage.journal import Journal
 from tokentrail.text.hf import HFTokenizer, as_loaded
+from tokentrail.text.template_check import probe_template
 from tokentrail.text.tokenizer import LoadedTokenizer
 from tokentrail.text.vision import ImageCache
 from tokentrail.trajectory.linearize import Trajectory

@@ -26,13 +26,14 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter.damaged import refuse_unless_accepted
-from tokentrail.adapter.limits import Limits
-from tokentrail.adapter.middleware import error_response
+from tokentrail.adapter.http.middleware import error_response
 from tokentrail.adapter.offload import Offload, trim_memory
-from tokentrail.adapter.protocols.common import bearer
-from tokentrail.adapter.sessions import Sessions
-from tokentrail.adapter.validation import parse_body, read_body
+from tokentrail.adapter.protocols.ids import bearer
+from tokentrail.adapter.request.limits import Limits
+from tokentrail.adapter.request.parse import parse_body
+from tokentrail.adapter.request.read import read_body
+from tokentrail.adapter.session.damaged import refuse_unless_accepted
+from tokentrail.adapter.session.sessions import Sessions
 from tokentrail.errors import (
     AuthenticationError,
     PermissionDenied,

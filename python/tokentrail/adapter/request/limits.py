@@ -5,12 +5,14 @@ Each limit is a `tokentrail serve` flag (docs/operating/limits.md). A request pa
 its own fault is a 4xx in its protocol's shape (413 for bytes, 400 for the rest); a server-wide
 limit that frees up as other work finishes is a 503 with `Retry-After`. `max_tokens` above what
 fits is clamped, as an engine would stop at the context length anyway.
+
+A body is held to them once parsed (`check_shape`), its sampling once translated
+(`check_sampling`), and its prompt once the turn has rendered it (`check_prompt`); the caps on
+turns and engine calls at once are counted in `adapter.turn.slots`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -21,14 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokentrail.engines.base import SamplingParams
-from tokentrail.errors import Overloaded, RequestError, RequestTooLarge
+from tokentrail.errors import RequestError, RequestTooLarge
 from tokentrail.kinds import SettingGroup
 from tokentrail.setting import MAX_SECONDS, setting
-from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Limits", "TurnSlots", "model_context_length"]
+__all__ = ["Limits"]
 
 MiB = 1024 * 1024
 # Without a model config to read it from: the longest context served models commonly have.
@@ -168,60 +169,3 @@ class Limits:
 def _in_range(name: str, value: float, low: float, high: float) -> None:
     if not math.isfinite(value) or not low <= value <= high:
         raise RequestError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
-
-
-class EngineSlots:
-    """Places among the engine calls `--engine-concurrency` lets run at once (0: no cap), one
-    semaphore per event loop (a semaphore belongs to the loop it was first awaited on)."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
-
-    def slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        if not self.cap:
-            return contextlib.nullcontext()
-        loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots[0] is not loop:
-            self._slots = (loop, asyncio.Semaphore(self.cap))
-        return self._slots[1]
-
-
-class TurnSlots:
-    """Turns in flight, server-wide, up to a cap (0: none); past it a turn is refused with a
-    503 that a retry can pass once others finish."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.taken = 0
-
-    def take(self) -> None:
-        if self.cap and self.taken >= self.cap:
-            raise Overloaded(
-                f"{self.taken} turns in flight, the adapter's limit (--max-concurrent-turns); "
-                "retry shortly",
-                retry_after_s=1,
-            )
-        self.taken += 1
-
-    def give(self) -> None:
-        self.taken -= 1
-
-
-def model_context_length(tokenizer: LoadedTokenizer) -> int:
-    """The context length the model directory's `config.json` names, or 0."""
-    if tokenizer.path is None:
-        return 0
-    config_file = tokenizer.path.parent / "config.json"
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError):
-        return 0
-    for section in (config, config.get("text_config") or {}):
-        if not isinstance(section, dict):
-            continue
-        for key in ("max_position_embeddings", "max_sequence_length", "seq_length"):
-            value = section.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return 0

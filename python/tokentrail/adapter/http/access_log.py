@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter import notes as request_notes
-from tokentrail.adapter.middleware import Handler
+from tokentrail.adapter.http import notes as request_notes
+from tokentrail.adapter.http.middleware import Handler
 
 __all__ = ["AccessLog", "access_log_middleware"]
 

@@ -9,7 +9,7 @@ A finish is kept for a retention window, so a repeated finish (a retry after a l
 returns the same samples and ledger; after the window it is a 410.
 
 A session recovered with journaled turns missing (a crash, a damaged journal) carries what it
-lost (`trajectory.lost`) into its finish's ledger and samples (`adapter.damaged`).
+lost (`trajectory.lost`) into its finish's ledger and samples (`adapter.session.damaged`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokentrail.adapter.answers import Answers, RecordedAnswer
 from tokentrail.adapter.config import SessionSettings
-from tokentrail.adapter.damaged import DamagedSessions
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
 from tokentrail.adapter.offload import Offload, trim_memory
-from tokentrail.adapter.reuse import RequestMemo
-from tokentrail.adapter.spill import SpilledImages
+from tokentrail.adapter.request.memo import RequestMemo
+from tokentrail.adapter.session.damaged import DamagedSessions
+from tokentrail.adapter.session.spill import SpilledImages
+from tokentrail.adapter.turn.answers import Answers, RecordedAnswer
 from tokentrail.errors import (
     InvalidInput,
     Overloaded,

@@ -4,14 +4,16 @@ the engine's refusal passed on as a 502."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 from tokentrail.engines.base import Engine, ServedContext
 from tokentrail.errors import EngineError
+from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ContextLength"]
+__all__ = ["ContextLength", "model_context_length"]
 
 
 class ContextLength:
@@ -36,3 +38,22 @@ class ContextLength:
                 logger.info("the engine serves a context of %d tokens", served)
             self._served = served
         return self._served or self.configured
+
+
+def model_context_length(tokenizer: LoadedTokenizer) -> int:
+    """The context length the model directory's `config.json` names, or 0."""
+    if tokenizer.path is None:
+        return 0
+    config_file = tokenizer.path.parent / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return 0
+    for section in (config, config.get("text_config") or {}):
+        if not isinstance(section, dict):
+            continue
+        for key in ("max_position_embeddings", "max_sequence_length", "seq_length"):
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return 0

@@ -7,7 +7,7 @@ refusals (unknown route 404, wrong method 405, a body over the size limit 413) a
 into the same shapes; anything else is answered 500, never as a bare text page.
 
 Every 5xx answered here is logged once at WARNING with its reason, the session and the engine
-request id (`adapter.notes`): an operator sees why without a proxy in front.
+request id (`adapter.http.notes`): an operator sees why without a proxy in front.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from tokentrail.adapter import notes as request_notes
+from tokentrail.adapter.http import notes as request_notes
 from tokentrail.adapter.protocols import WireProtocol, protocol_for_path, protocols
 from tokentrail.errors import EngineError, Overloaded, OverMemory, TokentrailError
 

@@ -21,9 +21,10 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter.connections import GuardedHandler
+from tokentrail.adapter.http.connections import GuardedHandler
 from tokentrail.adapter.protocols import WireProtocol
-from tokentrail.adapter.protocols.common import KEEPALIVE_S, LiveStream
+from tokentrail.adapter.protocols.base import LiveStream
+from tokentrail.adapter.protocols.sse import KEEPALIVE_S
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.text.stream_parsing import StreamDecoder, StreamDeltas, StreamParser
 from tokentrail.text.tokenizer import LoadedTokenizer

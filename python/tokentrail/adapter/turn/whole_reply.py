@@ -13,7 +13,7 @@ from aiohttp import web
 
 from tokentrail.adapter.offload import Offload
 from tokentrail.adapter.protocols import WireProtocol
-from tokentrail.adapter.requests import TurnRequest
+from tokentrail.adapter.request.reader import TurnRequest
 
 __all__ = ["reply_bytes", "send_whole", "write_reply"]
 
