@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import openai
@@ -146,9 +146,10 @@ class Trainer:
     """A GRPO step in torch: group-normalized rewards, the clipped importance ratio against the
     rollout logprobs the samples carry, a token-level mean over trained tokens."""
 
-    def __init__(self, model_dir: Path, cfg: Config) -> None:
+    def __init__(self, model_dir: Path, cfg: Config, device: str = "cpu") -> None:
         torch.manual_seed(cfg.seed)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.to(device)
         # The output layer's rate and the body's, apart (`--body-lr`); the same by default.
         head = list(self.model.get_output_embeddings().parameters())
         body = [p for p in self.model.parameters() if all(p is not h for h in head)]
@@ -156,9 +157,10 @@ class Trainer:
             [{"params": head, "lr": cfg.lr}, {"params": body, "lr": cfg.body_lr}]
         )
         self.cfg = cfg
+        self.device = device
 
     def logprobs(self, sample: Sample) -> torch.Tensor:
-        tokens = torch.as_tensor(sample.tokens, dtype=torch.long)[None]
+        tokens = torch.as_tensor(sample.tokens, dtype=torch.long, device=self.device)[None]
         logits = self.model(tokens).logits[0, sample.prompt_length - 1 : -1]
         targets = tokens[0, sample.prompt_length :]
         return torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None])[:, 0]
@@ -173,14 +175,14 @@ class Trainer:
         total = sum(int(s.loss_mask.sum()) for s, _ in batch) or 1
         same, stale = 0.0, 0.0
         for sample, advantage in batch:
-            mask = torch.as_tensor(sample.loss_mask, dtype=torch.float32)
+            mask = torch.as_tensor(sample.loss_mask, dtype=torch.float32, device=self.device)
             if not mask.any():
                 continue
             new = self.logprobs(sample)
-            old = torch.as_tensor(sample.rollout_log_probs, dtype=torch.float32)
+            old = torch.as_tensor(sample.rollout_log_probs, dtype=torch.float32, device=self.device)
             ratio = torch.exp(new - old)
             steps = token_steps(sample)
-            dev = (ratio.detach() - 1).abs().numpy()
+            dev = (ratio.detach() - 1).abs().cpu().numpy()
             trained = sample.loss_mask.astype(bool)
             if (trained & (steps == version)).any():
                 same = max(same, float(dev[trained & (steps == version)].max()))
@@ -221,6 +223,58 @@ def shifted(sample: Sample) -> Sample:
     )
 
 
+# -- the weights into the engine -------------------------------------------------------------
+
+VLLM_GENERATED = "vllm:generation_tokens_total"
+
+
+class WeightSync(Protocol):
+    """How the trainer's weights reach the running engine at `url`, whose `/metrics` counts
+    the tokens it generated under the name `generated_metric`."""
+
+    url: str
+    generated_metric: str
+
+    def start(self, model_dir: Path) -> None:
+        """Serve the weights in `model_dir` as version 0 (each arm starts from them)."""
+
+    def stage(self, trainer: Trainer, arm: str, step: int) -> None:
+        """Before the step's sessions: make the trainer's weights ready to push."""
+
+    def push(self, version: str, mode: PauseMode) -> None:
+        """While the step's sessions are sampling: serve the staged weights as `version`."""
+
+    def version(self) -> str:
+        """The weight version the engine samples with now."""
+
+
+class ReloadWeights:
+    """The CPU path: the trainer's weights saved to a directory that vLLM reloads through its
+    own routes (`VLLMWeights`)."""
+
+    generated_metric = VLLM_GENERATED
+
+    def __init__(self, url: str, scratch: Path) -> None:
+        self.url = url
+        self.scratch = scratch
+        self.weights = VLLMWeights(url)
+        self.staged: Path | None = None
+
+    def start(self, model_dir: Path) -> None:
+        self.weights.push(model_dir, "0", mode=PauseMode.WAIT)
+
+    def stage(self, trainer: Trainer, arm: str, step: int) -> None:
+        self.staged = self.scratch / f"{arm}-{step % 2}"
+        trainer.save(self.staged)
+
+    def push(self, version: str, mode: PauseMode) -> None:
+        assert self.staged is not None, "stage() comes before push()"
+        self.weights.push(self.staged, version, mode=mode)
+
+    def version(self) -> str:
+        return self.weights.version()
+
+
 # -- the loop ---------------------------------------------------------------------------------
 
 
@@ -249,13 +303,13 @@ def tokentrail_serve(engine: str, model_dir: Path) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def generated_tokens(vllm: VLLMServer) -> float:
-    with urllib.request.urlopen(f"{vllm.url}/metrics", timeout=30) as resp:
+def generated_tokens(sync: WeightSync) -> float:
+    with urllib.request.urlopen(f"{sync.url}/metrics", timeout=30) as resp:
         text = resp.read().decode()
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("vllm:generation_tokens_total")
+        if line.startswith(sync.generated_metric)
     )
 
 
@@ -273,36 +327,32 @@ async def rollouts(url: str, cfg: Config, arm: str, step: int) -> list[tuple[str
     return [(sid, p, reward(r)) for (sid, p, _), r in zip(jobs, replies, strict=True)]
 
 
-async def push_while_in_flight(
-    vllm: VLLMServer, weights: VLLMWeights, path: Path, version: str, cfg: Config, before: float
-) -> None:
-    """Push once the step's sessions are sampling (vLLM has generated some of their tokens),
-    so turns are in flight across the update."""
+async def push_while_in_flight(sync: WeightSync, version: str, cfg: Config, before: float) -> None:
+    """Push once the step's sessions are sampling (the engine has generated some of their
+    tokens), so turns are in flight across the update."""
     wanted = before + cfg.prompts * cfg.group * 2
     deadline = time.monotonic() + 60
-    while generated_tokens(vllm) < wanted and time.monotonic() < deadline:
+    while generated_tokens(sync) < wanted and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-    await asyncio.to_thread(weights.push, path, version, mode=PauseMode(cfg.pause_mode))
+    await asyncio.to_thread(sync.push, version, PauseMode(cfg.pause_mode))
 
 
 async def run_arm(
-    arm: str, cfg: Config, vllm: VLLMServer, url: str, model_dir: Path, scratch: Path
+    arm: str, cfg: Config, sync: WeightSync, url: str, model_dir: Path, device: str = "cpu"
 ) -> list[StepRow]:
-    weights = VLLMWeights(vllm.url)
     # Every arm starts from the same weights, served as version 0.
-    await asyncio.to_thread(weights.push, model_dir, "0", mode=PauseMode.WAIT)
-    trainer = None if arm == "frozen" else Trainer(model_dir, cfg)
+    await asyncio.to_thread(sync.start, model_dir)
+    trainer = None if arm == "frozen" else Trainer(model_dir, cfg, device)
     rows = []
     version = 0
     push: asyncio.Task[None] | None = None
     for step in range(cfg.steps):
         start = time.perf_counter()
         if trainer is not None and step > 0:
-            path = scratch / f"{arm}-{step % 2}"
-            trainer.save(path)
+            sync.stage(trainer, arm, step)
             version = step
             push = asyncio.ensure_future(
-                push_while_in_flight(vllm, weights, path, str(version), cfg, generated_tokens(vllm))
+                push_while_in_flight(sync, str(version), cfg, generated_tokens(sync))
             )
         sessions = await rollouts(url, cfg, arm, step)
         if push is not None:
@@ -336,7 +386,7 @@ async def run_arm(
                 generated=generated,
                 trained=trained,
                 reward=sum(rewards) / len(rewards),
-                version=await asyncio.to_thread(weights.version),
+                version=await asyncio.to_thread(sync.version),
                 across_update_turns=len(across),
                 across_update_tokens=sum(t["generated"] for t in across),
                 stale_masked=report.tokens_masked,
@@ -466,8 +516,9 @@ def vllm_python(given: str | None) -> Path:
     return found
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The loop's options (the GPU script adds its own to them)."""
+    parser = argparse.ArgumentParser(description=description)
     defaults = Config()
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--model", default=defaults.model, help="a tiny model: qwen3, qwen3-moe")
@@ -484,36 +535,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=defaults.pause_mode,
     )  # fmt: skip
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--vllm-python")
     parser.add_argument("--json", type=Path, help="write the rows and the summary here")
     parser.add_argument("--plot", type=Path, help="write the reward curves here (a PNG)")
     parser.add_argument("--markdown", type=Path, help="write the tables here (Markdown)")
-    args = parser.parse_args(argv)
-    cfg = Config(
+    return parser
+
+
+def config(args: argparse.Namespace) -> Config:
+    return Config(
         steps=args.steps, model=args.model, prompts=args.prompts, group=args.group,
         turns=args.turns, max_tokens=args.max_tokens, lr=args.lr, body_lr=args.body_lr,
         max_staleness=args.max_staleness, seed=args.seed, pause_mode=args.pause_mode,
         arms=tuple(a for a in args.arms.split(",") if a),
     )  # fmt: skip
-    # Untied: vLLM 0.32's CPU build keeps a packed copy of a tied LM head that
-    # `reload_weights` leaves stale (the new embeddings are read, the old head samples).
-    model_dir = tiny_model(cfg.model, overrides={"tie_word_embeddings": False})
-    python = vllm_python(args.vllm_python)
-    started = time.perf_counter()
-    vllm = VLLMServer.start(python, model_dir, max_model_len=4096)
-    print(f"vLLM up in {vllm.startup_s:.0f} s at {vllm.url}; tiny {cfg.model}", flush=True)
-    rows: list[StepRow] = []
-    try:
-        engine = "vllm-tokens://" + vllm.url.removeprefix("http://")
-        with (
-            tokentrail_serve(engine, model_dir) as url,
-            tempfile.TemporaryDirectory(prefix="closed-loop-") as scratch,
-        ):
-            print(HEADER, flush=True)
-            for arm in cfg.arms:
-                rows += asyncio.run(run_arm(arm, cfg, vllm, url, model_dir, Path(scratch)))
-    finally:
-        vllm.stop()
+
+
+def report(rows: Sequence[StepRow], cfg: Config, started: float, args: argparse.Namespace) -> None:
+    """Print the summary; write what `--json`, `--markdown` and `--plot` ask for."""
     result = summary(rows, cfg)
     result["seconds"] = time.perf_counter() - started
     result["machine"] = machine()
@@ -530,6 +568,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.markdown.write_text(markdown(result))
     if args.plot:
         plot(result, args.plot)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = arguments(__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-python")
+    args = parser.parse_args(argv)
+    cfg = config(args)
+    # Untied: vLLM 0.32's CPU build keeps a packed copy of a tied LM head that
+    # `reload_weights` leaves stale (the new embeddings are read, the old head samples).
+    model_dir = tiny_model(cfg.model, overrides={"tie_word_embeddings": False})
+    python = vllm_python(args.vllm_python)
+    started = time.perf_counter()
+    vllm = VLLMServer.start(python, model_dir, max_model_len=4096)
+    print(f"vLLM up in {vllm.startup_s:.0f} s at {vllm.url}; tiny {cfg.model}", flush=True)
+    rows: list[StepRow] = []
+    try:
+        engine = "vllm-tokens://" + vllm.url.removeprefix("http://")
+        with (
+            tokentrail_serve(engine, model_dir) as url,
+            tempfile.TemporaryDirectory(prefix="closed-loop-") as scratch,
+        ):
+            print(HEADER, flush=True)
+            sync = ReloadWeights(vllm.url, Path(scratch))
+            for arm in cfg.arms:
+                rows += asyncio.run(run_arm(arm, cfg, sync, url, model_dir))
+    finally:
+        vllm.stop()
+    report(rows, cfg, started, args)
     return 0
 
 

@@ -10,7 +10,7 @@ version that sampled it (`trajectory.staleness` reads them).
 
 On a GPU, vLLM's NCCL weight transfer (`/init_weight_transfer_engine`, `/update_weights`) and
 SGLang's `update_weights_from_distributed` move the tensors without a file; they are not in
-this module.
+this module (`benches/gpu_closed_loop.py` drives them).
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ class VLLMWeights:
             raise EngineError(f"vllm at {self.base_url}: /weight_info names no weight_version")
         return version
 
+    def name(self, version: str) -> None:
+        """Name the weights served now `version` (`POST /update_weight_version`): what a
+        weight transfer that names none (TRL's over NCCL) leaves to the caller."""
+        self._call("POST", "/update_weight_version", {"new_version": version})
+
     def push(
         self, weights: str | Path, version: str, *, mode: PauseMode = PauseMode.KEEP
     ) -> WeightPush:
@@ -86,7 +91,7 @@ class VLLMWeights:
             # a token the new version names was sampled by the new weights over its whole
             # context (its logprob is the new policy's, as a trainer recomputes it).
             self._call("POST", "/reset_prefix_cache?reset_running_requests=true")
-            self._call("POST", "/update_weight_version", {"new_version": version})
+            self.name(version)
         finally:
             self._call("POST", "/resume")
         return WeightPush(version, mode, time.perf_counter() - start, reload_s)
