@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,15 +29,14 @@ from support.codex import install_codex, run_codex, write_home
 from support.fake_engines import FakeVLLM
 from support.real_sessions import (
     PROTOCOLS,
-    answered,
-    check_logprobs_are_the_engines,
+    assert_recorded_as_answered,
+    finished_samples,
+    require_npm,
     run_session,
 )
 from support.serve import Served, serving
 from support.vllm_server import MAX_MODEL_LEN, Recording, VLLMServer, recording
-from tokentrail.model.audit import DEFAULT_TOLERANCE, recompute_samples
 from tokentrail.model.forward import CausalLM
-from tokentrail.trajectory.sample import Sample
 
 MODEL = "qwen3"
 
@@ -77,31 +74,6 @@ def adapters(vllm: VLLMServer, proxy: Recording) -> Iterator[dict[bool, Served]]
 @pytest.fixture(scope="module")
 def lm(vllm: VLLMServer) -> CausalLM:
     return CausalLM(vllm.model_dir)
-
-
-def finished_samples(served: Served, sid: str) -> tuple[list[Sample], dict[str, Any]]:
-    finished = served.finish(sid)
-    return [Sample.from_dict(s) for s in finished["samples"]], finished["ledger"]
-
-
-def assert_recorded_as_answered(
-    samples: list[Sample], ledger: dict[str, Any], rec: Recording, since: int, lm: CausalLM
-) -> None:
-    answers = answered(rec.exchanges[since:])
-    assert answers, "no generation reached vLLM"
-    checked = check_logprobs_are_the_engines(samples, answers)
-    assert checked == sum(s.trained_tokens for s in samples) > 0
-    for sample in samples:
-        spans = sample.metadata["weight_versions"]
-        assert spans and all(s["version"] for s in spans), sample.metadata
-    assert (
-        sum(v["generated"] for v in ledger["weight_versions"].values())
-        == ledger["generated_tokens"]
-    )
-    report = recompute_samples(lm, samples)
-    print(report.table())
-    assert report.trained == checked
-    assert report.within_tolerance == report.trained and report.max_error <= DEFAULT_TOLERANCE
 
 
 # --- the SDKs on the three protocols ---------------------------------------------------------
@@ -323,13 +295,6 @@ def test_the_stand_in_answers_as_vllm_does(vllm: VLLMServer) -> None:
 
 
 # --- the real harnesses ----------------------------------------------------------------------
-
-
-def require_npm(what: str) -> None:
-    if shutil.which("npm") is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"npm is missing: cannot install {what}")
-        pytest.skip(f"npm is missing: cannot install {what}")
 
 
 def test_a_codex_session_on_vllm(adapters, proxy: Recording, lm, tmp_path: Path) -> None:

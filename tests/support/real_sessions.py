@@ -5,14 +5,20 @@ finished session recorded against what the engine answered (`support.vllm_server
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
 import anthropic
 import numpy as np
 import openai
+import pytest
 
-from support.vllm_server import Exchange
+from support.serve import Served
+from support.vllm_server import Exchange, Recording
+from tokentrail.model.audit import DEFAULT_TOLERANCE, recompute_samples
+from tokentrail.model.forward import CausalLM
 from tokentrail.trajectory.sample import Sample
 
 PROTOCOLS = ("messages", "chat", "responses")
@@ -135,3 +141,35 @@ def _in_answers(
             if np.array_equal(got[i : i + n], run):
                 return logprobs[i : i + n]
     return None
+
+
+def finished_samples(served: Served, sid: str) -> tuple[list[Sample], dict[str, Any]]:
+    finished = served.finish(sid)
+    return [Sample.from_dict(s) for s in finished["samples"]], finished["ledger"]
+
+
+def assert_recorded_as_answered(
+    samples: list[Sample], ledger: dict[str, Any], rec: Recording, since: int, lm: CausalLM
+) -> None:
+    answers = answered(rec.exchanges[since:])
+    assert answers, "no generation reached vLLM"
+    checked = check_logprobs_are_the_engines(samples, answers)
+    assert checked == sum(s.trained_tokens for s in samples) > 0
+    for sample in samples:
+        spans = sample.metadata["weight_versions"]
+        assert spans and all(s["version"] for s in spans), sample.metadata
+    assert (
+        sum(v["generated"] for v in ledger["weight_versions"].values())
+        == ledger["generated_tokens"]
+    )
+    report = recompute_samples(lm, samples)
+    print(report.table())
+    assert report.trained == checked
+    assert report.within_tolerance == report.trained and report.max_error <= DEFAULT_TOLERANCE
+
+
+def require_npm(what: str) -> None:
+    if shutil.which("npm") is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"npm is missing: cannot install {what}")
+        pytest.skip(f"npm is missing: cannot install {what}")
