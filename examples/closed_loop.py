@@ -46,7 +46,7 @@ import openai
 import torch
 from transformers import AutoModelForCausalLM
 
-from tokentrail.engines.vllm_process import VLLMServer, free_port
+from tokentrail.engines.vllm_process import VLLMServer, free_port, metric_sum
 from tokentrail.integrations.finish_http import finish_over_http
 from tokentrail.integrations.weights import VLLMWeights
 from tokentrail.kinds import PauseMode, StalenessPolicy
@@ -165,9 +165,7 @@ class Trainer:
         targets = tokens[0, sample.prompt_length :]
         return torch.log_softmax(logits.float(), -1).gather(-1, targets[:, None])[:, 0]
 
-    def step(
-        self, batch: Sequence[tuple[Sample, float]], groups: Sequence[int], version: int
-    ) -> tuple[float, float]:
+    def step(self, batch: Sequence[tuple[Sample, float]], version: int) -> tuple[float, float]:
         """One optimizer step on `batch` (sample, advantage); returns the largest |ratio - 1|
         over trained tokens the current weights (`version`) sampled, and over older ones."""
         self.model.train()
@@ -304,13 +302,7 @@ def tokentrail_serve(engine: str, model_dir: Path) -> Iterator[str]:
 
 
 def generated_tokens(sync: WeightSync) -> float:
-    with urllib.request.urlopen(f"{sync.url}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(sync.generated_metric)
-    )
+    return metric_sum(sync.url, sync.generated_metric)
 
 
 async def rollouts(url: str, cfg: Config, arm: str, step: int) -> list[tuple[str, int, float]]:
@@ -376,7 +368,7 @@ async def run_arm(
             batch = kept if arm == "trained" else [shifted(s) for s in kept]
             adv = advantages(rewards, groups)
             dev_same, dev_stale = await asyncio.to_thread(
-                trainer.step, list(zip(batch, adv, strict=True)), groups, version
+                trainer.step, list(zip(batch, adv, strict=True)), version
             )
         rows.append(
             StepRow(

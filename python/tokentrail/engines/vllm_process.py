@@ -36,6 +36,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def metric_sum(base_url: str, name: str, **labels: str) -> float:
+    """The sum of Prometheus sample `name` over the samples with `labels` in `GET
+    {base_url}/metrics` (vLLM's, SGLang's or tokentrail's)."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 @dataclass
 class VLLMServer:
     model_dir: Path
@@ -125,15 +139,7 @@ class VLLMServer:
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a Prometheus sample `name` over the samples with `labels`."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as resp:
-            text = resp.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(self.url, name, **labels)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
