@@ -25,13 +25,14 @@ import pytest
 from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
 from support.codex import install_codex, run_codex, write_home
 from support.serve import resume_checks, serving, serving_in_thread
+from support.threads import one_torch_thread
 from tokentrail.cli import main as cli_main
 from tokentrail.engines.base import GenerateRequest, ReplayRequest, SamplingParams
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.engines.transformers_lm import TransformersEngine
 from tokentrail.kinds import History, Restore
 from tokentrail.model.audit import DEFAULT_TOLERANCE, recompute_samples
-from tokentrail.model.forward import THREADS_ENV, CausalLM, crop, set_threads
+from tokentrail.model.forward import CausalLM, crop
 from tokentrail.model.tiny import tiny_model, tiny_names
 from tokentrail.sim.codex import CALC as CODEX_CALC
 from tokentrail.sim.codex import CODEX_SCRIPT, TEST
@@ -46,14 +47,8 @@ MODELS = ("qwen3", "qwen3-moe")
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread() -> Iterator[None]:
-    before = os.environ.get(THREADS_ENV)
-    os.environ[THREADS_ENV] = "1"  # for the `tokentrail serve` subprocesses too
-    set_threads(1)
-    yield
-    if before is None:
-        os.environ.pop(THREADS_ENV, None)
-    else:
-        os.environ[THREADS_ENV] = before
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

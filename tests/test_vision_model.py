@@ -29,6 +29,7 @@ import pytest
 from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude
 from support.images import image_block, png
 from support.serve import serving
+from support.threads import one_torch_thread
 from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.cli import main as cli_main
 from tokentrail.engines import create_engine
@@ -38,7 +39,7 @@ from tokentrail.engines.transformers_lm import TransformersEngine
 from tokentrail.errors import ModelError
 from tokentrail.messages import ImageInput
 from tokentrail.model.audit import DEFAULT_TOLERANCE, recompute_samples
-from tokentrail.model.forward import THREADS_ENV, CausalLM, set_threads
+from tokentrail.model.forward import CausalLM
 from tokentrail.model.tiny import tiny_model
 from tokentrail.storage.export import write_samples
 from tokentrail.text.tokenizer import load_tokenizer
@@ -53,14 +54,8 @@ READ = {
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread() -> Iterator[None]:
-    before = os.environ.get(THREADS_ENV)
-    os.environ[THREADS_ENV] = "1"
-    set_threads(1)
-    yield
-    if before is None:
-        os.environ.pop(THREADS_ENV, None)
-    else:
-        os.environ[THREADS_ENV] = before
+    with one_torch_thread():
+        yield
 
 
 MODELS = {

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from support.threads import one_torch_thread
 from support.vllm_server import MAX_MODEL_LEN, VL_LIMITS, VLLMServer, vllm_python
-from tokentrail.model.forward import THREADS_ENV, set_threads
 from tokentrail.model.tiny import tiny_model
 
 VISION = frozenset({"qwen2.5-vl", "qwen3-vl"})
@@ -77,11 +77,5 @@ def _servers_stop_with_their_module(vllm_servers: Servers) -> Iterator[None]:
 @pytest.fixture(scope="module", autouse=True)
 def one_thread() -> Iterator[None]:
     """The recompute audit on one torch thread, beside a vLLM server on the other core."""
-    before = os.environ.get(THREADS_ENV)
-    os.environ[THREADS_ENV] = "1"
-    set_threads(1)
-    yield
-    if before is None:
-        os.environ.pop(THREADS_ENV, None)
-    else:
-        os.environ[THREADS_ENV] = before
+    with one_torch_thread():
+        yield
