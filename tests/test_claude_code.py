@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from support.capture import capture, write_corpus
+from support.capture import capture, harness_adapter, write_corpus
 from support.claude_code import (
     CLAUDE_CODE_COMPLETION_ORDER_VERSION,
     CLAUDE_CODE_VERSION,
@@ -36,7 +36,6 @@ from support.serve import resume_checks, serving, serving_in_thread
 from support.stand_in import scripted_reply
 from support.sub_agents import SubAgentScript, cd_call
 from tokentrail.adapter import Adapter, AdapterConfig
-from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.core.routing import RoutingShape
 from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.sim.moe import KVRouting
@@ -327,15 +326,7 @@ def test_real_claude_code_with_cd_prefixed_bash_and_a_sub_agent(
     ]
     tokenizer = load_tokenizer()
     log = tmp_path / "access.log"
-    adapter = Adapter(
-        engine=SubAgentScript(tokenizer, main, sub, SUBAGENT_PROMPT),
-        tokenizer=tokenizer,
-        config=AdapterConfig(
-            verify_resume=True,
-            exclude_known_side_requests=True,
-            access_log=AccessLog(str(log), json=True),
-        ),
-    )
+    adapter = harness_adapter(SubAgentScript(tokenizer, main, sub, SUBAGENT_PROMPT), tokenizer, log)
     seen = capture(adapter)
     with serving_in_thread(adapter) as (url, loop):
         run = run_claude(

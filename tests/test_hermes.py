@@ -21,11 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from support.capture import capture, write_corpus
+from support.capture import capture, harness_adapter, write_corpus
 from support.hermes import HERMES_VERSION, Hermes, install_hermes
 from support.serve import Served, resume_checks, serving, serving_in_thread
-from tokentrail.adapter import Adapter, AdapterConfig
-from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.engines.base import GenerateRequest
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.text.tokenizer import load_tokenizer
@@ -188,15 +186,7 @@ def test_real_hermes_default_configuration_masks_its_background_review(
     (workspace / "pyproject.toml").write_text('[project]\nname = "demo"\nversion = "0.1.0"\n')
     tokenizer = load_tokenizer()
     log = tmp_path / "access.log"
-    adapter = Adapter(
-        engine=_WithReview(tokenizer, DEFAULT_SCRIPT),
-        tokenizer=tokenizer,
-        config=AdapterConfig(
-            verify_resume=True,
-            exclude_known_side_requests=True,
-            access_log=AccessLog(str(log), json=True),
-        ),
-    )
+    adapter = harness_adapter(_WithReview(tokenizer, DEFAULT_SCRIPT), tokenizer, log)
     seen = capture(adapter)
     with serving_in_thread(adapter) as (url, loop):
         hermes = Hermes.configured(

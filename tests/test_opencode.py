@@ -18,12 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from support.capture import capture, write_corpus
+from support.capture import capture, harness_adapter, write_corpus
 from support.opencode import OPENCODE_VERSION, install_opencode, run_opencode
 from support.serve import resume_checks, serving_in_thread
 from support.sub_agents import SubAgentScript, cd_call
-from tokentrail.adapter import Adapter, AdapterConfig
-from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.engines.base import GenerateRequest
 from tokentrail.text.tokenizer import load_tokenizer
 
@@ -85,15 +83,7 @@ def test_real_opencode_default_configuration_with_a_sub_agent(
     ]
     tokenizer = load_tokenizer()
     log = tmp_path / "access.log"
-    adapter = Adapter(
-        engine=_Conversations(tokenizer, main, sub, SUBAGENT_PROMPT),
-        tokenizer=tokenizer,
-        config=AdapterConfig(
-            verify_resume=True,
-            exclude_known_side_requests=True,
-            access_log=AccessLog(str(log), json=True),
-        ),
-    )
+    adapter = harness_adapter(_Conversations(tokenizer, main, sub, SUBAGENT_PROMPT), tokenizer, log)
     seen = capture(adapter)
     with serving_in_thread(adapter) as (url, loop):
         run = run_opencode(

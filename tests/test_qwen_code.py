@@ -23,14 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from support.capture import capture, write_corpus
+from support.capture import capture, harness_adapter, write_corpus
 from support.engine_thread import engine_in_thread
 from support.fake_engines import FakeSGLang, FakeVLLM
 from support.qwen_code import DEFAULT_SETTINGS, QWEN_CODE_VERSION, install_qwen_code, run_qwen
 from support.serve import resume_checks, serving, serving_in_thread
 from support.stand_in import scripted_reply
-from tokentrail.adapter import Adapter, AdapterConfig
-from tokentrail.adapter.http.access_log import AccessLog
 from tokentrail.engines.base import GenerateRequest
 from tokentrail.engines.scripted import ScriptedEngine
 from tokentrail.text.tokenizer import load_tokenizer
@@ -218,15 +216,7 @@ def test_real_qwen_code_default_configuration_masks_its_memory_extraction(
     ]  # fmt: skip
     tokenizer = load_tokenizer()
     log = tmp_path / "access.log"
-    adapter = Adapter(
-        engine=_WithMemory(tokenizer, script),
-        tokenizer=tokenizer,
-        config=AdapterConfig(
-            verify_resume=True,
-            exclude_known_side_requests=True,
-            access_log=AccessLog(str(log), json=True),
-        ),
-    )
+    adapter = harness_adapter(_WithMemory(tokenizer, script), tokenizer, log)
     seen = capture(adapter)
     home = tmp_path / "home"
     prompts = [("Fix the spacing in calc.py.", ()), ("What does add(2, 3) return?", ("-c",))]

@@ -17,7 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
-from tokentrail.adapter import Adapter
+from tokentrail.adapter import Adapter, AdapterConfig
+from tokentrail.adapter.http.access_log import AccessLog
+from tokentrail.engines.base import Engine
+from tokentrail.text.tokenizer import LoadedTokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "requests"
 # Strings longer than this are a harness's prose; shorter ones are names, ids and settings.
@@ -30,6 +33,21 @@ class Captured:
     path: str
     status: int
     body: Any
+
+
+def harness_adapter(engine: Engine, tokenizer: LoadedTokenizer, log: Path) -> Adapter:
+    """The adapter a real harness's default configuration runs against: resumed requests
+    checked against a full translation, known side requests excluded, a JSON access log at
+    `log` (where a test looks for 4xx)."""
+    return Adapter(
+        engine=engine,
+        tokenizer=tokenizer,
+        config=AdapterConfig(
+            verify_resume=True,
+            exclude_known_side_requests=True,
+            access_log=AccessLog(str(log), json=True),
+        ),
+    )
 
 
 def capture(adapter: Adapter) -> list[Captured]:
