@@ -5,7 +5,9 @@ check and the translation over every body in it).
 `capture(adapter)` adds an outermost middleware to the adapter's app (before it serves) and
 returns the list it appends to: each request's method, path, status and JSON body. `redacted`
 shortens the texts a harness wrote (prompts, tool descriptions) to their length, keeping every
-field, type and structure: what the field check reads is kept as sent.
+field, type and structure: what the field check reads is kept as sent. A recording that must
+prove a side-request rule keeps the texts the rule reads whole (`keep`: a string holding one of
+these markers is not shortened).
 """
 
 from __future__ import annotations
@@ -75,14 +77,15 @@ def capture(adapter: Adapter) -> list[Captured]:
     return seen
 
 
-def redacted(value: Any) -> Any:
-    """`value` with every long string replaced by a marker of its length (structure kept)."""
+def redacted(value: Any, keep: tuple[str, ...] = ()) -> Any:
+    """`value` with every long string replaced by a marker of its length (structure kept), but
+    for the strings that hold one of the `keep` markers."""
     if isinstance(value, str) and len(value) > KEEP_CHARS:
-        return f"[{len(value)} chars]"
+        return value if any(k in value for k in keep) else f"[{len(value)} chars]"
     if isinstance(value, list):
-        return [redacted(v) for v in value]
+        return [redacted(v, keep) for v in value]
     if isinstance(value, dict):
-        return {k: redacted(v) for k, v in value.items()}
+        return {k: redacted(v, keep) for k, v in value.items()}
     return value
 
 
@@ -96,23 +99,33 @@ def _anonymous(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_corpus(
-    name: str, harness: str, version: str, configuration: str, requests: list[Captured]
+    name: str,
+    harness: str,
+    version: str,
+    configuration: str,
+    requests: list[Captured],
+    keep: tuple[str, ...] = (),
 ) -> Path:
-    """Write the POSTed JSON bodies of one run as `tests/fixtures/requests/<name>.json`."""
+    """Write the POSTed JSON bodies of one run as `tests/fixtures/requests/<name>.json`; the
+    strings holding one of the `keep` markers are written whole."""
     FIXTURES.mkdir(parents=True, exist_ok=True)
     path = FIXTURES / f"{name}.json"
     bodies = [
-        {"path": c.path, "status": c.status, "body": _anonymous(redacted(c.body))}
+        {"path": c.path, "status": c.status, "body": _anonymous(redacted(c.body, keep))}
         for c in requests
         if c.method == "POST" and isinstance(c.body, dict)
     ]
+    note = (
+        "Every JSON body the real harness POSTed in one run, as the adapter read it; strings "
+        "over 160 characters (prompts, descriptions) are replaced by their length"
+    )
+    if keep:
+        note += f", but for those holding one of {list(keep)}, kept whole"
     doc = {
         "harness": harness,
         "version": version,
         "configuration": configuration,
-        "note": "Every JSON body the real harness POSTed in one headless run, as the adapter "
-        "read it; strings over 160 characters (prompts, descriptions) are replaced by their "
-        "length. `status` is what the adapter answered.",
+        "note": note + ". `status` is what the adapter answered.",
         "requests": bodies,
     }
     path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", "utf-8")

@@ -112,17 +112,24 @@ KNOWN_SIDE_REQUESTS = (
         "title generator",
         r"(?m)^You are a title generator\. You output ONLY a thread title\.",
     ),
-    # Claude Code names each session in its default configuration, under a system prompt of
-    # its own (a billing header and an SDK line come first in the same system message). The
-    # 2.1.332 binary asks "You are naming a coding session ..."; the wording reported for the
-    # same release elsewhere opens "Generate a concise, sentence-case title (3-7 words)". Both
-    # end asking for JSON with one "title" field.
+    # Claude Code names the session where a person sees it: in its interactive terminal, at
+    # the start of the first turn beside the agent's own request (and for the Agent SDKs; a
+    # `claude -p` run never asks). The system message holds a billing header and the CLI's
+    # line first, each a text block of its own, so the prompt is anchored at a line. The real
+    # request bodies are in tests/fixtures/requests/claude_code_*_interactive_session_title.
     SideRule(
         "claude-code",
         "2.1.332",
         "session title",
-        r"(?m)^(?:You are naming a coding session so the user can pick it out of a long list"
-        r"|Generate a concise, sentence-case title \(3-7 words\))"
+        r"(?m)^You are naming a coding session so the user can pick it out of a long list"
+        r'[\s\S]*Return JSON with a single "title" field',
+    ),
+    # The prompt 2.1.197 asks with (and the wording that was reported for 2.1.332).
+    SideRule(
+        "claude-code",
+        "2.1.197",
+        "session title",
+        r"(?m)^Generate a concise, sentence-case title \(3-7 words\)"
         r'[\s\S]*Return JSON with a single "title" field',
     ),
 )
