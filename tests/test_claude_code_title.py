@@ -39,7 +39,8 @@ KEEP = (TITLE_ASK, "<session>")
 TITLE = "Stray TODO markers"
 TITLE_REPLY = json.dumps({"title": TITLE})
 PROMPT = "Find the TODO comments in a.py."
-# The releases and the rule each one's title request must fire.
+# The releases and the rule each one's title request must fire (a bumped release fires the
+# 2.1.332 rule for as long as its prompt is the same).
 RULES = {
     LATEST["claude-code"].version: "known:claude-code 2.1.332 session title",
     KEPT["claude-code"].version: "known:claude-code 2.1.197 session title",

@@ -39,18 +39,20 @@ TITLE = (
     "You are a title generator. You output ONLY a thread title. Nothing else.\n\n<task>\n"
     "Generate a brief title that would help the user find this conversation later.\n</task>"
 )
-# Claude Code 2.1.332's session title request: its system prompt as the binary holds it (the
-# middle shortened), after the billing header and the SDK line it sends first, and the
-# wording reported for the same release.
+# Claude Code's session title requests, as a terminal session sends them (the system blocks
+# joined; the middle shortened; tests/fixtures/requests/claude_code_*_interactive_session_title
+# holds them whole): 2.1.332's prompt after the billing header and the CLI's line, and 2.1.197's.
 CLAUDE_TITLE = (
-    "x-anthropic-billing-header: cc_version=2.1.332.90f; cc_entrypoint=sdk-cli;\n"
-    "You are a Claude agent, built on Anthropic's Claude Agent SDK.\n"
+    "x-anthropic-billing-header: cc_version=2.1.332.968; cc_entrypoint=cli;\n"
+    "You are Claude Code, Anthropic's official CLI for Claude.\n"
     "You are naming a coding session so the user can pick it out of a long list of sessions. "
     "The title is a name for what the session is about, not a sentence describing the task.\n\n"
     "The session content is provided inside <session> tags.\n\n"
     'Return JSON with a single "title" field. Capitalize the first letter of the title.'
 )
-CLAUDE_TITLE_REPORTED = (
+CLAUDE_TITLE_2_1_197 = (
+    "x-anthropic-billing-header: cc_version=2.1.197.e46; cc_entrypoint=cli;\n"
+    "You are Claude Code, Anthropic's official CLI for Claude.\n"
     "Generate a concise, sentence-case title (3-7 words) that captures the main topic or goal "
     'of this coding session.\n\nReturn JSON with a single "title" field.'
 )
@@ -166,8 +168,8 @@ CC_TITLE = [
     {"role": "system", "content": CLAUDE_TITLE},
     {"role": "user", "content": "<session>\nfix calc.py\n</session>"},
 ]
-CC_TITLE_REPORTED = [
-    {"role": "system", "content": CLAUDE_TITLE_REPORTED},
+CC_TITLE_2_1_197 = [
+    {"role": "system", "content": CLAUDE_TITLE_2_1_197},
     {"role": "user", "content": "<session>\nfix calc.py\n</session>"},
 ]
 HERMES_MAIN = [
@@ -197,7 +199,7 @@ def test_known_side_requests_are_served_journaled_and_masked_as_excluded(
     trajectory, statuses, metrics = run_session(
         tokenizer,
         [(MAIN, {}), (MEMORY, {}), (SUMMARY, {}), (TITLE_REQUEST, {}), (HEADED_TITLE, {}),
-         (CC_TITLE, {}), (CC_TITLE_REPORTED, {})],
+         (CC_TITLE, {}), (CC_TITLE_2_1_197, {})],
         journal=path,
         exclude_known_side_requests=True,
     )  # fmt: skip
@@ -206,6 +208,7 @@ def test_known_side_requests_are_served_journaled_and_masked_as_excluded(
     # Each reason names the rule that fired: the harness and the release it was seen in.
     title = "known:opencode 1.18.33 title generator"
     cc_title = "known:claude-code 2.1.332 session title"
+    cc_title_2_1_197 = "known:claude-code 2.1.197 session title"
     assert [t.excluded for t in ledger.turns] == [
         None,
         "known:qwen-code 0.24.4 memory extraction",
@@ -213,7 +216,7 @@ def test_known_side_requests_are_served_journaled_and_masked_as_excluded(
         title,
         title,
         cc_title,
-        cc_title,
+        cc_title_2_1_197,
     ]
     side = [t.generated for t in ledger.turns[1:]]
     assert ledger.masked_tokens == {"excluded": sum(side)}
@@ -230,7 +233,7 @@ def test_known_side_requests_are_served_journaled_and_masked_as_excluded(
 def test_each_known_rule_fires_on_its_side_request_only() -> None:
     rules = SideRules.compile([], KNOWN_SIDE_REQUESTS)
     assert rules.match(CC_TITLE) == "known:claude-code 2.1.332 session title"
-    assert rules.match(CC_TITLE_REPORTED) == "known:claude-code 2.1.332 session title"
+    assert rules.match(CC_TITLE_2_1_197) == "known:claude-code 2.1.197 session title"
     # The main conversation's system prompt, and a user asking for a title there, are not.
     assert rules.match(CC_MAIN) is None
     assert rules.match(MAIN) is None
