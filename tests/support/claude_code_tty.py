@@ -4,10 +4,11 @@ the interactive mode sends (its session-title request; see docs/harnesses/claude
 
 `run_claude_tty` starts `claude <prompt>` in a scratch HOME whose `.claude.json` has finished
 onboarding and trusts `cwd` (the two dialogs a first start shows), with no `CLAUDE_CODE_*` switch
-and no permission mode: a tool that needs a permission would wait for a key, so a script for it
-uses tools that need none (Read in `cwd`). The CLI runs in a process group of its own; the
-screen is read as it is drawn (a TUI whose terminal is not read stops drawing), and once `done()`
-says the server saw what the test waits for, two Ctrl-C end the session, as they do for a user.
+(`DISABLE_AUTOUPDATER` only) and no permission mode: a tool that needs a permission would wait
+for a key, so a script for it uses tools that need none (Read in `cwd`). The CLI runs in a
+process group of its own; the screen is read as it is drawn (a TUI whose terminal is not read
+stops drawing), and once `done()` says the server saw what the test waits for, two Ctrl-C end
+the session, as they do for a user.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Only what the CLI needs to reach `base_url` and draw; nothing else of the caller's leaks in.
-TTY_ENV = {"TERM": "xterm-256color", "LANG": "C.UTF-8"}
+# And no self-update: an interactive start checks for a newer release and installs it, which on
+# a machine with a network would download one (no gate of the title request reads the switch).
+TTY_ENV = {"TERM": "xterm-256color", "LANG": "C.UTF-8", "DISABLE_AUTOUPDATER": "1"}
 ROWS, COLUMNS = 40, 120
 # Ctrl-C twice exits; a TUI busy drawing may miss one, so it is repeated until the CLI is gone.
 CTRL_C, CTRL_C_EVERY, EXIT_WAIT = b"\x03", 0.3, 10.0
