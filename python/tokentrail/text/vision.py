@@ -129,7 +129,7 @@ class QwenVision(VisionSpec):
     end: str = "<|vision_end|>"
 
     def processor(self) -> Any:
-        """`Qwen2VLImageProcessorPil` (Pillow backend) with the family's parameters."""
+        """`Qwen2VLImageProcessor` (its torchvision backend) with the family's parameters."""
         return _qwen_processor(self)
 
     def grid(self, height: int, width: int) -> tuple[int, int, int]:
@@ -209,11 +209,18 @@ class KimiVision(VisionSpec):
 
 @cache
 def _qwen_processor(spec: QwenVision) -> Any:
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
-
-    return Qwen2VLImageProcessorPil(
+    # The torchvision backend, not the Pillow one: it is what `AutoImageProcessor` loads for a
+    # checkpoint's `Qwen2VLImageProcessor`, so the pixels an engine (vLLM) computes. The Pillow
+    # backend's bicubic resize puts 0.5-0.7% of the pixel values one or two levels of 255 away,
+    # which moved the logprobs after an image by up to 1.6e-3 nats from vLLM's
+    # (docs/engines/vllm.md). The sizes are the same either way.
+    try:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    except ImportError as exc:
+        raise ImageError(
+            f"{spec.name}'s image processor needs torchvision ({exc}); the token counts do not"
+        ) from None
+    return Qwen2VLImageProcessor(
         patch_size=spec.patch_size,
         merge_size=spec.merge_size,
         temporal_patch_size=spec.temporal_patch_size,
