@@ -55,10 +55,17 @@ def request(rid: str = "r1", max_new_tokens: int = 64) -> GenerateRequest:
     return GenerateRequest(PROMPT, SamplingParams(max_new_tokens), "s", request_id=rid)
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
 async def sampling(fake: FakeVLLM, path: str, requests: int, tokens: int = 6) -> None:
     """Until the fake took its `requests`-th request at `path` and sampled about `tokens`."""
-    while len(fake.bodies(path)) < requests:
-        await asyncio.sleep(0.005)
+    await until(lambda: len(fake.bodies(path)) >= requests)
     await asyncio.sleep(tokens * TOKEN_S)
 
 
@@ -66,16 +73,17 @@ async def push(fake: FakeVLLM, tmp_path: Path, version: str) -> None:
     await asyncio.to_thread(VLLMWeights(fake.url).push, tmp_path, version, mode=PauseMode.ABORT)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "engine-stream"])
 @pytest.mark.parametrize("tokens_route", [True, False], ids=["vllm-tokens", "vllm"])
 def test_a_turn_vllm_aborts_at_a_push_is_generated_again_under_the_new_weights(
-    sampled: list[int], tokens_route: bool, tmp_path: Path
+    sampled: list[int], tokens_route: bool, stream: bool, tmp_path: Path
 ) -> None:
     path = GENERATE_PATH if tokens_route else "/v1/completions"
 
     async def body() -> tuple[Any, FakeVLLM]:
         fake = FakeVLLM(replying(sampled), dev_mode=True, token_s=TOKEN_S, reload_s=0.2)
         async with fake:
-            engine = VLLMEngine(fake.url, model="m", tokens_route=tokens_route)
+            engine = VLLMEngine(fake.url, model="m", tokens_route=tokens_route, stream=stream)
             turn = asyncio.ensure_future(engine.generate(request()))
             await sampling(fake, path, 1)
             await push(fake, tmp_path, "1")
@@ -116,8 +124,7 @@ def test_a_turn_the_harness_gave_up_on_stays_an_abort(sampled: list[int], tmp_pa
             turn = asyncio.ensure_future(engine.generate(request("waiting")))
             await sampling(fake, GENERATE_PATH, 2)
             await asyncio.to_thread(VLLMWeights(fake.url)._call, "POST", "/pause?mode=abort")
-            while ("/is_paused", None) not in fake.dev_calls:
-                await asyncio.sleep(0.005)
+            await until(lambda: ("/is_paused", None) in fake.dev_calls)
             await engine.abort("waiting")
             generation = await asyncio.wait_for(turn, 5)
             assert generation.finish_reason == "abort" and generation.discarded == ()
@@ -125,6 +132,31 @@ def test_a_turn_the_harness_gave_up_on_stays_an_abort(sampled: list[int], tmp_pa
             await asyncio.sleep(0.1)
             assert len(fake.bodies(GENERATE_PATH)) == 2
             await engine.close()
+
+    asyncio.run(body())
+
+
+def test_a_turn_whose_tokens_went_out_live_stays_an_abort(
+    sampled: list[int], tmp_path: Path
+) -> None:
+    """A reply streamed to the harness as sampled cannot take its tokens back: once some went
+    out, vLLM's abort is the turn's end, as it was sampled."""
+
+    async def body() -> None:
+        fake = FakeVLLM(replying(sampled), dev_mode=True, token_s=TOKEN_S)
+        async with fake:
+            engine = VLLMEngine(fake.url, model="m", tokens_route=True)
+            seen: list[int] = []
+            turn = asyncio.ensure_future(
+                engine.generate_streaming(request(), lambda ids, _: seen.extend(ids))
+            )
+            await sampling(fake, GENERATE_PATH, 1)
+            await push(fake, tmp_path, "1")
+            generation = await turn
+            await engine.close()
+        assert generation.finish_reason == "abort" and generation.discarded == ()
+        assert generation.output_ids == seen == sampled[: len(seen)] and seen
+        assert len(fake.bodies(GENERATE_PATH)) == 1
 
     asyncio.run(body())
 
