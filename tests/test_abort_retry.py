@@ -30,6 +30,7 @@ from tokentrail.storage.journal import Journal
 from tokentrail.storage.journal.read import read_journal
 from tokentrail.storage.replay import as_recorded
 from tokentrail.text.tokenizer import load_tokenizer
+from tokentrail.trajectory.ledger import Ledger
 
 TEXT = "the sea is calm and the sky is grey and the boats come home one by one in the evening"
 PROMPT = [IM_END - 5, 872, 198, 9707]
@@ -226,6 +227,8 @@ def test_the_ledger_and_the_journal_record_the_discarded_tokens(
     assert 0 < discarded < len(sampled)
     assert turn["retried"] == 1 and turn["weight_versions"] == ["1"]
     assert (ledger["turns_retried"], ledger["tokens_discarded"]) == (1, discarded)
+    read_back = Ledger.from_dict(ledger).to_dict()
+    assert read_back["turns"] == ledger["turns"] and read_back["tokens_discarded"] == discarded
     # Only the answered turn is generated and trained; the discarded tokens are not.
     assert ledger["generated_tokens"] == ledger["trained_tokens"] == len(sampled)
     assert ledger["weight_versions"] == {"1": {"generated": len(sampled), "trained": len(sampled)}}
