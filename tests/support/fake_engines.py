@@ -509,7 +509,9 @@ class FakeVLLM(_FakeServer):
     # Seconds between the sampled tokens of an answer (0: all at once): how long a turn is in
     # flight for a `/pause` to find it. Paused, a new request waits for `/resume` (vLLM queues
     # it); `abort` answers the ones in flight with the tokens sampled so far, finish `abort`;
-    # `keep` freezes them until `/resume`; `wait` lets them finish.
+    # `keep` freezes them until `/resume`; `wait` lets them finish. A streamed answer goes out
+    # once its tokens are sampled (vLLM streams them as they come, then a last chunk that says
+    # `abort` with no tokens: the client reads the same tokens either way).
     token_s: float = 0.0
     paused: str | None = None
     # How long `/collective_rpc` (a weight reload) takes.
