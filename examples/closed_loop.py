@@ -98,6 +98,10 @@ class StepRow:
     version: str
     across_update_turns: int
     across_update_tokens: int
+    # Turns vLLM aborted at the push (`--pause-mode abort`) and tokentrail generated again, and
+    # the tokens the aborted attempts had sampled (recorded, never trained).
+    retried_turns: int
+    discarded_tokens: int
     stale_masked: int
     ratio_dev_same_version: float
     ratio_dev_stale: float
@@ -381,6 +385,8 @@ async def run_arm(
                 version=await asyncio.to_thread(sync.version),
                 across_update_turns=len(across),
                 across_update_tokens=sum(t["generated"] for t in across),
+                retried_turns=sum(a.ledger["turns_retried"] for a in answers),
+                discarded_tokens=sum(a.ledger["tokens_discarded"] for a in answers),
                 stale_masked=report.tokens_masked,
                 ratio_dev_same_version=dev_same,
                 ratio_dev_stale=dev_stale,
@@ -399,15 +405,17 @@ async def run_arm(
 
 HEADER = (
     f"{'arm':8} {'step':>4} {'sessions':>8} {'generated':>9} {'trained':>7} {'reward':>6} "
-    f"{'version':>7} {'across':>11} {'stale':>5} {'ratio dev':>9} {'(stale)':>8} {'s':>5}"
+    f"{'version':>7} {'across':>11} {'retried':>9} {'stale':>5} {'ratio dev':>9} {'(stale)':>8} "
+    f"{'s':>5}"
 )
 
 
 def format_row(r: StepRow) -> str:
     across = f"{r.across_update_turns}/{r.across_update_tokens}"
+    retried = f"{r.retried_turns}/{r.discarded_tokens}"
     return (
         f"{r.arm:8} {r.step:>4} {r.sessions:>8} {r.generated:>9} {r.trained:>7} "
-        f"{r.reward:>6.3f} {r.version:>7} {across:>11} {r.stale_masked:>5} "
+        f"{r.reward:>6.3f} {r.version:>7} {across:>11} {retried:>9} {r.stale_masked:>5} "
         f"{r.ratio_dev_same_version:>9.2e} {r.ratio_dev_stale:>8.2f} {r.seconds:>5.1f}"
     )
 
@@ -426,6 +434,8 @@ def summary(rows: Sequence[StepRow], cfg: Config) -> dict[str, Any]:
             "max_ratio_dev_same_version": max((d for d in same if d == d), default=None),
             "across_update_turns": sum(r.across_update_turns for r in rows if r.arm == arm),
             "across_update_tokens": sum(r.across_update_tokens for r in rows if r.arm == arm),
+            "retried_turns": sum(r.retried_turns for r in rows if r.arm == arm),
+            "discarded_tokens": sum(r.discarded_tokens for r in rows if r.arm == arm),
         }
     return out
 
@@ -476,15 +486,17 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         "",
         "| arm | step | generated | trained | reward | version | turns/tokens across a push "
-        "| stale masked | ratio dev (current) | ratio dev (one step old) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| turns retried/tokens discarded | stale masked | ratio dev (current) "
+        "| ratio dev (one step old) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         same, stale = r["ratio_dev_same_version"], r["ratio_dev_stale"]
         lines.append(
             f"| {r['arm']} | {r['step']} | {r['generated']} | {r['trained']} | "
             f"{r['reward']:.3f} | {r['version']} | {r['across_update_turns']}/"
-            f"{r['across_update_tokens']} | {r['stale_masked']} | "
+            f"{r['across_update_tokens']} | {r.get('retried_turns', 0)}/"
+            f"{r.get('discarded_tokens', 0)} | {r['stale_masked']} | "
             f"{'-' if same != same else f'{same:.2e}'} | "
             f"{'-' if stale != stale else f'{stale:.2f}'} |"
         )
@@ -523,8 +535,9 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--max-staleness", type=int, default=defaults.max_staleness)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
-        "--pause-mode", choices=[str(m) for m in (PauseMode.KEEP, PauseMode.WAIT)],
-        default=defaults.pause_mode,
+        "--pause-mode", choices=[str(m) for m in PauseMode], default=defaults.pause_mode,
+        help="keep: turns in flight carry on under the new weights; wait: they finish under "
+        "the old; abort: vLLM aborts them and tokentrail generates them again",
     )  # fmt: skip
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--json", type=Path, help="write the rows and the summary here")

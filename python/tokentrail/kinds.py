@@ -113,7 +113,9 @@ class PauseMode(StrEnum):
     KEEP = "keep"
     # Finished under the old weights before the new ones load.
     WAIT = "wait"
-    # Stopped (finish `abort`); what they sampled comes back to the adapter as it is.
+    # Stopped (finish `abort`, with the tokens sampled so far); tokentrail's vLLM client
+    # generates each again once the engine serves (every token then the new version's), and
+    # the ledger records the aborted tokens as the turn's `retried`/`discarded`, never trained.
     ABORT = "abort"
 
 

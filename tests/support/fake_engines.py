@@ -53,6 +53,14 @@ HANG_LIMIT_S = 30.0
 SGLANG_CONSTRAINTS = ("json_schema", "regex", "ebnf", "structural_tag")
 # vLLM >= 0.12 `structured_outputs` keys: exactly one per request.
 VLLM_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+# The weight push's POST routes of a `VLLM_SERVER_DEV_MODE=1` server.
+DEV_POSTS = (
+    "/pause",
+    "/resume",
+    "/collective_rpc",
+    "/reset_prefix_cache",
+    "/update_weight_version",
+)
 # The fields of vLLM's `SamplingParams` (vllm/sampling_params.py) a JSON body may set.
 VLLM_SAMPLING_PARAMS = frozenset(
     "n presence_penalty frequency_penalty repetition_penalty temperature top_p top_k min_p "
@@ -282,6 +290,18 @@ def _image_data_refusal(image_data: Any, input_ids: list[int]) -> str | None:
     return None
 
 
+def version_spans(versions: list[str]) -> list[dict[str, Any]]:
+    """vLLM's `weight_versions` of an output whose tokens were sampled by `versions`: a span
+    per run of one version (none for no tokens)."""
+    spans: list[dict[str, Any]] = []
+    for i, version in enumerate(versions):
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": version, "start": i, "end": i + 1})
+    return spans
+
+
 def _image_runs(input_ids: list[int]) -> int:
     return sum(
         1
@@ -482,8 +502,24 @@ class FakeVLLM(_FakeServer):
     # `--enable-return-routed-experts`: every non-stream choice carries them, as a .npy.
     routing: KVRouting | None = None
     weight_version: str = "default"
-    # `VLLM_SERVER_DEV_MODE=1`: the RL routes, `GET /weight_info` among them, are served.
+    # `VLLM_SERVER_DEV_MODE=1`: the RL routes are served: `GET /weight_info`, and a weight
+    # push's `/pause?mode=`, `/collective_rpc`, `/reset_prefix_cache`,
+    # `/update_weight_version`, `/resume`, `GET /is_paused`.
     dev_mode: bool = False
+    # Seconds between the sampled tokens of an answer (0: all at once): how long a turn is in
+    # flight for a `/pause` to find it. Paused, a new request waits for `/resume` (vLLM queues
+    # it); `abort` answers the ones in flight with the tokens sampled so far, finish `abort`;
+    # `keep` freezes them until `/resume`; `wait` lets them finish. A streamed answer goes out
+    # once its tokens are sampled (vLLM streams them as they come, then a last chunk that says
+    # `abort` with no tokens: the client reads the same tokens either way).
+    token_s: float = 0.0
+    paused: str | None = None
+    # How long `/collective_rpc` (a weight reload) takes.
+    reload_s: float = 0.0
+    # The dev routes called, in order: (path with query, JSON body).
+    dev_calls: list[tuple[str, Any]] = field(default_factory=list)
+    _resumed: asyncio.Event = field(default_factory=asyncio.Event)
+    _aborts: int = 0
     # `--max-model-len`: in `GET /v1/models`, and a longer prompt is refused (400). By
     # default a 256K context, which the 128K-token prompt tests fit.
     max_model_len: int = 262144
@@ -505,7 +541,15 @@ class FakeVLLM(_FakeServer):
     held: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def routes(self) -> list[web.RouteDef]:
-        dev = [web.get("/weight_info", self._weight_info)] if self.dev_mode else []
+        dev = (
+            [
+                web.get("/weight_info", self._weight_info),
+                web.get("/is_paused", self._is_paused),
+                *(web.post(path, self._dev) for path in DEV_POSTS),
+            ]
+            if self.dev_mode
+            else []
+        )
         render, tokens = self._render, self._generate_tokens
         if not self.scale_out:
             render = tokens = self._scale_out_disabled
@@ -663,6 +707,9 @@ class FakeVLLM(_FakeServer):
             if refusal is not None:
                 return _vllm_error(refusal, 400)
         ids, logprobs, finish = self._truncate(token_ids, params.get("max_tokens"))
+        versions, aborted = await self._sample(len(ids))
+        if aborted:
+            ids, logprobs, finish = ids[: len(versions)], logprobs[: len(versions)], "abort"
         content = None
         if params.get("logprobs") is not None:
             # vllm 0.32 `GenerateLogProbsContent`: integer ids (the route has no tokenizer).
@@ -682,7 +729,7 @@ class FakeVLLM(_FakeServer):
         }
         request_id = f"generate-tokens-{body.get('request_id') or rid}"
         # Contiguous spans over the output, on the whole answer and the stream's last chunk.
-        spans = [{"version": self.weight_version, "start": 0, "end": len(ids)}]
+        spans = version_spans(versions)
         answer = {
             "request_id": request_id,
             "choices": [
@@ -745,6 +792,52 @@ class FakeVLLM(_FakeServer):
     async def _weight_info(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": self.weight_version})
 
+    async def _is_paused(self, request: web.Request) -> web.Response:
+        self.dev_calls.append((request.path_qs, None))
+        return web.json_response({"is_paused": self.paused is not None})
+
+    async def _dev(self, request: web.Request) -> web.Response:
+        """The weight push's routes, with vLLM 0.32's answers (`entrypoints/rl/online`,
+        `serve/dev/rpc`, `serve/dev/cache`)."""
+        body = await request.json() if request.can_read_body else None
+        self.dev_calls.append((request.path_qs, body))
+        if request.path == "/pause":
+            mode = request.query.get("mode", "abort")
+            if mode not in ("abort", "wait", "keep"):
+                return _vllm_error(f"Invalid pause mode: {mode}", 422)
+            self.paused, self._resumed = mode, asyncio.Event()
+            if mode == "abort":
+                self._aborts += 1
+            await asyncio.sleep(0.02)  # as `pause_generation` does: the aborts' answers out
+            return web.json_response({"status": "paused"})
+        if request.path == "/resume":
+            self.paused = None
+            self._resumed.set()
+            return web.json_response({"status": "resumed"})
+        if request.path == "/update_weight_version":
+            self.weight_version = str(body["new_version"])
+            return web.json_response({"success": True, "new_version": self.weight_version})
+        if request.path == "/reset_prefix_cache":
+            return web.json_response({"success": True})
+        await asyncio.sleep(self.reload_s)  # /collective_rpc
+        return web.json_response({"results": [None]})
+
+    async def _sample(self, n: int) -> tuple[list[str], bool]:
+        """The weight version of each of `n` tokens sampled one by one (`token_s` apart), and
+        whether a `/pause?mode=abort` stopped the request first."""
+        while self.paused is not None:
+            await self._resumed.wait()
+        aborts, versions = self._aborts, []
+        for _ in range(n):
+            if self.token_s:
+                await asyncio.sleep(self.token_s)
+            while self.paused == "keep":
+                await self._resumed.wait()
+            if self._aborts != aborts:
+                return versions, True
+            versions.append(self.weight_version)
+        return versions, False
+
     async def _failing(self, rid: str) -> web.Response | None:
         """The `fail` answer, or after the `hang`, None: what `mode` makes of a request."""
         if self.mode == "fail":
@@ -794,6 +887,9 @@ class FakeVLLM(_FakeServer):
         if refusal is not None:
             return refusal
         ids, logprobs, finish = self._truncate(prompt, body.get("max_tokens"))
+        versions, aborted = await self._sample(len(ids))
+        if aborted:
+            ids, logprobs, finish = ids[: len(versions)], logprobs[: len(versions)], "abort"
         choice = {
             "index": 0,
             "text": "",

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from tokentrail.core.discarded import Discarded
 from tokentrail.core.routing import (
     IndexerShape,
     ReplayRows,
@@ -113,7 +114,8 @@ class ReplayRequest:
 class Generation:
     """One sampled turn: the output ids exactly as sampled (end-of-turn token included when the
     model emitted it) and the logprob of each under the sampling distribution; the replay rows
-    asked for (None: not asked) and which weights sampled which tokens."""
+    asked for (None: not asked) and which weights sampled which tokens; and what attempts the
+    engine aborted itself sampled before the one answered (`discarded`, never trained)."""
 
     output_ids: list[int]
     logprobs: list[float]
@@ -123,6 +125,7 @@ class Generation:
     routed_experts: ReplayRows | None = None
     indexer_topk: ReplayRows | None = None
     weight_versions: tuple[WeightSpan, ...] = ()
+    discarded: tuple[Discarded, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.logprobs):

@@ -17,6 +17,8 @@ the weight version of every output token (`weight_versions` spans): a turn sampl
 `/pause?mode=keep`, a weight reload and `/resume` happened holds tokens of two versions, and
 the sample says which. That is the spec for RL with weights pushed while turns are in flight;
 the server needs `--enable-scale-out` (and `VLLM_SERVER_DEV_MODE=1` for the weight routes).
+A turn vLLM aborts on its own (`/pause?mode=abort`) is generated again once it serves
+(`abort_retry`); the aborted attempt's tokens are recorded beside it, never trained.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from tokentrail.compat import cancelling
 from tokentrail.core.routing import ReplayRows, checked_rows, weight_spans
+from tokentrail.engines.abort_retry import ABORT_RETRIES, AbortRetry
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url, parse_off_loop
@@ -92,6 +95,7 @@ class VLLMEngine(HTTPEngine):
         timeout: float = 600.0,
         stream: bool = False,
         tokens_route: bool = False,
+        abort_retries: int = ABORT_RETRIES,
     ) -> None:
         super().__init__(base_url, timeout=timeout)
         self.tokenizer = tokenizer
@@ -103,6 +107,10 @@ class VLLMEngine(HTTPEngine):
         self.tokens_route = tokens_route
         self._inflight: dict[str, asyncio.Task[Any]] = {}
         self._aborted: set[str] = set()
+        # A turn vLLM aborted itself is generated again, up to `abort_retries` times.
+        self.retry = AbortRetry(
+            partial(self._request_json, "GET"), retries=abort_retries, timeout_s=timeout
+        )
         # The served model's `max_model_len` once `GET /v1/models` was read (0: none given).
         self._served_context: int | None = None
         # Whether the server answers `GET /weight_info` (None: not asked yet).
@@ -187,7 +195,8 @@ class VLLMEngine(HTTPEngine):
     async def generate(self, req: GenerateRequest) -> Generation:
         if self.stream:
             return await self.generate_streaming(req, _ignore)
-        return await self._versioned(partial(self._generate_whole, req))
+        whole = partial(self._versioned, partial(self._generate_whole, req))
+        return await self.retry.run(req.request_id, whole)
 
     async def _call(self, req: GenerateRequest, model: str) -> tuple[Any, dict[str, memoryview]]:
         """One whole answer in `/v1/completions`' shape: from `/v1/completions`, or for a
@@ -277,8 +286,18 @@ class VLLMEngine(HTTPEngine):
         chunk the prompt count. The `Generation` equals the non-streamed one for the same
         tokens. vLLM sends routed experts only on a whole answer, so a turn that asks for them
         is generated whole, its tokens handed to `sink` at the end. Aborted (`abort`), it
-        returns what was streamed so far."""
-        return await self._versioned(partial(self._generate_streamed, req, sink))
+        returns what was streamed so far; aborted by vLLM before a token went to `sink`, it
+        is generated again (`abort_retry`)."""
+        sent = [0]
+
+        def counted(ids: Sequence[int], logprobs: Sequence[float]) -> None:
+            sent[0] += len(ids)
+            sink(ids, logprobs)
+
+        streamed = partial(self._versioned, partial(self._generate_streamed, req, counted))
+        return await self.retry.run(
+            req.request_id, streamed, lambda: sink is _ignore or not sent[0]
+        )
 
     async def _generate_streamed(self, req: GenerateRequest, sink: TokenSink) -> Generation:
         if req.replay.routed_start is not None:
@@ -329,6 +348,7 @@ class VLLMEngine(HTTPEngine):
             raise
 
     async def abort(self, request_id: str) -> None:
+        self.retry.stop(request_id)  # the harness's abort: not generated again
         call = self._inflight.get(request_id)
         if call is None or call.done():
             return

@@ -6,7 +6,9 @@
 every worker), `POST /update_weight_version`, `POST /resume`. The server needs
 `VLLM_SERVER_DEV_MODE=1` for these routes; vLLM's CPU build serves them too, so the whole loop
 runs on a CPU. Behind tokentrail, serve it as `vllm-tokens://`: every token then carries the
-version that sampled it (`trajectory.staleness` reads them).
+version that sampled it (`trajectory.staleness` reads them). With `PauseMode.ABORT`, the turns
+in flight are aborted and tokentrail's vLLM client generates them again after the `/resume`
+(`engines.abort_retry`).
 
 On a GPU, vLLM's NCCL weight transfer (`/init_weight_transfer_engine`, `/update_weights`) and
 SGLang's `update_weights_from_distributed` move the tensors without a file; they are not in

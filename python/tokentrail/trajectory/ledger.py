@@ -6,9 +6,10 @@ turn and in total, so a lost training signal is a number a trainer can see and g
 `build_ledger` assigns each token its fate from the tree and the linearization. Beside it: what
 the model never saw (images and documents its prompts held as placeholders), how many sample
 tokens carry their replay rows (routed experts, indexer top-k) and why the others do not
-(`ReplayGap`), tokens per weight version, the journaled turns a crash or damage lost
-before linearization (`lost`, see `trajectory.lost`), and the samples' tokens as rows against
-as one prefix tree (`layout`).
+(`ReplayGap`), tokens per weight version, the attempts at a turn the engine aborted itself
+and the engine client generated again (`retried`, their tokens `discarded`), the journaled
+turns a crash or damage lost before linearization (`lost`, see `trajectory.lost`), and the
+samples' tokens as rows against as one prefix tree (`layout`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
+from tokentrail.core.discarded import discarded_by_version
 from tokentrail.core.ids import MaskArray
 from tokentrail.kinds import (
     FALLBACK_PREFIX,
@@ -56,6 +58,8 @@ class TurnLedgerJson(TypedDict):
     constrained: int
     length_truncated: bool
     weight_versions: list[str]
+    retried: int
+    discarded: dict[str, int]
 
 
 class ReplayCoverageJson(TypedDict):
@@ -75,6 +79,8 @@ class LedgerJson(TypedDict):
     constrained_tokens: int
     length_truncated_turns: int
     turns_across_updates: int
+    turns_retried: int
+    tokens_discarded: int
     dropped_media: dict[str, int]
     restored_echoes: int
     restored_by_tool: dict[str, int]
@@ -117,6 +123,11 @@ class TurnLedger:
     # The weight versions that sampled the turn, in order: more than one when the weights
     # were updated while it was sampled (`/pause?mode=keep`, a reload, `/resume`).
     weight_versions: list[str] = field(default_factory=list)
+    # Attempts at the turn the engine aborted itself (a weight push's `/pause?mode=abort`),
+    # each generated again by the engine client, and the tokens they had sampled by weight
+    # version: recorded, never trained, and not in `generated` (the harness never saw them).
+    retried: int = 0
+    discarded: dict[str, int] = field(default_factory=dict)
 
     @property
     def masked_total(self) -> int:
@@ -145,6 +156,8 @@ class TurnLedger:
             "constrained": self.constrained,
             "length_truncated": self.length_truncated,
             "weight_versions": list(self.weight_versions),
+            "retried": self.retried,
+            "discarded": dict(self.discarded),
         }
 
 
@@ -286,6 +299,18 @@ class Ledger:
         return sum(1 for t in self.turns if len(t.weight_versions) > 1)
 
     @property
+    def turns_retried(self) -> int:
+        """Turns the engine aborted (a weight push's `/pause?mode=abort`) and the engine
+        client generated again."""
+        return sum(1 for t in self.turns if t.retried)
+
+    @property
+    def tokens_discarded(self) -> int:
+        """Tokens the aborted attempts had sampled: on top of `generated_tokens`, never
+        trained."""
+        return sum(sum(t.discarded.values()) for t in self.turns)
+
+    @property
     def splice_fallbacks(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for t in self.turns:
@@ -329,6 +354,8 @@ class Ledger:
                     constrained=int(t.get("constrained", 0)),
                     length_truncated=bool(t.get("length_truncated", False)),
                     weight_versions=[str(v) for v in t.get("weight_versions") or ()],
+                    retried=int(t.get("retried", 0)),
+                    discarded={str(k): int(n) for k, n in (t.get("discarded") or {}).items()},
                 )
             )
         return cls(
@@ -361,6 +388,8 @@ class Ledger:
             "constrained_tokens": self.constrained_tokens,
             "length_truncated_turns": self.length_truncated_turns,
             "turns_across_updates": self.turns_across_updates,
+            "turns_retried": self.turns_retried,
+            "tokens_discarded": self.tokens_discarded,
             "dropped_media": self.dropped_media,
             "restored_echoes": self.restored_echoes,
             "restored_by_tool": dict(sorted(self.restored_by_tool.items())),
@@ -463,6 +492,7 @@ def build_ledger(
             row.constrained = turn.output_len if tags.constrained else 0
             row.length_truncated = turn.finish_reason == FinishReason.LENGTH
             row.weight_versions = [span.version for span in turn.weight_versions]
+            row.retried, row.discarded = len(turn.discarded), discarded_by_version(turn.discarded)
             rows.append(row)
         for demoted in node.demoted:
             row = turn_fate(
@@ -477,6 +507,8 @@ def build_ledger(
             row.constrained = demoted.turn.output_len if demoted_tags.constrained else 0
             row.length_truncated = demoted.turn.finish_reason == FinishReason.LENGTH
             row.weight_versions = [span.version for span in demoted.turn.weight_versions]
+            row.retried = len(demoted.turn.discarded)
+            row.discarded = discarded_by_version(demoted.turn.discarded)
             rows.append(row)
     rows.sort(key=lambda r: r.turn_index)
     return Ledger(

@@ -454,6 +454,7 @@ def _generated_leaf(
         turn.history,
         turn.fallback,
         turn.weight_versions,
+        discarded=turn.discarded,
     )
     return leaf
 

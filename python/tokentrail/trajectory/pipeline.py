@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from tokentrail.core.discarded import Discarded
 from tokentrail.core.ids import Logprobs, TokenIds
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import PolicyError, RequestError
@@ -81,6 +82,8 @@ class Generated(Protocol):
     def indexer_topk(self) -> ReplayRows | None: ...
     @property
     def weight_versions(self) -> Sequence[WeightSpan]: ...
+    @property
+    def discarded(self) -> Sequence[Discarded]: ...
 
 
 @dataclass(frozen=True)
@@ -540,6 +543,7 @@ class TurnPipeline:
                 routed_experts=generated.routed_experts,
                 indexer_topk=generated.indexer_topk,
                 weight_versions=tuple(generated.weight_versions),
+                discarded=tuple(generated.discarded),
             ),
             prompt_messages=prepared.record_messages,
             response_message=response,

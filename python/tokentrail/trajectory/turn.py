@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tokentrail.core.discarded import Discarded
 from tokentrail.core.ids import LogprobArray, Logprobs, TokenArray, TokenIds, as_token_array
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import LogprobLengthError, ReplayError, TokenIdError
@@ -33,6 +34,9 @@ class TurnRecord:
     routed_experts: ReplayRows | None = None
     indexer_topk: ReplayRows | None = None
     weight_versions: Sequence[WeightSpan] = ()
+    # Attempts at the turn the engine aborted itself (a weight push's `/pause?mode=abort`)
+    # before the one recorded: kept for the ledger, never trained.
+    discarded: Sequence[Discarded] = ()
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class CheckedTurn:
     routed_experts: ReplayRows | None = None
     indexer_topk: ReplayRows | None = None
     weight_versions: tuple[WeightSpan, ...] = ()
+    discarded: tuple[Discarded, ...] = ()
 
 
 def validate_turn(turn: TurnRecord) -> CheckedTurn:
@@ -74,6 +79,9 @@ def validate_turn(turn: TurnRecord) -> CheckedTurn:
     versions = tuple(turn.weight_versions)
     if not all(isinstance(v, WeightSpan) for v in versions):
         raise ReplayError("weight_versions: expected WeightSpans")
+    discarded = tuple(turn.discarded)
+    if not all(isinstance(d, Discarded) for d in discarded):
+        raise ReplayError("discarded: expected Discarded attempts")
     return CheckedTurn(
         prompt,
         output,
@@ -85,6 +93,7 @@ def validate_turn(turn: TurnRecord) -> CheckedTurn:
         turn.routed_experts,
         turn.indexer_topk,
         versions,
+        discarded,
     )
 
 
@@ -105,3 +114,5 @@ class StoredTurn:
     superseded: bool = False
     # How often a retried request was answered with this turn's recorded reply.
     retries: int = 0
+    # Attempts the engine aborted itself and the engine client generated again (never trained).
+    discarded: tuple[Discarded, ...] = ()

@@ -498,6 +498,7 @@ def journal_turn(
         routed_experts=generation.routed_experts,
         indexer_topk=generation.indexer_topk,
         weight_versions=generation.weight_versions,
+        discarded=generation.discarded,
     )
     return journal.turn(turn, keyed=(prepared.record_messages, prepared.keys or ()))
 

@@ -28,6 +28,7 @@ from typing import Any, Generic, TypedDict, TypeVar
 import numpy as np
 
 from tokentrail.core.backend import load_backend
+from tokentrail.core.discarded import Discarded
 from tokentrail.core.ids import LogprobArray, TokenArray
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.errors import JournalError
@@ -214,6 +215,9 @@ def encode_turn(turn: JournaledTurn, base: TurnBase) -> EncodedTurn:
         data["indexer_topk"] = replay_json(turn.indexer_topk)
     if turn.weight_versions:
         data["weight_versions"] = [span.to_dict() for span in turn.weight_versions]
+    # Only for a turn retried after the engine aborted it (a reader before them ignores it).
+    if turn.discarded:
+        data["discarded"] = [attempt.to_dict() for attempt in turn.discarded]
     parts = [tail.astype("<u4", copy=False).tobytes(), output.astype("<u4", copy=False).tobytes()]
     if logprobs is not None:
         parts.append(logprobs.astype("<f4", copy=False).tobytes())
@@ -354,6 +358,7 @@ class TurnDecoder:
             routed_experts=replay_from_json(data.get("routed_experts")),
             indexer_topk=replay_from_json(data.get("indexer_topk")),
             weight_versions=weight_spans(data.get("weight_versions")),
+            discarded=tuple(Discarded.from_dict(d) for d in data.get("discarded") or ()),
         )
 
 

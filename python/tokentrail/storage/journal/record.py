@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tokentrail.core.discarded import Discarded
 from tokentrail.core.ids import Logprobs, TokenIds
 from tokentrail.core.routing import ReplayRows, WeightSpan
 from tokentrail.kinds import Fallback, History
@@ -38,5 +39,7 @@ class JournaledTurn:
     routed_experts: ReplayRows | None = None
     indexer_topk: ReplayRows | None = None
     weight_versions: tuple[WeightSpan, ...] = ()
+    # Attempts the engine aborted itself before the one answered (never trained).
+    discarded: tuple[Discarded, ...] = ()
     # The session's sequence number of its event: the journal gives it (0 before that).
     seq: int = 0
