@@ -158,6 +158,9 @@ class Adapter:
         self.timings = self.turns.timings
         self.turn_slots = TurnSlots(limits.max_concurrent_turns)
         self.memory = MemoryBudget(config.max_memory)
+        if self.manager.replay_pool is None:  # the budget covers the sessions' replay rows
+            spill_dir = None if journal is None else str(journal.path.parent)
+            self.manager.pool_replay_rows(self.memory.replay_bytes, spill_dir)
         self.connections = ConnectionGuard(limits.connection_cap())
         middlewares = [mark_busy(self.connections), errors_as_json]
         if config.access_log is not None:
