@@ -86,6 +86,27 @@ class _Session:
     # hold row numbers.
     rows: SessionRows | None = None
 
+    def push(self, parent: int, turn: CheckedTurn) -> int:
+        """Store the turn under `parent` (its rows in the pool, if pooled); its store id."""
+        replay = _replay_args(self, parent, turn)
+        stored = self.store.push(
+            parent,
+            turn.prompt_ids,
+            turn.output_ids,
+            turn.logprobs,
+            routed_experts=replay[Replay.ROUTED_EXPERTS][0],
+            indexer_topk=replay[Replay.INDEXER_TOPK][0],
+        )
+        if self.rows is not None:
+            for channel, (_, rows) in replay.items():
+                self.rows.keep(channel, rows)
+        return stored
+
+    def release(self) -> None:
+        """Give its pooled rows back (the session is gone)."""
+        if self.rows is not None:
+            self.rows.close()
+
     def add_turn(self, leaf: Node) -> None:
         self.by_index[self.turns] = leaf
         reply_id = TurnTags.read(leaf.metadata).reply_id
@@ -114,8 +135,7 @@ class TrajectoryManager:
 
     With `routing` (a MoE's `RoutingShape`) or `indexer` (an `IndexerShape`), each session's
     store keeps those replay rows and every sample carries them, aligned with its tokens.
-    With `replay_memory` (bytes), sessions keep them in a `ReplayPool` instead: on the heap up
-    to that many bytes across sessions, past it in a file per session (`replay_dir`).
+    With `replay_memory` (bytes), a `ReplayPool` holds them (`replay_pool`; files in `replay_dir`).
 
     Every public method takes the manager's lock, so concurrent rollout threads may share one.
     """
@@ -146,9 +166,8 @@ class TrajectoryManager:
         # unless this is `yes`; they are marked in their samples either way.
         self.train_constrained = _policy(ConstrainedPolicy, train_constrained, "constrained policy")
         self.core = load_backend(backend)
-        self.replay_pool: ReplayPool | None = None
-        if replay_memory is not None:
-            self.pool_replay_rows(replay_memory, replay_dir)
+        pooled = replay_memory is not None and self.replay_channels
+        self.replay_pool = ReplayPool(replay_memory or 0, replay_dir) if pooled else None
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
 
@@ -161,17 +180,11 @@ class TrajectoryManager:
         session = self._sessions.get(sid)
         return session.turns if session else 0
 
-    def pool_replay_rows(self, max_bytes: int, directory: str | None = None) -> None:
-        """Keep the replay rows of sessions opened from now on in a `ReplayPool` of
-        `max_bytes` on the heap (a manager that keeps no replay channel needs none)."""
-        if self.replay_channels:
-            self.replay_pool = ReplayPool(max_bytes, directory)
-
     def drop_session(self, sid: str) -> bool:
         with self._lock:
             session = self._sessions.pop(sid, None)
-        if session is not None and session.rows is not None:
-            session.rows.close()
+        if session is not None:
+            session.release()
         return session is not None
 
     def sessions(self) -> list[str]:
@@ -229,19 +242,7 @@ class TrajectoryManager:
             )
             # The prompt continues the nearest generated turn above it: its tokens are stored
             # as the prefix shared with that turn plus a tail.
-            parent = _store_id(node.generated_ancestor())
-            replay = _replay_args(session, parent, checked)
-            stored = session.store.push(
-                parent,
-                checked.prompt_ids,
-                checked.output_ids,
-                checked.logprobs,
-                routed_experts=replay[Replay.ROUTED_EXPERTS][0],
-                indexer_topk=replay[Replay.INDEXER_TOPK][0],
-            )
-            if session.rows is not None:
-                for channel, (_, rows) in replay.items():
-                    session.rows.keep(channel, rows)
+            stored = session.push(_store_id(node.generated_ancestor()), checked)
             for message, key in zip(prompt_messages[i:], keys[i:], strict=True):
                 node = node.add_child(Node(message, key=key, keep_message=False))
             session.turns += 1
@@ -405,8 +406,7 @@ class TrajectoryManager:
         try:
             return _linearize(self, sid, session, reward, extra_metadata, max_sample_tokens)
         finally:
-            if session.rows is not None:
-                session.rows.close()
+            session.release()
 
     def inspect(self, sid: str, read: SessionReader[T], *, max_sample_tokens: int = 0) -> T:
         """`read(tree, store, trajectory, echoes)` of a session linearized as it stands, under
