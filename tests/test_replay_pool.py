@@ -10,6 +10,8 @@ experts and indexer top-k are compared byte for byte.
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -23,6 +25,7 @@ from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
 from tokentrail.engines import ScriptedEngine
 from tokentrail.errors import ReplayError
 from tokentrail.kinds import ReplayGap
+from tokentrail.scale.transfer import ShippedBatch
 from tokentrail.trajectory.linearize import Trajectory
 
 SHAPE = RoutingShape(4, 2, 300)  # uint16 rows
@@ -241,3 +244,35 @@ def test_the_adapter_pools_replay_rows_within_its_memory_budget(tokenizer, tmp_p
     plain = TrajectoryManager()
     Adapter(engine=ScriptedEngine(tokenizer), tokenizer=tokenizer, manager=plain)
     assert plain.replay_pool is None, "no replay channel, nothing to pool"
+
+
+def test_the_ray_pool_ships_routed_experts_as_one_typed_column_out_of_band() -> None:
+    """What an actor returns (`ShippedBatch`) holds the rows as one `[tokens, 48, 8]` uint8
+    column that pickle protocol 5 (Ray's object store) carries as a buffer of its own, and the
+    trainer's samples are views of it: no nested lists, no JSON, no copy."""
+    shape = RoutingShape(48, 8, 128)
+    manager = TrajectoryManager(routing=shape, replay_memory=0)
+    rng = np.random.default_rng(3)
+    for sid in ("a", "b"):
+        prompt = rng.integers(10, 50_000, 3_000).tolist()
+        rows = rng.integers(0, 128, (3_000 + 8 - 1, 48, 8))
+        manager.record_turn(
+            sid,
+            turn=TurnRecord(prompt, [5] * 8, "stop", routed_experts=ReplayRows(rows, 0)),
+            prompt_messages=[user(sid)],
+            response_message=assistant("done"),
+        )
+    finished = {sid: manager.finish(sid) for sid in ("a", "b")}
+    batch = ShippedBatch.of(0, finished)
+    column = batch.columns["routed_experts"]
+    assert column.dtype == np.uint8 and column.shape == (2 * 3_008, 48, 8)
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    assert len(head) < 20_000, "the rows travel out of band, not in the pickle"
+    assert column.nbytes in [memoryview(b).nbytes for b in buffers]
+    back = pickle.loads(head, buffers=buffers)
+    for session in back.unpack():
+        (sample,) = session.samples
+        (want,) = finished[session.sid].samples
+        assert sample.routed_experts.tobytes() == want.routed_experts.tobytes()
+        assert np.shares_memory(sample.routed_experts, back.columns["routed_experts"])
