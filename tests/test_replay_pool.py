@@ -10,7 +10,9 @@ experts and indexer top-k are compared byte for byte.
 
 from __future__ import annotations
 
+import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -160,8 +162,17 @@ def test_sessions_beyond_the_budget_keep_their_rows_in_a_file_not_the_heap(tmp_p
     )
     pool = manager.replay_pool
     assert pool is not None
+    orphan = tmp_path / "tokentrail-replay-999999999-x1y2"  # of a process killed before exit
+    orphan.mkdir()
+    (orphan / "0-routed_experts.rows").write_bytes(b"old")
+    fds = len(os.listdir("/proc/self/fd"))
     for sid in ("a", "b", "c"):
         long_turn(manager, sid, tokens)
+    assert len(os.listdir("/proc/self/fd")) == fds, "a spilled session holds no descriptor"
+    assert not orphan.exists()
+    (spill_dir,) = tmp_path.iterdir()
+    assert spill_dir.name.startswith(f"tokentrail-replay-{os.getpid()}-")
+    assert sorted(p.stat().st_size for p in spill_dir.iterdir()) == [one, one]
     # The first fits the budget; the next two would take the heap past it.
     assert (pool.heap_bytes, pool.spilled_bytes, pool.sessions_spilled) == (one, 2 * one, 2)
     rows = {sid: manager._sessions[sid].rows for sid in "abc"}  # noqa: SLF001 - what it holds
@@ -181,6 +192,7 @@ def test_sessions_beyond_the_budget_keep_their_rows_in_a_file_not_the_heap(tmp_p
     assert (pool.heap_bytes, pool.spilled_bytes) == (one, one)
     assert manager.drop_session("c")
     assert (pool.heap_bytes, pool.spilled_bytes) == (one, 0)
+    assert list(spill_dir.iterdir()) == []
 
 
 def test_a_spilled_session_appends_its_later_turns_to_its_file() -> None:
@@ -207,28 +219,46 @@ def test_a_spilled_session_appends_its_later_turns_to_its_file() -> None:
     assert got.routed_experts.tobytes() == want.routed_experts.tobytes()
 
 
-def test_rows_that_do_not_fit_are_refused_and_nothing_is_kept() -> None:
-    manager = TrajectoryManager(routing=SHAPE, replay_memory=2**30)
+@pytest.mark.parametrize("budget", [2**30, 0])
+def test_rows_that_do_not_fit_are_refused_and_nothing_is_kept(budget: int) -> None:
+    manager = TrajectoryManager(routing=SHAPE, replay_memory=budget)
+    tapes = TrajectoryManager(routing=SHAPE)
     pool = manager.replay_pool
     assert pool is not None
-    prompt, output = prompt_ids([user("go")]), [5, 6]
+    history = [user("go")]
+    first = assistant("first")
+    prompt, output = prompt_ids(history), sampled(first)
     n = len(prompt) + len(output) - 1
+    for m in (manager, tapes):
+        turn = TurnRecord(prompt, output, "stop", routed_experts=ReplayRows(routed(n, 1), 0))
+        m.record_turn("s", turn=turn, prompt_messages=history, response_message=first)
+    held = (pool.heap_bytes, pool.spilled_bytes)
+    assert sum(held) == n * SHAPE.row_bytes
+    history = [user("go"), first, user("more")]
+    prompt, output = prompt_ids(history), [5, 6]
+    start = manager.replay_start("s", history, prompt, None)
+    n = len(prompt) + len(output) - 1 - start
     bad = {
-        "rows of shape (n, 4, 3) for a store of 4 layers x 2": np.zeros((n, 4, 3), np.int32),
+        f"rows of shape ({n}, 4, 3) for a store of 4 layers x 2": np.zeros((n, 4, 3), np.int32),
         "value 300 at row 0 is outside": np.full((n, 4, 2), 300, np.int32),
         "rows must be a 3-D integer array": np.zeros((n, 4, 2), np.float32),
-        "rows from position 0": np.zeros((n + 1, 4, 2), np.int32),  # the store counts them
+        "rows from position": np.zeros((n + 1, 4, 2), np.int32),  # the store counts them
     }
     for message, rows in bad.items():
-        turn = TurnRecord(prompt, output, "stop", routed_experts=ReplayRows(rows, 0))
-        with pytest.raises(
-            ReplayError,
-            match=message.replace("(", r"\(").replace(")", r"\)").replace("n,", f"{n},"),
-        ):
+        turn = TurnRecord(prompt, output, "stop", routed_experts=ReplayRows(rows, start))
+        with pytest.raises(ReplayError, match=re.escape(message)):
             manager.record_turn(
-                "s", turn=turn, prompt_messages=[user("go")], response_message=assistant("x")
+                "s", turn=turn, prompt_messages=history, response_message=assistant("x")
             )
-        assert pool.heap_bytes == 0 and manager.turn_count("s") == 0
+        assert (pool.heap_bytes, pool.spilled_bytes) == held and manager.turn_count("s") == 1
+    for m in (manager, tapes):
+        turn = TurnRecord(prompt, output, "stop", routed_experts=ReplayRows(routed(n, 2), start))
+        m.record_turn("s", turn=turn, prompt_messages=history, response_message=assistant("x"))
+    assert replay_of_routed(manager.finish("s")) == replay_of_routed(tapes.finish("s"))
+
+
+def replay_of_routed(traj: Trajectory) -> list[bytes]:
+    return [s.routed_experts.tobytes() for s in traj.samples]
 
 
 def test_the_adapter_pools_replay_rows_within_its_memory_budget(tokenizer, tmp_path) -> None:

@@ -89,18 +89,20 @@ class _Session:
     def push(self, parent: int, turn: CheckedTurn) -> int:
         """Store the turn under `parent` (its rows in the pool, if pooled); its store id."""
         replay = _replay_args(self, parent, turn)
-        stored = self.store.push(
-            parent,
-            turn.prompt_ids,
-            turn.output_ids,
-            turn.logprobs,
-            routed_experts=replay[Replay.ROUTED_EXPERTS][0],
-            indexer_topk=replay[Replay.INDEXER_TOPK][0],
-        )
-        if self.rows is not None:
-            for channel, (_, rows) in replay.items():
-                self.rows.keep(channel, rows)
-        return stored
+        undo = None if self.rows is None else self.rows.keep(replay)
+        try:
+            return self.store.push(
+                parent,
+                turn.prompt_ids,
+                turn.output_ids,
+                turn.logprobs,
+                routed_experts=replay[Replay.ROUTED_EXPERTS][0],
+                indexer_topk=replay[Replay.INDEXER_TOPK][0],
+            )
+        except BaseException:
+            if undo is not None:
+                undo()
+            raise
 
     def release(self) -> None:
         """Give its pooled rows back (the session is gone)."""

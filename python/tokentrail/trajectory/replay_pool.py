@@ -6,19 +6,28 @@ A session whose rows are pooled has a `TurnStore` whose tapes hold, per position
 its row here (4 bytes, not `layers x k`), so which turn's row each sample position takes is
 still the store's to say (`rust/store.rs`); `SessionRows.read` turns those numbers back into
 rows, byte for byte the ones the store would have kept. The session whose next rows would take
-the heap past the budget moves all of its rows to a temporary file and appends there from then
-on; at finish they are read back through a memory map and the file is deleted.
+the heap past the budget moves all of its rows to a file and appends there from then on; at
+finish they are read back through a memory map and the file is deleted. No descriptor stays
+open between turns (a spilled session costs none of the connections' file limit); the files
+live in a directory of the process's own, removed at exit, and a later pool removes those of
+processes that were killed.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
+import os
+import re
+import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +52,9 @@ NUMBERED_ROUTING = (1, 1, 2**32 - 1)
 NUMBERED_INDEXER = (1, 1)
 # `REPLAY_STATUS[0]`: a position that has its row.
 _PRESENT = 0
+# A pool's directory, named for its process.
+_DIR_PREFIX = "tokentrail-replay-"
+_DIR_NAME = re.compile(re.escape(_DIR_PREFIX) + r"(\d+)-\w+")
 
 # What the store is given for a tape: None, a gap's reason, or `(start, rows)`.
 StoreArg = str | tuple[int, RowArray] | None
@@ -52,7 +64,8 @@ ReplayArgs = dict[Replay, tuple[StoreArg, RowArray | None]]
 
 class ReplayPool:
     """The replay rows of one manager's sessions: `max_bytes` of them on the heap, the rest in
-    one temporary file per session (in `directory`, the system's temporary directory if None).
+    a file per session and channel, in a directory of the pool's own under `directory` (the
+    system's temporary directory if None; not a tmpfs, whose files are memory).
     `max_bytes=0` puts every session's rows in a file."""
 
     def __init__(self, max_bytes: int, directory: str | None = None) -> None:
@@ -64,6 +77,20 @@ class ReplayPool:
         self._heap = 0
         self._spilled = 0
         self._sessions_spilled = 0
+        self._files = itertools.count()
+        self._dir: Path | None = None
+
+    def _new_file(self, channel: Replay) -> Path:
+        """A path for a spilled tape, in the pool's directory (made on first use)."""
+        with self._lock:
+            if self._dir is None:
+                _remove_orphans(self.directory)
+                made = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=self.directory)
+                self._dir = Path(made)
+                weakref.finalize(self, shutil.rmtree, made, ignore_errors=True)
+            path = self._dir / f"{next(self._files)}-{channel}.rows"
+        path.touch()
+        return path
 
     @property
     def heap_bytes(self) -> int:
@@ -113,7 +140,7 @@ class _Tape:
     # The row number after each chunk's last (cumulative counts).
     ends: list[int] = field(default_factory=list)
     rows: int = 0
-    file: IO[bytes] | None = None
+    file: Path | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -126,6 +153,10 @@ class _Tape:
         return self.shape.layers, self.shape.top_k
 
     @property
+    def row_bytes(self) -> int:
+        return self.shape.layers * self.shape.top_k * self.dtype.itemsize
+
+    @property
     def heap_bytes(self) -> int:
         return sum(int(c.nbytes) for c in self.chunks)
 
@@ -133,7 +164,6 @@ class _Tape:
         """The rows in the file, mapped read-only (None when they are on the heap)."""
         if self.file is None:
             return None
-        self.file.flush()
         if not self.rows:
             return np.zeros((0, *self.row_shape), self.dtype)
         return np.memmap(self.file, self.dtype, "r", shape=(self.rows, *self.row_shape))
@@ -154,7 +184,7 @@ class _Tape:
 
 class SessionRows:
     """One session's pooled rows. `numbered` turns a turn's rows into what its store keeps
-    (row numbers) and `keep` then holds the rows; `read` gives rows back by those numbers."""
+    (row numbers) and `keep` holds the rows; `read` gives rows back by those numbers."""
 
     def __init__(self, pool: ReplayPool, tapes: dict[Replay, _Tape]) -> None:
         self._pool = pool
@@ -200,7 +230,7 @@ class SessionRows:
         self, channel: Replay, given: ReplayRows | None, origin: Callable[[], int]
     ) -> tuple[StoreArg, RowArray | None]:
         """What the store is given for `channel` (row numbers for `given`'s rows), and the rows
-        to `keep` once the store took the turn. `origin()` is where the turn's own positions
+        to `keep`. `origin()` is where the turn's own positions
         start (`TurnStore.replay_start`): rows before it are its parents', and not kept."""
         if given is None or given.rows is None:
             return (None if given is None else given.store_arg()), None
@@ -214,12 +244,36 @@ class SessionRows:
         numbers[skip:, 0, 0] = np.arange(tape.rows, tape.rows + len(rows) - skip)
         return (given.start, numbers), rows[skip:]
 
-    def keep(self, channel: Replay, rows: RowArray | None) -> None:
-        """Hold rows the store numbered (`numbered`), on the heap while the pool has room."""
+    def keep(self, replay: ReplayArgs) -> Callable[[], None]:
+        """Hold the rows `numbered` gave for a turn, before the store takes it; the undo, for
+        a store that refuses it."""
+        before = {channel: (tape.rows, len(tape.chunks)) for channel, tape in self._tapes.items()}
+        try:
+            for channel, (_, rows) in replay.items():
+                self._keep(channel, rows)
+        except BaseException:
+            self._undo(before)
+            raise
+        return lambda: self._undo(before)
+
+    def _undo(self, before: dict[Replay, tuple[int, int]]) -> None:
+        heap = spilled = 0
+        for channel, (rows, chunks) in before.items():
+            tape = self._tapes[channel]
+            if tape.file is not None:
+                spilled += (tape.rows - rows) * tape.row_bytes
+                os.truncate(tape.file, rows * tape.row_bytes)
+            else:
+                heap += sum(int(c.nbytes) for c in tape.chunks[chunks:])
+                del tape.chunks[chunks:], tape.ends[chunks:]
+            tape.rows = rows
+        self._pool._moved(-heap, -spilled)
+
+    def _keep(self, channel: Replay, rows: RowArray | None) -> None:
         if rows is None or not len(rows):
             return
         tape = self._tapes[channel]
-        nbytes = len(rows) * int(np.prod(tape.row_shape)) * tape.dtype.itemsize
+        nbytes = len(rows) * tape.row_bytes
         if not self.spilled and self._pool._take(nbytes):
             # A copy of its own, as the store would keep: `rows` may be a slice of an engine's
             # larger answer.
@@ -230,27 +284,26 @@ class SessionRows:
         if not self.spilled:
             self._spill()
         assert tape.file is not None
-        kept = np.ascontiguousarray(rows, dtype=tape.dtype)
-        tape.file.write(kept.data)
-        tape.rows += len(kept)
+        with tape.file.open("ab") as f:
+            f.write(np.ascontiguousarray(rows, dtype=tape.dtype).data)
+        tape.rows += len(rows)
         self._pool._moved(0, nbytes)
 
     def _spill(self) -> None:
         """Move every channel's rows to a file of its own."""
         moved = 0
         for channel, tape in self._tapes.items():
-            tape.file = tempfile.TemporaryFile(
-                prefix=f"tokentrail-{channel}-", dir=self._pool.directory
-            )
-            for chunk in tape.chunks:
-                tape.file.write(chunk.data)
-                moved += int(chunk.nbytes)
+            tape.file = self._pool._new_file(channel)
+            with tape.file.open("ab") as f:
+                for chunk in tape.chunks:
+                    f.write(chunk.data)
+                    moved += int(chunk.nbytes)
             tape.chunks, tape.ends = [], []
         self._pool._moved(-moved, moved, first=True)
         logger.debug(
             "replay rows over the pool's %d bytes: %d bytes moved to files",
-            moved,
             self._pool.max_bytes,
+            moved,
         )
 
     def read(self, channel: Replay, numbers: RowArray, status: MaskArray) -> RowArray:
@@ -277,11 +330,36 @@ class SessionRows:
         for tape in self._tapes.values():
             heap += tape.heap_bytes
             if tape.file is not None:
-                spilled += tape.rows * int(np.prod(tape.row_shape)) * tape.dtype.itemsize
-                tape.file.close()
+                spilled += tape.rows * tape.row_bytes
+                tape.file.unlink(missing_ok=True)
                 tape.file = None
             tape.chunks, tape.ends, tape.rows = [], [], 0
         self._pool._moved(-heap, -spilled)
+
+
+def _remove_orphans(directory: str | None) -> None:
+    """Remove the pool directories of processes that no longer run (killed before exit)."""
+    where = Path(directory or tempfile.gettempdir())
+    try:
+        found = list(where.glob(f"{_DIR_PREFIX}*"))
+    except OSError:
+        return
+    for path in found:
+        match = _DIR_NAME.fullmatch(path.name)
+        if match is None or not path.is_dir() or _running(int(match.group(1))):
+            continue
+        logger.info("removing the replay rows of a process that is gone: %s", path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
 
 
 def _check(channel: Replay, tape: _Tape, rows: np.ndarray) -> None:
