@@ -10,24 +10,29 @@ experts and indexer top-k are compared byte for byte.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 import re
 
+import aiohttp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.fake_engines import IM_END, FakeSGLang
 from tokens import assistant, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord
-from tokentrail.adapter import Adapter, AdapterConfig
+from tokentrail.adapter import Adapter, AdapterConfig, start_server
 from tokentrail.adapter.http.memory import REPLAY_SHARE
 from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
-from tokentrail.engines import ScriptedEngine
+from tokentrail.engines import ScriptedEngine, SGLangEngine
 from tokentrail.errors import ReplayError
 from tokentrail.kinds import ReplayGap
 from tokentrail.scale.transfer import ShippedBatch
+from tokentrail.sim.moe import KVRouting
+from tokentrail.storage.journal import Journal
 from tokentrail.trajectory.linearize import Trajectory
 
 SHAPE = RoutingShape(4, 2, 300)  # uint16 rows
@@ -306,3 +311,69 @@ def test_the_ray_pool_ships_routed_experts_as_one_typed_column_out_of_band() -> 
         (want,) = finished[session.sid].samples
         assert sample.routed_experts.tobytes() == want.routed_experts.tobytes()
         assert np.shares_memory(sample.routed_experts, back.columns["routed_experts"])
+
+
+def test_an_adapter_spills_rows_next_to_its_journal_and_finishes_them_whole(
+    tokenizer, tmp_path
+) -> None:
+    """Over HTTP against a stand-in SGLang that keeps rows per prefix: a session whose rows
+    are past the budget keeps them beside the journal, and its sample carries the rows the
+    engine computed for every token."""
+    kv = KVRouting(SHAPE)
+    fake = FakeSGLang(text_reply(tokenizer), routing=kv)
+
+    async def go() -> tuple[Trajectory, list[str]]:
+        async with fake as srv:
+            adapter = Adapter(
+                engine=SGLangEngine(srv.url, tokenizer),
+                tokenizer=tokenizer,
+                manager=TrajectoryManager(routing=SHAPE),
+                config=AdapterConfig(routed_experts=True),
+                journal=Journal(tmp_path / "run.db"),
+            )
+            pool = adapter.manager.replay_pool
+            assert pool is not None and pool.directory == str(tmp_path)
+            pool.max_bytes = 0  # every session past the budget
+            runner, url = await start_server(adapter)
+            try:
+                await converse(url, "s1", 3)
+                spilled = [p.name for p in tmp_path.glob("tokentrail-replay-*/*")]
+                assert pool.spilled_bytes > 0 and pool.heap_bytes == 0
+                return await adapter.finish_trajectory("s1", reward=1.0), spilled
+            finally:
+                await runner.cleanup()
+                adapter.journal.close()
+
+    traj, spilled = asyncio.run(go())
+    assert spilled == ["0-routed_experts.rows"]
+    (sample,) = traj.samples
+    n = len(sample.tokens)
+    assert traj.ledger.replay["routed_experts"].complete
+    held, computed_by = kv.rows_of(sample.tokens)
+    assert sample.routed_experts.dtype == SHAPE.dtype
+    assert sample.routed_experts[: n - 1].tolist() == held[: n - 1].tolist()
+    assert len(set(computed_by[: n - 1].tolist())) == 3, "rows of all three requests"
+
+
+def text_reply(tokenizer):
+    def reply(input_ids: list[int]) -> tuple[list[int], list[float], str]:
+        ids = tokenizer.encode(f"Step {len(input_ids)} done.") + [IM_END]
+        return ids, [-0.25] * len(ids), "stop"
+
+    return reply
+
+
+async def converse(url: str, sid: str, turns: int) -> None:
+    messages: list[dict] = [{"role": "user", "content": "fix the bug"}]
+    async with aiohttp.ClientSession() as http:
+        for k in range(turns):
+            body = {"model": "m", "max_tokens": 64, "messages": messages}
+            async with http.post(
+                f"{url}/v1/messages", json=body, headers={"x-api-key": sid}
+            ) as resp:
+                assert resp.status == 200, await resp.text()
+                answer = await resp.json()
+            messages += [
+                {"role": "assistant", "content": answer["content"]},
+                {"role": "user", "content": f"and now part {k}"},
+            ]
