@@ -436,7 +436,8 @@ class TrajectoryManager:
 
 def turn_store(manager: TrajectoryManager, sid: str) -> _core.TurnStore:
     """The turn store of a session of `manager`, which holds the tokens of the turns in its
-    tree (`manager.root(sid)`): read it, do not change it."""
+    tree (`manager.root(sid)`): read it, do not change it. With a `replay_pool`, its replay
+    tapes hold row numbers (their statuses are the rows')."""
     session = manager._sessions.get(sid)
     if session is None:
         raise SessionError(f"no session {sid!r}")
