@@ -377,3 +377,21 @@ async def converse(url: str, sid: str, turns: int) -> None:
                 {"role": "assistant", "content": answer["content"]},
                 {"role": "user", "content": f"and now part {k}"},
             ]
+
+
+def test_rows_stay_on_the_heap_when_no_file_can_be_made(tmp_path, caplog) -> None:
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    manager = TrajectoryManager(routing=SHAPE, replay_memory=0, replay_dir=str(blocked))
+    reference = TrajectoryManager(routing=SHAPE)
+    for m in (manager, reference):
+        for sid in ("a", "b"):
+            long_turn(m, sid, 500)
+    pool = manager.replay_pool
+    assert pool is not None and pool.failed
+    assert (pool.heap_bytes, pool.spilled_bytes) == (2 * 499 * SHAPE.row_bytes, 0)
+    assert caplog.text.count("replay rows past the budget stay on the heap") == 1
+    for sid in ("a", "b"):
+        (got,), (want,) = manager.finish(sid).samples, reference.finish(sid).samples
+        assert got.routed_experts.tobytes() == want.routed_experts.tobytes()
+    assert pool.heap_bytes == 0

@@ -79,6 +79,8 @@ class ReplayPool:
         self._sessions_spilled = 0
         self._files = itertools.count()
         self._dir: Path | None = None
+        # No file could be made for a session past the budget: rows past it stay on the heap.
+        self.failed = False
 
     def _new_file(self, channel: Replay) -> Path:
         """A path for a spilled tape, in the pool's directory (made on first use)."""
@@ -274,37 +276,54 @@ class SessionRows:
             return
         tape = self._tapes[channel]
         nbytes = len(rows) * tape.row_bytes
-        if not self.spilled and self._pool._take(nbytes):
-            # A copy of its own, as the store would keep: `rows` may be a slice of an engine's
-            # larger answer.
-            tape.chunks.append(np.array(rows, dtype=tape.dtype, order="C"))
-            tape.rows += len(rows)
-            tape.ends.append(tape.rows)
-            return
         if not self.spilled:
-            self._spill()
+            if not self._pool._take(nbytes) and not self._spill():
+                self._pool._moved(nbytes, 0)  # no file to spill to: past the budget, not lost
+            if not self.spilled:
+                # A copy of its own, as the store would keep: `rows` may be a slice of an
+                # engine's larger answer.
+                tape.chunks.append(np.array(rows, dtype=tape.dtype, order="C"))
+                tape.rows += len(rows)
+                tape.ends.append(tape.rows)
+                return
         assert tape.file is not None
         with tape.file.open("ab") as f:
             f.write(np.ascontiguousarray(rows, dtype=tape.dtype).data)
         tape.rows += len(rows)
         self._pool._moved(0, nbytes)
 
-    def _spill(self) -> None:
-        """Move every channel's rows to a file of its own."""
-        moved = 0
+    def _spill(self) -> bool:
+        """Move every channel's rows to a file of its own; False where no file can be made."""
+        try:
+            files = {channel: self._pool._new_file(channel) for channel in self._tapes}
+        except OSError as exc:
+            if not self._pool.failed:
+                logger.warning(
+                    "replay rows past the budget stay on the heap: no file in %s (%s)",
+                    self._pool.directory or tempfile.gettempdir(),
+                    exc,
+                )
+            self._pool.failed = True
+            return False
+        try:  # all written before any tape changes: a failed write leaves the heap as it was
+            for channel, tape in self._tapes.items():
+                with files[channel].open("ab") as f:
+                    for chunk in tape.chunks:
+                        f.write(chunk.data)
+        except BaseException:
+            for path in files.values():
+                path.unlink(missing_ok=True)
+            raise
+        moved = self.heap_bytes
         for channel, tape in self._tapes.items():
-            tape.file = self._pool._new_file(channel)
-            with tape.file.open("ab") as f:
-                for chunk in tape.chunks:
-                    f.write(chunk.data)
-                    moved += int(chunk.nbytes)
-            tape.chunks, tape.ends = [], []
+            tape.file, tape.chunks, tape.ends = files[channel], [], []
         self._pool._moved(-moved, moved, first=True)
         logger.debug(
             "replay rows over the pool's %d bytes: %d bytes moved to files",
             self._pool.max_bytes,
             moved,
         )
+        return True
 
     def read(self, channel: Replay, numbers: RowArray, status: MaskArray) -> RowArray:
         """The rows the store's `numbers` (`[n, 1, 1]`) name, zeros where `status` says a
