@@ -339,6 +339,10 @@ def test_an_adapter_spills_rows_next_to_its_journal_and_finishes_them_whole(
                 await converse(url, "s1", 3)
                 spilled = [p.name for p in tmp_path.glob("tokentrail-replay-*/*")]
                 assert pool.spilled_bytes > 0 and pool.heap_bytes == 0
+                async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+                    metrics = await resp.text()
+                held = f'tokentrail_replay_rows_bytes{{held="file"}} {float(pool.spilled_bytes)}'
+                assert held in metrics and 'rows_bytes{held="heap"} 0.0' in metrics
                 return await adapter.finish_trajectory("s1", reward=1.0), spilled
             finally:
                 await runner.cleanup()

@@ -262,6 +262,8 @@ class Adapter:
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self.metrics.set_open_sessions(len(self.sessions))
         self.metrics.set_open_connections(len(self.connections))
+        if (pool := self.manager.replay_pool) is not None:
+            self.metrics.set_replay_rows(pool.heap_bytes, pool.spilled_bytes)
         payload, content_type = self.metrics.render()
         response = web.Response(body=payload)
         response.headers["Content-Type"] = content_type
