@@ -92,8 +92,11 @@ async def play(tokenizer: Any, behaviour: Behaviour, spec: SessionSpec, routed: 
     try:
         sim = HarnessSim(url, "sim", behaviour=behaviour, spec=spec)
         await sim.run("Refactor the modules and keep the tests green.")
-        store = adapter.manager._sessions["sim"].store  # noqa: SLF001 - measuring what it holds
-        held, nbytes = store.heap_bytes(), store.nbytes()
+        session = adapter.manager._sessions["sim"]  # noqa: SLF001 - measuring what it holds
+        # The adapter pools the rows (`trajectory.replay_pool`): the store holds their numbers.
+        pooled = 0 if session.rows is None else session.rows.heap_bytes
+        store = session.store
+        held, nbytes = store.heap_bytes() + pooled, store.nbytes() + pooled
         turns = len(store)
         trajectory = await adapter.finish_trajectory("sim", reward=1.0)
     finally:
@@ -136,7 +139,8 @@ async def main(sessions: int, steps: int) -> None:
         r = await measure(tokenizer, behaviour, sessions, steps)
         coverage = f"{r.present}/{r.tokens} ({100 * r.present / max(1, r.tokens):.1f}%)"
         sent = f"{r.sent}/{r.from_zero} ({100 * r.sent / max(1, r.from_zero):.0f}%)"
-        held_tokens = r.routing_bytes // SHAPE.row_bytes // r.sessions
+        # Each position held: its row in the pool and the row's number (4 bytes) in the store.
+        held_tokens = r.routing_bytes // (SHAPE.row_bytes + 4) // r.sessions
         print(
             f"{name:<22}{coverage:>22}{sent:>24}{r.turns / r.sessions:>7.1f}"
             f"{held_tokens:>13}{r.held_routed / r.sessions / 1e6:>12.2f}"

@@ -45,6 +45,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("encode_speed.py", ["--vocabularies", "qwen3", "--full-tokens", "4000", "--repeats", "20"]),
     ("routing_replay.py", ["--sessions", "1", "--steps", "4"]),
     ("engine_answers.py", ["--tokens", "8192"]),
+    ("replay_memory.py", ["--sessions", "3", "--tokens", "16384", "--budget-mib", "8"]),
     ("families.py", ["--sessions", "1", "--steps", "3", "--messages", "50"]),
     ("loop_responsiveness.py", ["--quick"]),
     ("hostile_requests.py", ["--quick"]),

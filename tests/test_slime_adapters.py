@@ -819,7 +819,9 @@ def test_routed_experts_fill_slimes_field_at_a_real_moe_shape(hf) -> None:
             return await _drain(adapter, "sid-moe")
 
     (s,) = asyncio.run(run())
-    rows = np.asarray(s.rollout_routed_experts)
+    rows = s.rollout_routed_experts
+    # A typed array as slime's own rollout gives it (int32), not nested lists.
+    assert isinstance(rows, np.ndarray) and rows.dtype == np.int32
     assert rows.shape == (len(s.tokens) - 1, 48, 8)
     held, computed_by = kv.rows_of(s.tokens)
     assert rows.tolist() == held[: len(s.tokens) - 1].tolist()

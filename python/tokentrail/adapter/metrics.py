@@ -235,6 +235,12 @@ class Metrics:
             "Sessions recorded and not yet finished or dropped.",
             registry=r,
         )
+        self.replay_rows = Gauge(
+            "tokentrail_replay_rows_bytes",
+            "Open sessions' replay rows, on the heap or in files past the memory budget.",
+            ["held"],
+            registry=r,
+        )
         # Closed label sets start at zero, so `rate()` sees the first increment.
         for stage in STAGES:
             self.stage_latency.labels(stage=stage)
@@ -334,6 +340,10 @@ class Metrics:
 
     def engine_error(self, fault: str) -> None:
         self.engine_errors.labels(fault=fault).inc()
+
+    def set_replay_rows(self, heap: int, files: int) -> None:
+        self.replay_rows.labels(held="heap").set(heap)
+        self.replay_rows.labels(held="file").set(files)
 
     def set_open_connections(self, n: int) -> None:
         self.open_connections.set(n)

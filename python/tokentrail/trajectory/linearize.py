@@ -26,7 +26,13 @@ from tokentrail.trajectory.ledger import Ledger, build_ledger, is_superseded
 from tokentrail.trajectory.lost import LostJson, LostSpan
 from tokentrail.trajectory.lost import summary as lost_summary
 from tokentrail.trajectory.prefix_tree import tree_stats
-from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
+from tokentrail.trajectory.sample import (
+    RowRead,
+    Sample,
+    replay_rows,
+    store_rows,
+    trained_versions,
+)
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node, iter_nodes
@@ -99,12 +105,14 @@ def linearize_session(
     restored_by_tool: Mapping[str, int],
     replays: tuple[Replay, ...],
     status: Sequence[str],
+    read_rows: RowRead | None = None,
     train_superseded: bool = False,
     train_constrained: ConstrainedPolicy = ConstrainedPolicy.MASK,
     restored_by_id: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Trajectory:
     """Every sample of the session's chains, the ledger of every generated token, the drifts.
 
+    `read_rows` reads the samples' replay rows (default: from `store`'s tapes).
     Tokens of a turn sampled under a grammar are marked in their sample's metadata
     (`constrained`) and, under `ConstrainedPolicy.MASK`, masked as `constrained`."""
     # The tree walked once: its leaves, and the nodes that hold a generated turn or a demoted
@@ -138,7 +146,7 @@ def linearize_session(
         if versions:
             sample.metadata["weight_versions"] = versions
         sample.metadata.update(extra_metadata or {})
-        replay_rows(sample, built, store, replays, status)
+        replay_rows(sample, built, read_rows or store_rows(store), replays, status)
     ledger = build_ledger(
         marked,
         lin,

@@ -31,9 +31,16 @@ from tokentrail.trajectory.ledger import Ledger
 from tokentrail.trajectory.linearize import Trajectory as Trajectory  # what reads return
 from tokentrail.trajectory.linearize import linearize_session
 from tokentrail.trajectory.policies import DEFAULT_POLICIES
+from tokentrail.trajectory.replay_pool import (
+    NUMBERED_INDEXER,
+    NUMBERED_ROUTING,
+    ReplayArgs,
+    ReplayPool,
+    SessionRows,
+)
 from tokentrail.trajectory.restore import EchoRestorer, Seen
 from tokentrail.trajectory.rewrite import merge_rewrite
-from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.sample import RowRead, Sample, store_rows
 from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key, walk
 from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, validate_turn
@@ -75,6 +82,32 @@ class _Session:
     # The nodes of the generated turns tagged with each reply id (one, as ids are minted per
     # reply), in the order they were recorded: `find_reply` without a walk of the tree.
     by_reply: dict[str, list[Node]] = field(default_factory=dict)
+    # Its replay rows, when the manager pools them (`replay_pool`): the store's tapes then
+    # hold row numbers.
+    rows: SessionRows | None = None
+
+    def push(self, parent: int, turn: CheckedTurn) -> int:
+        """Store the turn under `parent` (its rows in the pool, if pooled); its store id."""
+        replay = _replay_args(self, parent, turn)
+        undo = None if self.rows is None else self.rows.keep(replay)
+        try:
+            return self.store.push(
+                parent,
+                turn.prompt_ids,
+                turn.output_ids,
+                turn.logprobs,
+                routed_experts=replay[Replay.ROUTED_EXPERTS][0],
+                indexer_topk=replay[Replay.INDEXER_TOPK][0],
+            )
+        except BaseException:
+            if undo is not None:
+                undo()
+            raise
+
+    def release(self) -> None:
+        """Give its pooled rows back (the session is gone)."""
+        if self.rows is not None:
+            self.rows.close()
 
     def add_turn(self, leaf: Node) -> None:
         self.by_index[self.turns] = leaf
@@ -104,6 +137,7 @@ class TrajectoryManager:
 
     With `routing` (a MoE's `RoutingShape`) or `indexer` (an `IndexerShape`), each session's
     store keeps those replay rows and every sample carries them, aligned with its tokens.
+    With `replay_memory` (bytes), a `ReplayPool` holds them (`replay_pool`; files in `replay_dir`).
 
     Every public method takes the manager's lock, so concurrent rollout threads may share one.
     """
@@ -119,6 +153,8 @@ class TrajectoryManager:
         indexer: IndexerShape | None = None,
         train_superseded: bool = False,
         train_constrained: ConstrainedPolicy | str = DEFAULT_POLICIES.train_constrained,
+        replay_memory: int | None = None,
+        replay_dir: str | None = None,
     ) -> None:
         self.drift_policy = _policy(DriftPolicy, drift_policy, "drift policy")
         self.rewrite_policy = _policy(RewritePolicy, rewrite_policy, "rewrite policy")
@@ -132,6 +168,8 @@ class TrajectoryManager:
         # unless this is `yes`; they are marked in their samples either way.
         self.train_constrained = _policy(ConstrainedPolicy, train_constrained, "constrained policy")
         self.core = load_backend(backend)
+        pooled = replay_memory is not None and self.replay_channels
+        self.replay_pool = ReplayPool(replay_memory or 0, replay_dir) if pooled else None
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
 
@@ -146,7 +184,10 @@ class TrajectoryManager:
 
     def drop_session(self, sid: str) -> bool:
         with self._lock:
-            return self._sessions.pop(sid, None) is not None
+            session = self._sessions.pop(sid, None)
+        if session is not None:
+            session.release()
+        return session is not None
 
     def sessions(self) -> list[str]:
         return list(self._sessions)
@@ -192,7 +233,7 @@ class TrajectoryManager:
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
-                session = self._sessions[sid] = _Session(_new_store(self))
+                session = self._sessions[sid] = _new_session(self)
             node, i = walk(session.root, keys)
             if supersede and i == len(keys):
                 retry.supersede(
@@ -203,14 +244,7 @@ class TrajectoryManager:
             )
             # The prompt continues the nearest generated turn above it: its tokens are stored
             # as the prefix shared with that turn plus a tail.
-            stored = session.store.push(
-                _store_id(node.generated_ancestor()),
-                checked.prompt_ids,
-                checked.output_ids,
-                checked.logprobs,
-                routed_experts=_replay_arg(checked.routed_experts),
-                indexer_topk=_replay_arg(checked.indexer_topk),
-            )
+            stored = session.push(_store_id(node.generated_ancestor()), checked)
             for message, key in zip(prompt_messages[i:], keys[i:], strict=True):
                 node = node.add_child(Node(message, key=key, keep_message=False))
             session.turns += 1
@@ -371,7 +405,10 @@ class TrajectoryManager:
             session = self._sessions.pop(sid, None)
         if session is None:
             return Trajectory([], Ledger())
-        return _linearize(self, sid, session, reward, extra_metadata, max_sample_tokens)
+        try:
+            return _linearize(self, sid, session, reward, extra_metadata, max_sample_tokens)
+        finally:
+            session.release()
 
     def inspect(self, sid: str, read: SessionReader[T], *, max_sample_tokens: int = 0) -> T:
         """`read(tree, store, trajectory, echoes)` of a session linearized as it stands, under
@@ -399,7 +436,8 @@ class TrajectoryManager:
 
 def turn_store(manager: TrajectoryManager, sid: str) -> _core.TurnStore:
     """The turn store of a session of `manager`, which holds the tokens of the turns in its
-    tree (`manager.root(sid)`): read it, do not change it."""
+    tree (`manager.root(sid)`): read it, do not change it. With a `replay_pool`, its replay
+    tapes hold row numbers (their statuses are the rows')."""
     session = manager._sessions.get(sid)
     if session is None:
         raise SessionError(f"no session {sid!r}")
@@ -427,6 +465,7 @@ def _linearize(
         restored_by_tool=session.echoes.restored_by_tool,
         restored_by_id=session.echoes.restored_by_id,
         replays=manager.replay_channels,
+        read_rows=_row_reader(session),
         status=manager.core.REPLAY_STATUS,
         train_superseded=manager.train_superseded,
         train_constrained=manager.train_constrained,
@@ -492,13 +531,30 @@ def _channels(routing: RoutingShape | None, indexer: IndexerShape | None) -> tup
     return tuple(channel for channel, shape in kept if shape is not None)
 
 
-def _new_store(manager: TrajectoryManager) -> _core.TurnStore:
-    """A session's store, keeping the manager's replay tapes."""
-    routing, indexer = manager.routing, manager.indexer
-    return manager.core.TurnStore(
-        routed_experts=None if routing is None else routing.dims,
-        indexer_topk=None if indexer is None else indexer.dims,
+def _new_session(manager: TrajectoryManager) -> _Session:
+    """A session whose store keeps the manager's replay tapes: the rows, or with a pool their
+    numbers."""
+    routing, indexer, pool = manager.routing, manager.indexer, manager.replay_pool
+    numbered = pool is not None
+    store = manager.core.TurnStore(
+        routed_experts=None if routing is None else NUMBERED_ROUTING if numbered else routing.dims,
+        indexer_topk=None if indexer is None else NUMBERED_INDEXER if numbered else indexer.dims,
     )
+    return _Session(store, rows=None if pool is None else pool.open(routing, indexer))
+
+
+def _replay_args(session: _Session, parent: int, turn: CheckedTurn) -> ReplayArgs:
+    """Per channel, what the store is given for the turn, and what the pool keeps after."""
+    if session.rows is not None:
+        return session.rows.store_args(session.store, parent, turn)
+    given = {Replay.ROUTED_EXPERTS: turn.routed_experts, Replay.INDEXER_TOPK: turn.indexer_topk}
+    return {channel: (_replay_arg(g), None) for channel, g in given.items()}
+
+
+def _row_reader(session: _Session) -> RowRead:
+    """How a linearization reads the session's rows: from its store, or through its pool."""
+    rows = session.rows
+    return store_rows(session.store) if rows is None else rows.reader(session.store)
 
 
 def _store_id(node: Node | None) -> int:

@@ -13,7 +13,7 @@ turn of the sample was cut by its `max_tokens`.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -150,10 +150,25 @@ class Sample:
         return tensors
 
 
+# A session's rows on a channel: `(channel, turn, length)` to rows `[length, layers, k]` and one
+# `REPLAY_STATUS` code per position, as `TurnStore.routed_experts` answers.
+RowRead = Callable[[Replay, int, int], tuple[RowArray, MaskArray]]
+
+
+def store_rows(store: _core.TurnStore) -> RowRead:
+    """The rows a store keeps on its tapes."""
+
+    def read(channel: Replay, turn: int, length: int) -> tuple[RowArray, MaskArray]:
+        tape = store.routed_experts if channel is Replay.ROUTED_EXPERTS else store.indexer_topk
+        return tape(turn, length)
+
+    return read
+
+
 def replay_rows(
     sample: Sample,
     built: _core.BuiltSample,
-    store: _core.TurnStore,
+    read: RowRead,
     channels: Sequence[Replay],
     names: Sequence[str],
 ) -> None:
@@ -168,8 +183,7 @@ def replay_rows(
     last, n = built.turns[-1], len(sample.tokens)
     coverage = {}
     for channel in channels:
-        read = store.routed_experts if channel is Replay.ROUTED_EXPERTS else store.indexer_topk
-        rows, status = read(last, n)
+        rows, status = read(channel, last, n)
         setattr(sample, str(channel), rows)
         coverage[str(channel)] = ReplayCoverage.of(status, names).to_dict()
     sample.metadata["replay"] = coverage

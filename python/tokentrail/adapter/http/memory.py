@@ -7,6 +7,10 @@ engine) stays within the budget; a request that opens a session must leave a ten
 budget free, so the sessions already open can go on. A refusal is a 429 (OpenAI) or a 529
 `overloaded_error` (Anthropic) with `Retry-After`: a retry passes once finished sessions have
 given their memory back. `/finish` and the other routes are never refused.
+
+The open sessions' replay rows (routed experts, indexer top-k: a 128K-token turn at 48 layers x
+top-8 is 48 MiB) take at most `REPLAY_SHARE` of the budget on the heap; the sessions beyond it
+keep theirs in a file each (`trajectory.replay_pool`), next to the journal when there is one.
 """
 
 from __future__ import annotations
@@ -22,13 +26,22 @@ from tokentrail.errors import OverMemory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MemoryBudget", "default_max_memory", "map_large_buffers", "machine_memory", "rss"]
+__all__ = [
+    "REPLAY_SHARE",
+    "MemoryBudget",
+    "default_max_memory",
+    "map_large_buffers",
+    "machine_memory",
+    "rss",
+]
 
 # A request holds its body this many times over while it is read, parsed, translated and its
 # images decoded and sent (bytes, text, decoded bytes, base64 for the engine).
 REQUEST_FACTOR = 4
 # A new session must leave this share of the budget free for the open ones.
 NEW_SESSION_SHARE = 0.9
+# Replay rows of open sessions on the heap: at most this share of the budget.
+REPLAY_SHARE = 0.5
 # The default budget: this share of the machine's memory (or of the cgroup's limit).
 DEFAULT_SHARE = 0.5
 # Allocations from this size on are their own mapping, returned to the system when freed.
@@ -86,6 +99,11 @@ class MemoryBudget:
     def __init__(self, max_bytes: int = 0, resident: Callable[[], int] = rss) -> None:
         self.max_bytes = max_bytes or default_max_memory()
         self._resident = resident
+
+    @property
+    def replay_bytes(self) -> int:
+        """What the open sessions' replay rows may take on the heap (`REPLAY_SHARE`)."""
+        return int(self.max_bytes * REPLAY_SHARE)
 
     def admit(self, body_bytes: int | None, *, new_session: bool) -> None:
         """Refuse (`OverMemory`) a request of `body_bytes` (None: not announced) that would take

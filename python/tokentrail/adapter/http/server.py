@@ -55,6 +55,7 @@ from tokentrail.trajectory.linearize import Trajectory
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.pipeline import TurnPipeline, TurnTiming
 from tokentrail.trajectory.prompts import PromptBuilder
+from tokentrail.trajectory.replay_pool import ReplayPool
 from tokentrail.trajectory.sample import Sample
 from tokentrail.view.app import UI_PREFIX, Viewer
 from tokentrail.view.sources import LiveSource
@@ -158,6 +159,10 @@ class Adapter:
         self.timings = self.turns.timings
         self.turn_slots = TurnSlots(limits.max_concurrent_turns)
         self.memory = MemoryBudget(config.max_memory)
+        if self.manager.replay_channels and self.manager.replay_pool is None:
+            # The budget covers the sessions' replay rows: past its share, in files.
+            spill_dir = None if journal is None else str(journal.path.parent)
+            self.manager.replay_pool = ReplayPool(self.memory.replay_bytes, spill_dir)
         self.connections = ConnectionGuard(limits.connection_cap())
         middlewares = [mark_busy(self.connections), errors_as_json]
         if config.access_log is not None:
@@ -257,6 +262,8 @@ class Adapter:
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         self.metrics.set_open_sessions(len(self.sessions))
         self.metrics.set_open_connections(len(self.connections))
+        if (pool := self.manager.replay_pool) is not None:
+            self.metrics.set_replay_rows(pool.heap_bytes, pool.spilled_bytes)
         payload, content_type = self.metrics.render()
         response = web.Response(body=payload)
         response.headers["Content-Type"] = content_type

@@ -52,7 +52,8 @@ class CompatSample:
     rollout_log_probs: list[float] | None = None
     rollout_top_p_token_ids: list[int] | None = None
     rollout_top_p_token_offsets: list[int] | None = None
-    rollout_routed_experts: list[list[list[int]]] | None = None
+    # As slime's own rollout sets it: int32 `[len(tokens) - 1, layers, top_k]`, not lists.
+    rollout_routed_experts: np.ndarray | None = None
     remove_sample: bool = False
     teacher_log_probs: list[float] | None = None
     Status = SampleStatus
@@ -110,7 +111,10 @@ def to_slime(sample: TrailSample, base_sample: Any) -> Any:
     if sample.routed_experts is not None:
         # slime's rows are those of the positions fed forward, (len(tokens) - 1, layers,
         # top-k); tokentrail's also hold the last token's (zeros: it was sampled, never fed).
-        out.rollout_routed_experts = sample.routed_experts[: len(sample.tokens) - 1].tolist()
+        # An int32 array, as slime's rollout decodes SGLang's: nested lists of a 128K-token
+        # sample would be 50M Python ints.
+        rows = sample.routed_experts[: len(sample.tokens) - 1]
+        out.rollout_routed_experts = np.ascontiguousarray(rows, dtype=np.int32)
     versions = sample.metadata.get("weight_versions")
     if versions:
         out.weight_versions = list(dict.fromkeys(str(v["version"]) for v in versions))
