@@ -3,9 +3,9 @@
     python benches/run_all.py [--quick] [--only NAME ...] [--out DIR]
 
 `--quick` passes each bench its smallest setting (a smoke run that checks they all work);
-without it each runs its defaults, the settings the docs' tables were measured with (the
-kill sweep then takes about half an hour and the recovery bench writes a 1 GB journal under
-/tmp). The Criterion bench of the Rust core runs with `cargo bench --bench core`.
+without it each runs the setting the docs' tables show: its defaults, or the arguments
+`FULL` names for it (a size that finishes in a few minutes on 2 shared cores). The Criterion
+bench of the Rust core runs with `cargo bench --bench core`.
 
 A full run writes each bench's output to `docs/benchmarks/NAME.md`, with the command, the
 machine, the date and the commit, which the docs pages include: a number in the docs is the
@@ -56,6 +56,9 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("viewer_open.py", ["--turns", "16", "--context", "8192", "--repeats", "1"]),
     ("stream_calls.py", ["--sizes", "2000", "--repeat", "1"]),
 ]
+
+# The arguments of a full run (the docs' tables), where they are not the bench's defaults.
+FULL: dict[str, list[str]] = {}
 
 
 def machine() -> str:
@@ -122,7 +125,7 @@ def main() -> int:
     for name, quick_args in BENCHES:
         if args.only and name not in args.only:
             continue
-        bench_args = quick_args if args.quick else []
+        bench_args = quick_args if args.quick else FULL.get(name, [])
         print(f"== {name} {' '.join(bench_args)}".rstrip(), flush=True)
         code, output, seconds = run(name, bench_args)
         print(f"== {name}: exit {code} after {seconds:.1f} s\n", flush=True)
