@@ -84,14 +84,17 @@ def commit() -> str:
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def data_file(name: str, args: list[str], output: str, code: int, seconds: float) -> str:
-    """A bench's output as the Markdown a docs page includes (pymdownx.snippets)."""
+def data_file(
+    name: str, args: list[str], output: str, code: int, seconds: float, measured: str = ""
+) -> str:
+    """A bench's output as the Markdown a docs page includes (pymdownx.snippets); `measured`:
+    the commit as the run started (default: now)."""
     command = " ".join(["python", f"benches/{name}", *args])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     fence = "````" if "```" in output else "```"
     return (
         f"<!-- Written by benches/run_all.py; do not edit: run it again. -->\n"
-        f"`{command}`: exit {code} after {seconds:.1f} s, {when}, commit `{commit()}`, "
+        f"`{command}`: exit {code} after {seconds:.1f} s, {when}, commit `{measured or commit()}`, "
         f"on {machine()}.\n\n{fence}text\n{output.rstrip()}\n{fence}\n"
     )
 
@@ -129,11 +132,12 @@ def main() -> int:
             continue
         bench_args = quick_args if args.quick else FULL.get(name, [])
         print(f"== {name} {' '.join(bench_args)}".rstrip(), flush=True)
+        measured = commit()
         code, output, seconds = run(name, bench_args)
         print(f"== {name}: exit {code} after {seconds:.1f} s\n", flush=True)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            page = data_file(name, bench_args, output, code, seconds)
+            page = data_file(name, bench_args, output, code, seconds, measured)
             (out / name.replace(".py", ".md")).write_text(page, "utf-8")
         if code:
             failed.append(name)
