@@ -58,9 +58,7 @@ BENCHES: list[tuple[str, list[str]]] = [
 ]
 
 # The arguments of a full run (the docs' tables), where they are not the bench's defaults.
-FULL: dict[str, list[str]] = {
-    "tree_layout.py": ["--repeat", "1"],
-}
+FULL: dict[str, list[str]] = {}
 
 
 def machine() -> str:
