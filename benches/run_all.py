@@ -55,6 +55,8 @@ BENCHES: list[tuple[str, list[str]]] = [
     ),
     ("viewer_open.py", ["--turns", "16", "--context", "8192", "--repeats", "1"]),
     ("stream_calls.py", ["--sizes", "2000", "--repeat", "1"]),
+    ("journal_images.py", ["--turns", "4"]),
+    ("real_model.py", ["--models", "qwen3", "--context", "4000"]),
 ]
 
 # The arguments of a full run (the docs' tables), where they are not the bench's defaults.
