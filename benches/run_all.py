@@ -63,6 +63,7 @@ BENCHES: list[tuple[str, list[str]]] = [
 FULL: dict[str, list[str]] = {
     "journal_recovery.py": ["--gb", "0.25"],
     "kill_sweep.py": ["--turns", "2"],
+    "real_model.py": ["--models", "qwen3,qwen3-moe"],
 }
 
 
