@@ -67,9 +67,14 @@ FULL: dict[str, list[str]] = {
 }
 
 
-def machine() -> str:
-    """The machine a run was measured on, in one line."""
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def machine(load: float | None = None) -> str:
+    """The machine a run was measured on, in one line; `load`: the load average as the run
+    started (default: now)."""
+    load = load_average() if load is None else load
     return (
         f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
         f"{platform.python_implementation()} {platform.python_version()}, "
@@ -89,17 +94,23 @@ def commit() -> str:
 
 
 def data_file(
-    name: str, args: list[str], output: str, code: int, seconds: float, measured: str = ""
+    name: str,
+    args: list[str],
+    output: str,
+    code: int,
+    seconds: float,
+    measured: str = "",
+    load: float | None = None,
 ) -> str:
-    """A bench's output as the Markdown a docs page includes (pymdownx.snippets); `measured`:
-    the commit as the run started (default: now)."""
+    """A bench's output as the Markdown a docs page includes (pymdownx.snippets); `measured`
+    and `load`: the commit and the load average as the run started (default: now)."""
     command = " ".join(["python", f"benches/{name}", *args])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     fence = "````" if "```" in output else "```"
     return (
         f"<!-- Written by benches/run_all.py; do not edit: run it again. -->\n"
         f"`{command}`: exit {code} after {seconds:.1f} s, {when}, commit `{measured or commit()}`, "
-        f"on {machine()}.\n\n{fence}text\n{output.rstrip()}\n{fence}\n"
+        f"on {machine(load)}.\n\n{fence}text\n{output.rstrip()}\n{fence}\n"
     )
 
 
@@ -136,12 +147,12 @@ def main() -> int:
             continue
         bench_args = quick_args if args.quick else FULL.get(name, [])
         print(f"== {name} {' '.join(bench_args)}".rstrip(), flush=True)
-        measured = commit()
+        measured, load = commit(), load_average()
         code, output, seconds = run(name, bench_args)
         print(f"== {name}: exit {code} after {seconds:.1f} s\n", flush=True)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            page = data_file(name, bench_args, output, code, seconds, measured)
+            page = data_file(name, bench_args, output, code, seconds, measured, load)
             (out / name.replace(".py", ".md")).write_text(page, "utf-8")
         if code:
             failed.append(name)

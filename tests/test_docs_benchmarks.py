@@ -28,8 +28,8 @@ def test_a_data_file_names_its_run() -> None:
     run_all = _run_all()
     page = run_all.data_file("echo_restore_table.py", [], "a | b\n1 | 2\n", 0, 8.25)
     assert HEADER.search(page), page
-    measured = run_all.data_file("echo_restore_table.py", [], "x\n", 0, 1.0, "0123456789ab")
-    assert "commit `0123456789ab`" in measured
+    measured = run_all.data_file("echo_restore_table.py", [], "x\n", 0, 1.0, "0123456789ab", 7.5)
+    assert "commit `0123456789ab`" in measured and "load average 7.5 at the start" in measured
     assert "```text\na | b\n1 | 2\n```" in page
 
 
