@@ -62,7 +62,7 @@ BENCHES: list[tuple[str, list[str]]] = [
 # The arguments of a full run (the docs' tables), where they are not the bench's defaults.
 FULL: dict[str, list[str]] = {
     "journal_recovery.py": ["--gb", "0.25"],
-    "kill_sweep.py": ["--turns", "2"],
+    "kill_sweep.py": ["--turns", "1"],
     "real_model.py": ["--models", "qwen3,qwen3-moe"],
 }
 
