@@ -8,9 +8,9 @@ process against a tokentrail tree: this one (after) and `--before` (a checkout o
 before schema 3). Measured: the journal's bytes on disk once closed, the stored turn payloads,
 and the memory the turns' tags take in the session tree (serving) and read back (recovery,
 replay, export), counting each object once however many tags hold it. Bytes, not times: the
-numbers do not depend on the machine's load.
+numbers do not depend on the machine's load. Without `--before`, this tree's side alone.
 
-    python benches/journal_images.py --before /path/to/old/checkout/python [--turns 20]
+    python benches/journal_images.py [--before /path/to/old/checkout/python] [--turns 20]
 """
 
 from __future__ import annotations
@@ -159,10 +159,8 @@ def main() -> None:
     if args.child is not None:
         child(args.turns, args.child)
         return
-    if args.before is None:
-        parser.error("--before is required (the python/ folder of the release before schema 3)")
     after = side(HERE.parents[1] / "python", args.turns)
-    before = side(args.before, args.turns)
+    before = side(args.before, args.turns) if args.before is not None else None
     n = after["turns"]
     print(
         f"one session, {n} turns, images {after['image_bytes']:,} bytes in all (a 500 KB PNG "
@@ -178,13 +176,16 @@ def main() -> None:
         ("tags read back, per turn", "read_tags_bytes", n),
         ("tags' JSON text, per turn (unshared)", "json_tags_bytes", n),
     ]
-    print(f"{'measure':<40}{'before':>14}{'after':>14}{'before/after':>14}")
-    for label, key, per in rows:
-        b, a = before[key], after[key]
-        if per:
-            b, a = b / per, a / per
-        ratio = f"{b / a:.1f}x" if a and b else "-"
-        print(f"{label:<40}{b:>14,.0f}{a:>14,.0f}{ratio:>14}")
+    if before is None:
+        print(f"{'measure':<40}{'this tree':>14}")
+        for label, key, per in rows:
+            print(f"{label:<40}{after[key] / (per or 1):>14,.0f}")
+    else:
+        print(f"{'measure':<40}{'before':>14}{'after':>14}{'before/after':>14}")
+        for label, key, per in rows:
+            b, a = before[key] / (per or 1), after[key] / (per or 1)
+            ratio = f"{b / a:.1f}x" if a and b else "-"
+            print(f"{label:<40}{b:>14,.0f}{a:>14,.0f}{ratio:>14}")
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()} (bytes only: load does not change them)"

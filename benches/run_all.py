@@ -3,9 +3,9 @@
     python benches/run_all.py [--quick] [--only NAME ...] [--out DIR]
 
 `--quick` passes each bench its smallest setting (a smoke run that checks they all work);
-without it each runs its defaults, the settings the docs' tables were measured with (the
-kill sweep then takes about half an hour and the recovery bench writes a 1 GB journal under
-/tmp). The Criterion bench of the Rust core runs with `cargo bench --bench core`.
+without it each runs the setting the docs' tables show: its defaults, or the arguments
+`FULL` names for it (a size that finishes in a few minutes on 2 shared cores). The Criterion
+bench of the Rust core runs with `cargo bench --bench core`.
 
 A full run writes each bench's output to `docs/benchmarks/NAME.md`, with the command, the
 machine, the date and the commit, which the docs pages include: a number in the docs is the
@@ -56,12 +56,26 @@ BENCHES: list[tuple[str, list[str]]] = [
     ),
     ("viewer_open.py", ["--turns", "16", "--context", "8192", "--repeats", "1"]),
     ("stream_calls.py", ["--sizes", "2000", "--repeat", "1"]),
+    ("journal_images.py", ["--turns", "4"]),
+    ("real_model.py", ["--models", "qwen3", "--context", "4000"]),
 ]
 
+# The arguments of a full run (the docs' tables), where they are not the bench's defaults.
+FULL: dict[str, list[str]] = {
+    "journal_recovery.py": ["--gb", "0.25"],
+    "kill_sweep.py": ["--turns", "1"],
+    "real_model.py": ["--models", "qwen3,qwen3-moe"],
+}
 
-def machine() -> str:
-    """The machine a run was measured on, in one line."""
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def machine(load: float | None = None) -> str:
+    """The machine a run was measured on, in one line; `load`: the load average as the run
+    started (default: now)."""
+    load = load_average() if load is None else load
     return (
         f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, "
         f"{platform.python_implementation()} {platform.python_version()}, "
@@ -80,15 +94,24 @@ def commit() -> str:
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def data_file(name: str, args: list[str], output: str, code: int, seconds: float) -> str:
-    """A bench's output as the Markdown a docs page includes (pymdownx.snippets)."""
+def data_file(
+    name: str,
+    args: list[str],
+    output: str,
+    code: int,
+    seconds: float,
+    measured: str = "",
+    load: float | None = None,
+) -> str:
+    """A bench's output as the Markdown a docs page includes (pymdownx.snippets); `measured`
+    and `load`: the commit and the load average as the run started (default: now)."""
     command = " ".join(["python", f"benches/{name}", *args])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     fence = "````" if "```" in output else "```"
     return (
         f"<!-- Written by benches/run_all.py; do not edit: run it again. -->\n"
-        f"`{command}`: exit {code} after {seconds:.1f} s, {when}, commit `{commit()}`, "
-        f"on {machine()}.\n\n{fence}text\n{output.rstrip()}\n{fence}\n"
+        f"`{command}`: exit {code} after {seconds:.1f} s, {when}, commit `{measured or commit()}`, "
+        f"on {machine(load)}.\n\n{fence}text\n{output.rstrip()}\n{fence}\n"
     )
 
 
@@ -123,13 +146,14 @@ def main() -> int:
     for name, quick_args in BENCHES:
         if args.only and name not in args.only:
             continue
-        bench_args = quick_args if args.quick else []
+        bench_args = quick_args if args.quick else FULL.get(name, [])
         print(f"== {name} {' '.join(bench_args)}".rstrip(), flush=True)
+        measured, load = commit(), load_average()
         code, output, seconds = run(name, bench_args)
         print(f"== {name}: exit {code} after {seconds:.1f} s\n", flush=True)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            page = data_file(name, bench_args, output, code, seconds)
+            page = data_file(name, bench_args, output, code, seconds, measured, load)
             (out / name.replace(".py", ".md")).write_text(page, "utf-8")
         if code:
             failed.append(name)

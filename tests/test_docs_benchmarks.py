@@ -28,6 +28,8 @@ def test_a_data_file_names_its_run() -> None:
     run_all = _run_all()
     page = run_all.data_file("echo_restore_table.py", [], "a | b\n1 | 2\n", 0, 8.25)
     assert HEADER.search(page), page
+    measured = run_all.data_file("echo_restore_table.py", [], "x\n", 0, 1.0, "0123456789ab", 7.5)
+    assert "commit `0123456789ab`" in measured and "load average 7.5 at the start" in measured
     assert "```text\na | b\n1 | 2\n```" in page
 
 
@@ -44,3 +46,10 @@ def test_every_included_table_is_a_written_run() -> None:
         header = HEADER.search(text)
         assert header, f"docs/benchmarks/{name} does not name its run"
         assert header.group(1) in benches and name == header.group(1).replace(".py", ".md")
+
+
+def test_a_full_run_names_registered_benches() -> None:
+    run_all = _run_all()
+    benches = {name for name, _ in run_all.BENCHES}
+    assert set(run_all.FULL) <= benches, sorted(set(run_all.FULL) - benches)
+    assert all(args and all(isinstance(a, str) for a in args) for args in run_all.FULL.values())
