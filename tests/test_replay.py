@@ -119,6 +119,11 @@ def test_audit_gates_on_the_masked_fraction(tokenizer, tmp_path: Path, capsys) -
     finished.write_text("".join(json.dumps(a) + "\n" for a in answers))
     assert cli_main(["audit", str(finished)]) == 0
     assert "masked fraction 0.0000" in capsys.readouterr().out
+    # An error answer saved in place of a finish answer (`curl -o`, a 404) is no clean batch.
+    error = {"error": {"message": "unknown session 'job-9'", "type": "not_found_error"}}
+    finished.write_text(json.dumps(answers[0]) + "\n" + json.dumps(error) + "\n")
+    assert cli_main(["audit", str(finished)]) == 1
+    assert "line 2: no ledger: unknown session 'job-9'" in capsys.readouterr().err
 
 
 def test_a_lossy_session_logs_one_warning_naming_tools_and_reasons(

@@ -101,3 +101,20 @@ def test_a_tiny_moe_takes_a_real_moes_routing_shape() -> None:
     assert rows is not None and rows.shape == (3, 48, 8)
     assert ((rows >= 0) & (rows < 128)).all()
     assert all(len(set(r)) == 8 for r in rows.reshape(-1, 8).tolist())  # 8 distinct experts
+
+
+def test_the_command_copies_the_model_where_asked_and_prints_where(tmp_path, capsys) -> None:
+    """`python -m tokentrail.model.tiny qwen3 --out DIR`, as docs/getting-started.md runs it
+    for vLLM's CPU build: DIR is a whole model directory, the cached one's copy."""
+    from tokentrail.model import tiny
+
+    out = tmp_path / "tiny-qwen3"
+    assert tiny.main(["qwen3", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    cached = tiny_model("qwen3")
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in cached.iterdir())
+    assert (out / "model.safetensors").read_bytes() == (cached / "model.safetensors").read_bytes()
+    assert tiny.main(["qwen3"]) == 0
+    assert capsys.readouterr().out.strip() == str(cached)
+    with pytest.raises(SystemExit):
+        tiny.main(["gpt-7"])

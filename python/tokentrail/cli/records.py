@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,14 @@ def _audit(args: argparse.Namespace) -> int:
             if line.strip():
                 record = json.loads(line)
                 name = str(record.get("session") or f"line {i + 1}")
+                if "ledger" not in record and "turns" not in record:
+                    # An error answer saved in place of a finish answer (a 404, a 409): no
+                    # session to count, so no gate to pass.
+                    error = record.get("error")
+                    what = error.get("message") if isinstance(error, dict) else None
+                    what = what or "not a /finish answer"
+                    print(f"tokentrail audit: {path}, {name}: no ledger: {what}", file=sys.stderr)
+                    return 1
                 named[name] = Ledger.from_dict(record.get("ledger", record))
     else:
         from tokentrail.storage.journal.read import read_journal

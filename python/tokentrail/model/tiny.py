@@ -8,18 +8,25 @@ SGLang/vLLM with `--load-format dummy`) takes it. `qwen2.5-vl` and `qwen3-vl` ar
 vision-language models (a tiny vision tower with its family's real patch sizes) that take the
 adapter's images. Built once per (config, seed, library versions) and cached under
 `$TOKENTRAIL_CACHE/tiny-models/`, like the builtin vocabularies.
+
+    python -m tokentrail.model.tiny NAME [--out DIR]
+
+builds one (offline: the vocabularies ship with tokentrail) and prints its directory, or copies
+it to DIR: a model an engine serves on a CPU, to try a deployment without a GPU.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -359,3 +366,31 @@ def _spec(name: str) -> TinySpec:
         return TINY_MODELS[name]
     except KeyError:
         raise ModelError(f"no tiny model {name!r}; known: {', '.join(tiny_names())}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    """The arguments of `python -m tokentrail.model.tiny`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tokentrail.model.tiny",
+        description="Build a tiny model (random weights, a real vocabulary) and print its "
+        "directory: a model vLLM or SGLang serve on a CPU.",
+    )
+    parser.add_argument("name", choices=tiny_names(), help="the architecture")
+    parser.add_argument("--out", type=Path, help="copy the model directory here")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="the weights' seed")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Build tiny model NAME; print its directory, or copy it to `--out DIR` and print that."""
+    args = parser().parse_args(argv)
+    path = tiny_model(args.name, seed=args.seed)
+    if args.out is not None:
+        shutil.copytree(path, args.out, dirs_exist_ok=True)
+        path = args.out
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
