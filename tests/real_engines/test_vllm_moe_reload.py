@@ -80,7 +80,8 @@ def test_reloaded_experts_are_the_pushed_ones(moe: tuple, tmp_path: Path) -> Non
     server, weights, layout, model_dir = moe
     ids = prompt_ids(model_dir)
     # The start weights over the probe's (the server started from the probe).
-    weights.push(model_dir, "0", mode=PauseMode.WAIT, kernel=layout.write(model_dir, tmp_path / "k0"))
+    start_kernel = layout.write(model_dir, tmp_path / "k0")
+    weights.push(model_dir, "0", mode=PauseMode.WAIT, kernel=start_kernel)
     start = (served_logprobs(server, ids) - torch_logprobs(model_dir, ids)).abs().max().item()
     new = trained(model_dir, tmp_path / "step-1")
     expected = torch_logprobs(new, ids)

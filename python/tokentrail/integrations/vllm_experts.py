@@ -45,6 +45,7 @@ __all__ = ["ExpertLayout", "PackedTensor"]
 # The parameters of vLLM's fused MoE layer that its CPU build prepacks.
 PACKED_PARAMETERS = ("w13_weight", "w2_weight")
 KERNEL_FILE = "model.safetensors"
+WEIGHT_FILES = (".safetensors", ".safetensors.index.json")
 # Distinct float32 values in (0, 1]: multiples of 2**-24.
 DISTINCT = 2**24
 
@@ -83,7 +84,7 @@ class ExpertLayout:
         checkpoint, out = Path(checkpoint), Path(out)
         out.mkdir(parents=True, exist_ok=True)
         for path in checkpoint.iterdir():
-            if path.is_file() and not path.name.endswith((".safetensors", ".safetensors.index.json")):
+            if path.is_file() and not path.name.endswith(WEIGHT_FILES):
                 shutil.copyfile(path, out / path.name)
         tensors = _read(checkpoint)
         counters: dict[str, int] = {}
@@ -95,7 +96,7 @@ class ExpertLayout:
             counters[layer] = start + tensors[name].numel()
             if counters[layer] > DISTINCT:
                 raise EngineError(f"{layer}: more expert weights than float32 tells apart")
-            coded = (torch.arange(tensors[name].numel(), dtype=torch.float64) + start + 1) / DISTINCT
+            coded = torch.arange(start + 1, counters[layer] + 1, dtype=torch.float64) / DISTINCT
             tensors[name] = coded.to(torch.float32).reshape(tensors[name].shape)
         if not counters:
             raise EngineError(f"{checkpoint}: no expert tensor (`.experts.` in its name)")
@@ -157,7 +158,10 @@ def _sources(name: str, checkpoint: Mapping[str, torch.Tensor]) -> tuple[str, ..
 
 
 def _match(
-    name: str, packed: torch.Tensor, sources: tuple[str, ...], checkpoint: Mapping[str, torch.Tensor]
+    name: str,
+    packed: torch.Tensor,
+    sources: tuple[str, ...],
+    checkpoint: Mapping[str, torch.Tensor],
 ) -> PackedTensor:
     """The gather index that takes `sources` (concatenated) to `packed`, read off by value."""
     import torch
