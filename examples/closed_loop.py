@@ -48,6 +48,7 @@ from transformers import AutoModelForCausalLM
 
 from tokentrail.engines.vllm_process import VLLMServer, free_port, metric_sum
 from tokentrail.integrations.finish_http import finish_over_http
+from tokentrail.integrations.vllm_experts import ExpertLayout
 from tokentrail.integrations.weights import VLLMWeights
 from tokentrail.kinds import PauseMode, StalenessPolicy
 from tokentrail.model.tiny import tiny_model
@@ -252,18 +253,21 @@ class WeightSync(Protocol):
 
 class ReloadWeights:
     """The CPU path: the trainer's weights saved to a directory that vLLM reloads through its
-    own routes (`VLLMWeights`)."""
+    own routes (`VLLMWeights`). An MoE's experts (`layout`) are also written in the packed
+    order of vLLM's CPU build and reloaded as they are, which `reload_weights` alone gets
+    wrong (`tokentrail.integrations.vllm_experts`)."""
 
     generated_metric = VLLM_GENERATED
 
-    def __init__(self, url: str, scratch: Path) -> None:
+    def __init__(self, url: str, scratch: Path, layout: ExpertLayout | None = None) -> None:
         self.url = url
         self.scratch = scratch
         self.weights = VLLMWeights(url)
+        self.layout = layout
         self.staged: Path | None = None
 
     def start(self, model_dir: Path) -> None:
-        self.weights.push(model_dir, "0", mode=PauseMode.WAIT)
+        self._push(model_dir, "0", PauseMode.WAIT)
 
     def stage(self, trainer: Trainer, arm: str, step: int) -> None:
         self.staged = self.scratch / f"{arm}-{step % 2}"
@@ -271,7 +275,15 @@ class ReloadWeights:
 
     def push(self, version: str, mode: PauseMode) -> None:
         assert self.staged is not None, "stage() comes before push()"
-        self.weights.push(self.staged, version, mode=mode)
+        self._push(self.staged, version, mode)
+
+    def _push(self, weights: Path, version: str, mode: PauseMode) -> None:
+        kernel = None
+        if self.layout is not None:
+            kernel = self.layout.write(weights, self.scratch / f"experts-{version}")
+        self.weights.push(weights, version, mode=mode, kernel=kernel)
+        if kernel is not None:
+            shutil.rmtree(kernel)
 
     def version(self) -> str:
         return self.weights.version()
@@ -585,21 +597,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_dir = tiny_model(cfg.model, overrides={"tie_word_embeddings": False})
     python = vllm_python(args.vllm_python)
     started = time.perf_counter()
-    vllm = VLLMServer.start(python, model_dir, max_model_len=4096)
-    print(f"vLLM up in {vllm.startup_s:.0f} s at {vllm.url}; tiny {cfg.model}", flush=True)
     rows: list[StepRow] = []
-    try:
-        engine = "vllm-tokens://" + vllm.url.removeprefix("http://")
-        with (
-            tokentrail_serve(engine, model_dir) as url,
-            tempfile.TemporaryDirectory(prefix="closed-loop-") as scratch,
-        ):
-            print(HEADER, flush=True)
-            sync = ReloadWeights(vllm.url, Path(scratch))
-            for arm in cfg.arms:
-                rows += asyncio.run(run_arm(arm, cfg, sync, url, model_dir))
-    finally:
-        vllm.stop()
+    with tempfile.TemporaryDirectory(prefix="closed-loop-") as scratch:
+        # An MoE: vLLM starts from a probe of the model (distinct expert weights) to learn the
+        # packed order of its experts; every arm's first push serves the real weights.
+        moe = "moe" in json.loads((model_dir / "config.json").read_text())["model_type"]
+        served = ExpertLayout.probe(model_dir, Path(scratch) / "probe") if moe else model_dir
+        vllm = VLLMServer.start(python, served, max_model_len=4096)
+        print(f"vLLM up in {vllm.startup_s:.0f} s at {vllm.url}; tiny {cfg.model}", flush=True)
+        try:
+            layout = ExpertLayout.learn(VLLMWeights(vllm.url), served) if moe else None
+            engine = "vllm-tokens://" + vllm.url.removeprefix("http://")
+            with tokentrail_serve(engine, model_dir) as url:
+                print(HEADER, flush=True)
+                sync = ReloadWeights(vllm.url, Path(scratch), layout)
+                for arm in cfg.arms:
+                    rows += asyncio.run(run_arm(arm, cfg, sync, url, model_dir))
+        finally:
+            vllm.stop()
     report(rows, cfg, started, args)
     return 0
 

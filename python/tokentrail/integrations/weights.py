@@ -71,22 +71,32 @@ class VLLMWeights:
         weight transfer that names none (TRL's over NCCL) leaves to the caller."""
         self._call("POST", "/update_weight_version", {"new_version": version})
 
+    def rpc(self, method: str, **kwargs: Any) -> Any:
+        """`POST /collective_rpc`: `method` of every worker, with `kwargs` (JSON values)."""
+        return self._call("POST", "/collective_rpc", {"method": method, "kwargs": kwargs})
+
     def push(
-        self, weights: str | Path, version: str, *, mode: PauseMode = PauseMode.KEEP
+        self,
+        weights: str | Path,
+        version: str,
+        *,
+        mode: PauseMode = PauseMode.KEEP,
+        kernel: str | Path | None = None,
     ) -> WeightPush:
         """Pause generation (`mode`), reload the weights from directory `weights`, name them
         `version`, resume. Generation resumes even when the reload fails (the error is
-        raised after), so no session is left hanging on a paused engine."""
+        raised after), so no session is left hanging on a paused engine. `kernel`: a
+        directory of tensors in vLLM's own layout under its parameter names, reloaded as they
+        are after `weights` (an MoE's packed experts on vLLM's CPU build:
+        `vllm_experts.ExpertLayout.write`)."""
         mode = PauseMode(mode)
         start = time.perf_counter()
         self._call("POST", "/pause?" + urllib.parse.urlencode({"mode": str(mode)}))
         try:
             loaded = time.perf_counter()
-            self._call(
-                "POST",
-                "/collective_rpc",
-                {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}},
-            )
+            self.rpc("reload_weights", weights_path=str(weights))
+            if kernel is not None:
+                self.rpc("reload_weights", weights_path=str(kernel), is_checkpoint_format=False)
             reload_s = time.perf_counter() - loaded
             # The cached KV of every prefix, and of the turns held by the pause, was computed
             # by the old weights: dropped, and a held turn's context recomputed on resume, so
