@@ -46,6 +46,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("routing_replay.py", ["--sessions", "1", "--steps", "4"]),
     ("engine_answers.py", ["--tokens", "8192"]),
     ("replay_memory.py", ["--sessions", "3", "--tokens", "16384", "--budget-mib", "8"]),
+    ("finish_binary.py", ["--tokens", "8000"]),
     ("families.py", ["--sessions", "1", "--steps", "3", "--messages", "50"]),
     ("loop_responsiveness.py", ["--quick"]),
     ("hostile_requests.py", ["--quick"]),
