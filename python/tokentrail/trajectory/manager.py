@@ -35,7 +35,7 @@ from tokentrail.trajectory.restore import EchoRestorer, Seen
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.tags import TurnTags
-from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key, walk
+from tokentrail.trajectory.tree import MessageKey, Node, WalkMemo, iter_nodes, message_key
 from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, validate_turn
 
 if TYPE_CHECKING:
@@ -75,6 +75,16 @@ class _Session:
     # The nodes of the generated turns tagged with each reply id (one, as ids are minted per
     # reply), in the order they were recorded: `find_reply` without a walk of the tree.
     by_reply: dict[str, list[Node]] = field(default_factory=dict)
+    # Moves whenever recording changes what an earlier walk of the tree found: a rewrite
+    # rekeyed a node, or a node that had children got another (`tree.WalkMemo`).
+    shape: int = 0
+    # The last exact walk of the tree, which the next one continues from.
+    walked: WalkMemo = field(default_factory=lambda: WalkMemo([], [], 0))
+
+    def walk(self, keys: list[MessageKey]) -> tuple[Node, int]:
+        """`tree.walk` from the root, taking the last walk's nodes for the keys it shares."""
+        nodes = self.walked.walk(self.root, keys, self.shape)
+        return (nodes[-1] if nodes else self.root), len(nodes)
 
     def add_turn(self, leaf: Node) -> None:
         self.by_index[self.turns] = leaf
@@ -193,14 +203,18 @@ class TrajectoryManager:
             session = self._sessions.get(sid)
             if session is None:
                 session = self._sessions[sid] = _Session(_new_store(self))
-            node, i = walk(session.root, keys)
+            node, i = session.walk(keys)
             if supersede and i == len(keys):
                 retry.supersede(
                     retry.unanswered(node, checked.prompt_ids, session.store.prompt_ids)
                 )
+            walked = node
             node, i = merge_rewrite(
                 self.rewrite_policy, self.fork_threshold_tokens, node, prompt_messages, keys, i
             )
+            if node is not walked or node.children:
+                # A rewrite rekeyed a node, or a new branch: earlier walks may now go otherwise.
+                session.shape += 1
             # The prompt continues the nearest generated turn above it: its tokens are stored
             # as the prefix shared with that turn plus a tail.
             stored = session.store.push(
@@ -238,7 +252,7 @@ class TrajectoryManager:
             session = self._sessions.get(sid)
             if session is None:
                 return []
-            node, i = walk(session.root, keys)
+            node, i = session.walk(keys)
             found = (
                 retry.unanswered(node, prompt, session.store.prompt_ids) if i == len(keys) else []
             )
@@ -294,7 +308,7 @@ class TrajectoryManager:
             if session is None:
                 return list(messages), keys, {}
             restored = session.echoes.restore(
-                session.root, messages, keys, tools, seen, unchanged, call_ids
+                session.root, messages, keys, tools, seen, unchanged, call_ids, session.shape
             )
         return restored.messages, restored.keys, restored.echo_ids
 
@@ -309,7 +323,7 @@ class TrajectoryManager:
         keys = _checked_keys(messages, keys, "messages")
         with self._lock:
             session = self._sessions.get(sid)
-            found = None if session is None else _last_generated(session.root, keys)
+            found = None if session is None else _last_generated(session, keys)
             if session is None or found is None:
                 return None
             turn, message, at = found
@@ -344,7 +358,7 @@ class TrajectoryManager:
                 return 0
             # `record_turn` files the turn under this generated ancestor: a rewrite merge
             # demotes the leaf it continues through, so it finds the same one.
-            parent = _store_id(walk(session.root, keys)[0].generated_ancestor())
+            parent = _store_id(session.walk(keys)[0].generated_ancestor())
             return session.store.replay_start(parent, ids)
 
     def restored_by_tool(self, sid: str) -> dict[str, int]:
@@ -459,18 +473,18 @@ def _generated_leaf(
 
 
 def _last_generated(
-    root: Node, keys: Sequence[MessageKey]
+    session: _Session, keys: list[MessageKey]
 ) -> tuple[StoredTurn, Message, int] | None:
-    """The last generated turn on the exact path of `keys`: its turn, message and position."""
-    node, found = root, None
-    for i, key in enumerate(keys):
-        nxt = node.child(key)
-        if nxt is None:
-            break
-        node = nxt
-        if node.turn is not None and node.message is not None:
-            found = (node.turn, node.message, i)
-    return found
+    """The last generated turn on the exact path of `keys`: its turn, message and position
+    (found from the path's end up: a late turn's anchor is a few messages back)."""
+    nodes = session.walked.walk(session.root, keys, session.shape)
+    for i in range(len(nodes) - 1, -1, -1):
+        node = nodes[i]
+        if node.turn is not None:
+            message = node.message
+            if message is not None:
+                return node.turn, message, i
+    return None
 
 
 def _conversation_of(node: Node) -> FoundTurn:

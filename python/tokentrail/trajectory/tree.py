@@ -8,9 +8,11 @@ rewritten histories become siblings, and each root-to-leaf path is one conversat
 from __future__ import annotations
 
 import json
+import operator
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from types import MappingProxyType
 from typing import Any
 
@@ -184,6 +186,50 @@ def walk(root: Node, keys: list[MessageKey]) -> tuple[Node, int]:
             break
         cur, i = nxt, i + 1
     return cur, i
+
+
+def shared_run(a: Sequence[object], b: Sequence[object], limit: int) -> int:
+    """How many leading items of `a` and `b`, at most `limit`, are the very same objects
+    (compared in C: a late turn's history costs no Python step per message)."""
+    same = list(islice(map(operator.is_, a, b), max(limit, 0)))
+    try:
+        return same.index(False)
+    except ValueError:
+        return len(same)
+
+
+class WalkMemo:
+    """A session's last walk of its tree: the keys it followed, the nodes they reached and
+    the tree's shape count then (`_Session.shape`).
+
+    An exact match, once made, holds while the shape count stands: only a rewrite (which
+    rekeys a node) takes one back, and the count also moves when a node that has children
+    gets another (which can turn a miss into a match). So a walk whose leading keys are the
+    very objects of the last walk's takes the nodes they reached without looking them up:
+    a late turn looks up its new messages only.
+    """
+
+    __slots__ = ("keys", "nodes", "shape")
+
+    def __init__(self, keys: list[MessageKey], nodes: list[Node], shape: int) -> None:
+        self.keys, self.nodes, self.shape = keys, nodes, shape
+
+    def walk(self, root: Node, keys: list[MessageKey], shape: int) -> list[Node]:
+        """The nodes the exact matches of `keys` reach from `root` (what `walk` follows),
+        remembered for the next walk."""
+        known = 0
+        if shape == self.shape:
+            known = shared_run(keys, self.keys, len(self.nodes))
+        nodes = self.nodes[:known]
+        cur = nodes[-1] if nodes else root
+        for key in islice(keys, known, None):
+            nxt = cur.child(key)
+            if nxt is None:
+                break
+            nodes.append(nxt)
+            cur = nxt
+        self.keys, self.nodes, self.shape = keys, nodes, shape
+        return nodes
 
 
 def iter_nodes(root: Node) -> Iterator[Node]:
