@@ -1,8 +1,9 @@
 """A late turn's walks of its session's tree take what the previous turn found (`WalkMemo`,
-the restore's `Seen`, the splice's call count): on generated sessions, a manager fed the
-harness's very objects, as the request memo hands them on, decides exactly what one fed fresh
-copies decides that remembers no walk (each from the root), turn by turn and in the finished
-samples.
+the restore's `Seen`, the splice's call count, the tags read at record): on generated
+sessions, a manager fed the harness's very objects, as the request memo hands them on,
+decides exactly what a manager fed fresh copies decides when it remembers no walk (each goes
+from the root), turn by turn, and finishes into the same samples and ledger (the reference
+reading every turn's tags and tool names at finish).
 
 The sessions mix what changes an earlier walk: echoes resent exactly, with keys reordered
 and with trailing whitespace, rewrites (merged under `RewritePolicy.MERGE`), forks from an
@@ -166,6 +167,10 @@ def test_the_remembered_walks_decide_what_fresh_ones_do(
     harness = _Harness(policy)
     for action, branch, at, supersede in script:
         harness.step(action, branch, at, supersede)
+    # The reference reads every turn's tags and tool names at finish.
+    session = harness.slow._sessions["s"]  # noqa: SLF001 - the state under test
+    session.tags.clear()
+    session.tools.clear()
     fast, slow = harness.fast.finish("s"), harness.slow.finish("s")
     assert [s.to_dict() | {"tokens": s.tokens.tolist()} for s in fast.samples] == [
         s.to_dict() | {"tokens": s.tokens.tolist()} for s in slow.samples

@@ -29,7 +29,7 @@ from tokentrail.trajectory.prefix_tree import tree_stats
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
 from tokentrail.trajectory.side import conversation_tags, subagent_prompts
 from tokentrail.trajectory.tags import TurnTags
-from tokentrail.trajectory.tree import Node, iter_nodes
+from tokentrail.trajectory.tree import Node, marked_and_leaves
 from tokentrail.trajectory.turn import StoredTurn
 
 if TYPE_CHECKING:
@@ -102,23 +102,30 @@ def linearize_session(
     train_superseded: bool = False,
     train_constrained: ConstrainedPolicy = ConstrainedPolicy.MASK,
     restored_by_id: Mapping[str, Mapping[str, int]] | None = None,
+    known_tags: Mapping[int, tuple[Mapping[str, Any], TurnTags]] | None = None,
+    known_tools: Mapping[int, tuple[object, tuple[str, ...]]] | None = None,
 ) -> Trajectory:
     """Every sample of the session's chains, the ledger of every generated token, the drifts.
 
     Tokens of a turn sampled under a grammar are marked in their sample's metadata
-    (`constrained`) and, under `ConstrainedPolicy.MASK`, masked as `constrained`."""
+    (`constrained`) and, under `ConstrainedPolicy.MASK`, masked as `constrained`.
+    `known_tags`: generated turns' tags read already (by store id), each with the metadata it
+    was read from; a turn whose metadata is another object is read again. `known_tools`
+    likewise: the names of each generated message's tool calls, with that message."""
     # The tree walked once: its leaves, and the nodes that hold a generated turn or a demoted
     # one (what the ledger reads), each generated turn's tags read once.
-    leaves: list[Node] = []
-    marked: list[Node] = []
-    for node in iter_nodes(root):
-        if node.turn is not None or node.demoted:
-            marked.append(node)
-        if not node.children and node is not root:
-            leaves.append(node)
+    marked, leaves = marked_and_leaves(root)
     # Store ids are turn indices - 1: a turn is pushed when it is recorded.
     generated: dict[int, Node] = {n.turn.id: n for n in marked if n.turn is not None}
-    tags = {k: TurnTags.read(n.metadata) for k, n in generated.items()}
+    known_tags, known_tools = known_tags or {}, known_tools or {}
+    tags: dict[int, TurnTags] = {}
+    tools: dict[int, tuple[str, ...]] = {}
+    for k, n in generated.items():
+        known = known_tags.get(k)
+        tags[k] = known[1] if known and known[0] is n.metadata else TurnTags.read(n.metadata)
+        message = n.message
+        named = known_tools.get(k)
+        tools[k] = named[1] if named and named[0] is message else tuple(tool_names(message))
     lin = store.linearize(
         _chains(leaves, tags, train_superseded),
         policy=policy.value,
@@ -129,7 +136,7 @@ def linearize_session(
     # Trained tokens the constrained policy masked, by store id.
     constrained_masked: dict[int, int] = {}
     samples = [
-        _sample(sid, built, generated, tags, reward, extra_metadata, root, prompts)
+        _sample(sid, built, generated, tags, tools, reward, extra_metadata, root, prompts)
         for built in lin.samples
     ]
     for sample, built in zip(samples, lin.samples, strict=True):
@@ -143,6 +150,7 @@ def linearize_session(
         marked,
         lin,
         turn_tags=tags,
+        turn_tools=tools,
         restored_echoes=restored,
         restored_by_tool=restored_by_tool,
         restored_by_id=restored_by_id or {},
@@ -232,6 +240,7 @@ def _sample(
     built: _core.BuiltSample,
     generated: dict[int, Node],
     generated_tags: Mapping[int, TurnTags],
+    generated_tools: Mapping[int, tuple[str, ...]],
     reward: float,
     extra_metadata: dict[str, Any] | None,
     root: Node,
@@ -244,13 +253,14 @@ def _sample(
     withheld = sorted({t for tag in tags for t in tag.withheld_tools})
     media: Counter[str] = Counter()
     for tag in tags:
-        media.update(tag.dropped_media)
+        if tag.dropped_media:
+            media.update(tag.dropped_media)
     metadata: dict[str, Any] = {
         "session_id": sid,
         "chain": built.chain,
         "turns": [n.turn_index for n in nodes],
         "truncated": bool(built.truncated),
-        "use_tool": any(tool_names(n.message) for n in nodes),
+        "use_tool": any(generated_tools[t] for t in built.turns),
         "ill_formed": any(t.ill_formed for t in turns),
         "finish_reason": last.turn.finish_reason if last.turn else None,
         "tools": last.tools,

@@ -25,7 +25,7 @@ from tokentrail.kinds import (
     RewritePolicy,
     parse_kind,
 )
-from tokentrail.messages import Message, ToolSchema
+from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory import retry
 from tokentrail.trajectory.ledger import Ledger
 from tokentrail.trajectory.linearize import Trajectory as Trajectory  # what reads return
@@ -80,6 +80,11 @@ class _Session:
     shape: int = 0
     # The last exact walk of the tree, which the next one continues from.
     walked: WalkMemo = field(default_factory=lambda: WalkMemo([], [], 0))
+    # Each generated turn's tags as read when it was recorded, with the metadata they were
+    # read from (by store id): finish reads them rather than every turn's metadata again.
+    tags: dict[int, tuple[Mapping[str, Any], TurnTags]] = field(default_factory=dict)
+    # Likewise, the names of each generated message's tool calls, with that message.
+    tools: dict[int, tuple[object, tuple[str, ...]]] = field(default_factory=dict)
 
     def walk(self, keys: list[MessageKey]) -> tuple[Node, int]:
         """`tree.walk` from the root, taking the last walk's nodes for the keys it shares."""
@@ -88,7 +93,12 @@ class _Session:
 
     def add_turn(self, leaf: Node) -> None:
         self.by_index[self.turns] = leaf
-        reply_id = TurnTags.read(leaf.metadata).reply_id
+        tags = TurnTags.read(leaf.metadata)
+        if leaf.turn is not None:
+            self.tags[leaf.turn.id] = (leaf.metadata, tags)
+            message = leaf.message
+            self.tools[leaf.turn.id] = (message, tuple(tool_names(message)))
+        reply_id = tags.reply_id
         if isinstance(reply_id, str):
             self.by_reply.setdefault(reply_id, []).append(leaf)
 
@@ -444,6 +454,8 @@ def _linearize(
         status=manager.core.REPLAY_STATUS,
         train_superseded=manager.train_superseded,
         train_constrained=manager.train_constrained,
+        known_tags=session.tags,
+        known_tools=session.tools,
     )
 
 

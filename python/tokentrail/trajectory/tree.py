@@ -241,6 +241,24 @@ def iter_nodes(root: Node) -> Iterator[Node]:
         stack.extend(reversed(node.children))
 
 
+def marked_and_leaves(root: Node) -> tuple[list[Node], list[Node]]:
+    """In `iter_nodes` order, the nodes that hold a generated turn or a demoted one, and the
+    leaves (the root aside): what linearization reads, from one walk."""
+    marked: list[Node] = []
+    found: list[Node] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.turn is not None or node.demoted:
+            marked.append(node)
+        kids = node._children
+        if kids:
+            stack.extend(reversed(kids))
+        elif node is not root:
+            found.append(node)
+    return marked, found
+
+
 def leaves(root: Node) -> Iterator[Node]:
     for node in iter_nodes(root):
         if not node.children and node is not root:
