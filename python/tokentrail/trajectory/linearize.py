@@ -27,7 +27,7 @@ from tokentrail.trajectory.lost import LostJson, LostSpan
 from tokentrail.trajectory.lost import summary as lost_summary
 from tokentrail.trajectory.prefix_tree import tree_stats
 from tokentrail.trajectory.sample import Sample, replay_rows, trained_versions
-from tokentrail.trajectory.side import conversation_tags, subagent_prompts
+from tokentrail.trajectory.side import SUBAGENT_TOOLS, conversation_tags, subagent_prompts
 from tokentrail.trajectory.tags import TurnTags
 from tokentrail.trajectory.tree import Node, marked_and_leaves
 from tokentrail.trajectory.turn import StoredTurn
@@ -132,7 +132,10 @@ def linearize_session(
         fork_threshold=fork_threshold,
         max_sample_tokens=max_sample_tokens,
     )
-    prompts = subagent_prompts(generated.values())
+    # Only a turn that called a sub-agent tool can have handed one a prompt.
+    prompts = subagent_prompts(
+        n for k, n in generated.items() if not SUBAGENT_TOOLS.isdisjoint(tools[k])
+    )
     # Trained tokens the constrained policy masked, by store id.
     constrained_masked: dict[int, int] = {}
     samples = [
@@ -163,10 +166,13 @@ def linearize_session(
         ledger.layout = tree_stats(samples)
     except TreeError as exc:  # replay rows of mixed shapes: the samples still train as rows
         logger.debug("session %s: no tree layout stats: %s", sid, exc)
+    kinds = {
+        kind: parse_kind(DriftKind, kind, "drift kind") for kind in {d.kind for d in lin.drifts}
+    }
     drifts = [
         DriftRecord(
             generated[d.turn].turn_index or 0,
-            parse_kind(DriftKind, d.kind, "drift kind"),
+            kinds[d.kind],
             d.at,
             d.drifted,
         )
