@@ -58,6 +58,7 @@ PROTOCOL = AnthropicMessages()
 
 def run_tokentrail(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: list) -> dict:
     costs = replay_in_process(tokenizer, turns, replies)
+    assert costs.adapter is not None
     manager = costs.adapter.manager
     session = manager._sessions.get("s")  # noqa: SLF001 - put back to time finish again
 

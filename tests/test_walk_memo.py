@@ -24,7 +24,7 @@ from tokens import assistant, prompt_ids, sampled, system, tool, user
 from tokentrail import TrajectoryManager, TurnRecord
 from tokentrail.text.families import count_calls
 from tokentrail.trajectory.prompts import _SpliceChecks
-from tokentrail.trajectory.tree import WalkMemo, shared_run
+from tokentrail.trajectory.tree import WalkMemo, equal_run, shared_run
 
 Message = dict[str, Any]
 
@@ -189,6 +189,20 @@ def test_shared_run_counts_the_leading_same_objects(a: list[int], b: list[int]) 
         expected += 1
     for limit in (0, 3, 100):
         assert shared_run(xs, ys, limit) == min(expected, limit)
+
+
+@given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=12))
+def test_equal_run_counts_the_leading_equal_items(a: list[int], b: list[int]) -> None:
+    # Equal values, some the same objects and some not.
+    xs, ys = [[i] for i in a], [[i] for i in b]
+    ys[: len(xs) // 2] = xs[: len(ys) // 2]
+    expected = 0
+    for x, y in zip(xs, ys, strict=False):
+        if x != y:
+            break
+        expected += 1
+    for limit in (0, 3, 100):
+        assert equal_run(xs, ys, limit) == min(expected, limit)
 
 
 @given(

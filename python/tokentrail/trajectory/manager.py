@@ -31,7 +31,7 @@ from tokentrail.trajectory.ledger import Ledger
 from tokentrail.trajectory.linearize import Trajectory as Trajectory  # what reads return
 from tokentrail.trajectory.linearize import linearize_session
 from tokentrail.trajectory.policies import DEFAULT_POLICIES
-from tokentrail.trajectory.restore import EchoRestorer, Seen
+from tokentrail.trajectory.restore import EchoRestorer
 from tokentrail.trajectory.rewrite import merge_rewrite
 from tokentrail.trajectory.sample import Sample
 from tokentrail.trajectory.tags import TurnTags
@@ -312,13 +312,15 @@ class TrajectoryManager:
         with self._lock:
             session = self._sessions.get(sid)
             seen = session.echoes.seen if session is not None and unchanged else None
-        keys = _message_keys(messages, "messages", seen, unchanged)
+        # The leading messages that are the very objects of the previous call take its keys.
+        same = seen.shared(messages, unchanged) if seen and isinstance(messages, list) else 0
+        keys = _message_keys(messages, "messages", seen.keys[:same] if seen is not None else ())
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
                 return list(messages), keys, {}
             restored = session.echoes.restore(
-                session.root, messages, keys, tools, seen, unchanged, call_ids, session.shape
+                session.root, messages, keys, tools, seen, same, call_ids, session.shape
             )
         return restored.messages, restored.keys, restored.echo_ids
 
@@ -549,12 +551,12 @@ def _checked_keys(messages: object, keys: list[MessageKey] | None, what: str) ->
 
 
 def _message_keys(
-    messages: object, what: str, seen: Seen | None = None, unchanged: int = 0
+    messages: object, what: str, known: Sequence[MessageKey] = ()
 ) -> list[MessageKey]:
+    """The routing keys of `messages`, the first ones `known` already."""
     if not isinstance(messages, list):
         raise MessageError(f"{what} must be a list of messages, got {type(messages).__name__}")
-    # Messages that are the previous restore's own objects keep their keys.
-    keys = seen.keys_for(messages, unchanged) if seen is not None else []
+    keys = list(known)
     for pos in range(len(keys), len(messages)):
         m = messages[pos]
         if not isinstance(m, dict):

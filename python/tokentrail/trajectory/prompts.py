@@ -29,7 +29,7 @@ from tokentrail.text.object_tokenizer import ObjectTokenizer
 from tokentrail.trajectory.manager import SpliceAnchor
 from tokentrail.trajectory.splice import Splicer
 from tokentrail.trajectory.timing import TurnTiming
-from tokentrail.trajectory.tree import shared_run
+from tokentrail.trajectory.tree import equal_run
 
 logger = logging.getLogger(__name__)
 
@@ -68,14 +68,14 @@ class _SpliceChecks:
     deferred: _Deferred | None = None
     failed: Fallback | None = None
     # The tool calls of the messages before the last anchor (`count_calls`), and those
-    # messages: a next turn that holds the very same ones counts only what follows them.
+    # messages: a next turn that holds the same ones counts only what follows them.
     counted: list[Message] = field(default_factory=list)
     calls: int = 0
 
     def calls_before(self, messages: list[Message], index: int) -> int:
         """`count_calls(messages[:index])`, counting only what the last count did not see."""
         start = len(self.counted)
-        if start > index or shared_run(messages, self.counted, start) < start:
+        if start > index or equal_run(messages, self.counted, start) < start:
             start, self.calls = 0, 0
         self.calls += count_calls(messages[start:index])
         self.counted = messages[:index]

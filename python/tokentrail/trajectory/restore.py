@@ -77,10 +77,11 @@ class Seen:
     nodes: list[Node] = field(default_factory=list)
     shape: int = -1
 
-    def keys_for(self, messages: Sequence[object], unchanged: int) -> list[MessageKey]:
-        """The keys of the leading messages, among the first `unchanged`, that are the very
-        objects this call was given: a next call takes them rather than computing them."""
-        return self.keys[: shared_run(messages, self.given, unchanged)]
+    def shared(self, messages: Sequence[object], unchanged: int) -> int:
+        """How many leading messages, among the first `unchanged`, are the very objects this
+        call was given: a next call takes their keys rather than computing them, and passes
+        the count to `EchoRestorer.restore`."""
+        return shared_run(messages, self.given, unchanged)
 
 
 class EchoRestorer:
@@ -127,16 +128,16 @@ class EchoRestorer:
         sorts the keys of our arguments (hermes-agent) would render other tokens than were
         sampled. It counts as a restore when the key order differed.
 
-        `seen` is `self.seen` as the caller read it (None once another call replaced it): a
-        message among the first `unchanged` that is the very object it was given, substituted
-        by the same generated message, was compared then. `call_ids` (by message index) are
-        the ids the harness sent with each message's calls; None turns restore by identity
-        off, leaving the coarse comparison alone.
+        `seen` is `self.seen` as the caller read it (None once another call replaced it), and
+        the first `unchanged` messages are the very objects it was given (`Seen.shared`): one
+        substituted by the same generated message then was compared then. `call_ids` (by
+        message index) are the ids the harness sent with each message's calls; None turns
+        restore by identity off, leaving the coarse comparison alone.
 
         `shape` is the tree's shape count (`tree.WalkMemo`; -1: unknown). While it stands, the
-        leading messages among the first `unchanged` that are the very objects `seen` was
-        given restore as they did then, to the same nodes, without a step of the walk: each
-        was matched, or recognized as an echo, then, and nothing since can change that.
+        first `unchanged` messages restore as they did then, to the same nodes, without a
+        step of the walk: each was matched, or recognized as an echo, then, and nothing since
+        can change that.
         """
         seen = seen if seen is self.seen else None
         restored = self._walk(root, messages, keys, tools, seen, unchanged, call_ids, shape)
@@ -173,7 +174,7 @@ class EchoRestorer:
         by_id: list[ByIdRestore] = []
         known = 0
         if seen is not None and shape >= 0 and seen.shape == shape:
-            known = shared_run(messages, seen.given, min(unchanged, len(seen.nodes)))
+            known = min(unchanged, len(seen.nodes))
             out[:known] = seen.restored[:known]
             keys[:known] = seen.restored_keys[:known]
         nodes = seen.nodes[:known] if seen is not None else []

@@ -191,11 +191,20 @@ def walk(root: Node, keys: list[MessageKey]) -> tuple[Node, int]:
 def shared_run(a: Sequence[object], b: Sequence[object], limit: int) -> int:
     """How many leading items of `a` and `b`, at most `limit`, are the very same objects
     (compared in C: a late turn's history costs no Python step per message)."""
-    same = list(islice(map(operator.is_, a, b), max(limit, 0)))
-    try:
-        return same.index(False)
-    except ValueError:
-        return len(same)
+    a, b = a[: max(limit, 0)], b[: max(limit, 0)]
+    if all(map(operator.is_, a, b)):
+        return min(len(a), len(b))
+    return list(map(operator.is_, a, b)).index(False)
+
+
+def equal_run(a: Sequence[object], b: Sequence[object], limit: int) -> int:
+    """How many leading items of `a` and `b`, at most `limit`, are equal: when all are the
+    very same objects, as a late turn's history mostly is, one comparison in C."""
+    a, b = a[: max(limit, 0)], b[: max(limit, 0)]
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
 
 
 class WalkMemo:
@@ -204,9 +213,9 @@ class WalkMemo:
 
     An exact match, once made, holds while the shape count stands: only a rewrite (which
     rekeys a node) takes one back, and the count also moves when a node that has children
-    gets another (which can turn a miss into a match). So a walk whose leading keys are the
-    very objects of the last walk's takes the nodes they reached without looking them up:
-    a late turn looks up its new messages only.
+    gets another (which can turn a miss into a match). So a walk whose leading keys equal the
+    last walk's (mostly the very same objects) takes the nodes they reached without looking
+    them up: a late turn looks up its new messages only.
     """
 
     __slots__ = ("keys", "nodes", "shape")
@@ -219,7 +228,8 @@ class WalkMemo:
         remembered for the next walk."""
         known = 0
         if shape == self.shape:
-            known = shared_run(keys, self.keys, len(self.nodes))
+            # A walk follows keys by value: equal keys reach the same nodes.
+            known = equal_run(keys, self.keys, len(self.nodes))
         nodes = self.nodes[:known]
         cur = nodes[-1] if nodes else root
         for key in islice(keys, known, None):
