@@ -166,17 +166,11 @@ def linearize_session(
         ledger.layout = tree_stats(samples)
     except TreeError as exc:  # replay rows of mixed shapes: the samples still train as rows
         logger.debug("session %s: no tree layout stats: %s", sid, exc)
-    kinds = {
-        kind: parse_kind(DriftKind, kind, "drift kind") for kind in {d.kind for d in lin.drifts}
-    }
+    found = lin.drifts
+    kinds = {kind: parse_kind(DriftKind, kind, "drift kind") for kind in {d.kind for d in found}}
     drifts = [
-        DriftRecord(
-            generated[d.turn].turn_index or 0,
-            kinds[d.kind],
-            d.at,
-            d.drifted,
-        )
-        for d in lin.drifts
+        DriftRecord(generated[d.turn].turn_index or 0, kinds[d.kind], d.at, d.drifted)
+        for d in found
     ]
     placements = [
         [

@@ -86,6 +86,13 @@ class _Session:
     # Likewise, the names of each generated message's tool calls, with that message.
     tools: dict[int, tuple[object, tuple[str, ...]]] = field(default_factory=dict)
 
+    def mounting(self, walked: Node, at: Node) -> None:
+        """A turn is about to be mounted at `at`, where a walk ended at `walked`: a rewrite
+        rekeyed a node (`at` is another), or a node that has children gets another: what an
+        earlier walk found may now go otherwise."""
+        if at is not walked or at.children:
+            self.shape += 1
+
     def walk(self, keys: list[MessageKey]) -> tuple[Node, int]:
         """`tree.walk` from the root, taking the last walk's nodes for the keys it shares."""
         nodes = self.walked.walk(self.root, keys, self.shape)
@@ -222,9 +229,7 @@ class TrajectoryManager:
             node, i = merge_rewrite(
                 self.rewrite_policy, self.fork_threshold_tokens, node, prompt_messages, keys, i
             )
-            if node is not walked or node.children:
-                # A rewrite rekeyed a node, or a new branch: earlier walks may now go otherwise.
-                session.shape += 1
+            session.mounting(walked, node)
             # The prompt continues the nearest generated turn above it: its tokens are stored
             # as the prefix shared with that turn plus a tail.
             stored = session.store.push(
@@ -312,7 +317,7 @@ class TrajectoryManager:
         with self._lock:
             session = self._sessions.get(sid)
             seen = session.echoes.seen if session is not None and unchanged else None
-        # The leading messages that are the very objects of the previous call take its keys.
+        # Messages that are the previous call's very objects take its keys.
         same = seen.shared(messages, unchanged) if seen and isinstance(messages, list) else 0
         keys = _message_keys(messages, "messages", seen.keys[:same] if seen is not None else ())
         with self._lock:
