@@ -17,6 +17,9 @@ Per turn, both sides start from the body bytes and end with the turn recorded:
 The sampled outputs and their parsed messages are computed once, outside the timings.
 Memory is what the session holds before finish (Python allocations, tracemalloc, plus the Rust
 store's buffers); for tokentrail that includes the adapter's copy of the session's latest request.
+Each side is measured in a process of its own; then (`--alternating` runs) both in one
+process, each turn timed on one side then the other and finish by finish, so that what the
+machine's load does to one side it does to the other (their sessions then share a heap).
 
     python benches/against_slime.py --slime PATH_TO_A_SLIME_CHECKOUT [--turns 128 --context 65536]
 
