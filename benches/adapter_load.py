@@ -12,6 +12,7 @@ from the server's own `/metrics` the time its stages took, with the scripted eng
 apart (it tokenizes its reply; a real engine's cost is elsewhere).
 
     python benches/adapter_load.py [--sessions 32] [--turns 32] [--context 16384]
+        [--servers rust:2,rust:0,python:2] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -184,67 +185,99 @@ def stage_seconds(url: str) -> dict[str, float]:
     return out
 
 
+def serve_once(
+    script_file: Path, bodies_file: Path, sessions: int, backend: str, workers: int | None
+) -> dict[str, float]:
+    """One `tokentrail serve` run of the bodies: turns, elapsed, client p50/p99 and CPU, the
+    server's CPU and its stage times (s)."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "TOKENTRAIL_BACKEND": backend}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tokentrail", "serve", "--port", str(port),
+         "--engine", f"scripted:{script_file}", "--admin-token", ADMIN,
+         *([] if workers is None else ["--workers", str(workers)])],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait(url, server)
+        cpu_before = cpu_seconds(server.pid)
+        out = subprocess.run(
+            [sys.executable, __file__, "--sessions", str(sessions),
+             "--client", url, str(bodies_file)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        result = json.loads(out)
+        server_cpu = cpu_seconds(server.pid) - cpu_before
+        stages = stage_seconds(url)
+    finally:
+        server.terminate()
+        server.wait(30)
+    engine = stages.pop("engine", 0.0)
+    return {**result, "server_cpu": server_cpu, "engine": engine, "adapter": sum(stages.values())}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--turns", type=int, default=32)
     parser.add_argument("--context", type=int, default=16_384)
-    parser.add_argument("--backend", default="rust", choices=["rust", "python"])
-    parser.add_argument("--workers", type=int, default=None, help="the server's --workers")
+    parser.add_argument(
+        "--servers",
+        default="rust:2,rust:0,python:2",
+        help="the servers compared, BACKEND:WORKERS each (default: the Rust core with its "
+        "default 2 workers and with --workers 0, and the Python reference core)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="runs of every server, in turn")
     parser.add_argument("--client", nargs=2, metavar=("URL", "BODIES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
         _client_main(args.client[0], args.client[1], args.sessions)
         return 0
     logging.getLogger("tokentrail").setLevel(logging.ERROR)
+    servers = [(b, int(w)) for b, w in (item.split(":") for item in args.servers.split(","))]
     script = long_script(args.turns)
     bodies = record_bodies(script, args.turns, args.context)
+    runs: list[tuple[str, int, int, dict[str, float], float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         script_file, bodies_file = Path(tmp) / "script.json", Path(tmp) / "bodies.json"
         script_file.write_text(json.dumps(script))
         bodies_file.write_text(json.dumps([b.hex() for b in bodies]))
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "TOKENTRAIL_BACKEND": args.backend}
-        server = subprocess.Popen(
-            [sys.executable, "-m", "tokentrail", "serve", "--port", str(port),
-             "--engine", f"scripted:{script_file}", "--admin-token", ADMIN,
-             *([] if args.workers is None else ["--workers", str(args.workers)])],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            _wait(url, server)
-            cpu_before = cpu_seconds(server.pid)
-            out = subprocess.run(
-                [sys.executable, __file__, "--sessions", str(args.sessions),
-                 "--client", url, str(bodies_file)],
-                capture_output=True, text=True, check=True,
-            ).stdout  # fmt: skip
-            result = json.loads(out)
-            server_cpu = cpu_seconds(server.pid) - cpu_before
-            stages = stage_seconds(url)
-        finally:
-            server.terminate()
-            server.wait(30)
-    engine = stages.pop("engine", 0.0)
-    adapter = sum(stages.values())
-    turns = result["turns"]
-    last_kb = len(bodies[-1]) / 1e3
+        # Every server once per round, round after round: the machine's load meets them alike.
+        for round_ in range(1, args.rounds + 1):
+            for backend, workers in servers:
+                result = serve_once(script_file, bodies_file, args.sessions, backend, workers)
+                runs.append((backend, workers, round_, result, os.getloadavg()[0]))
     print(
         f"adapter load: {args.sessions} concurrent sessions x {len(bodies)} turns, last body "
-        f"{last_kb:.0f} KB; server `tokentrail serve` ({args.backend} core), client in its own "
-        "process"
+        f"{len(bodies[-1]) / 1e3:.0f} KB; server `tokentrail serve`, client in its own process; "
+        f"{args.rounds} rounds, each running every server once"
     )
-    print(f"{'turns':>7}{'turns/s':>10}{'client p50 ms':>15}{'p99 ms':>9}"
-          f"{'server CPU ms/turn':>20}{'client CPU ms/turn':>20}")  # fmt: skip
+    print(f"{'core':<8}{'workers':>8}{'round':>6}{'turns/s':>9}{'p50 ms':>8}{'p99 ms':>8}"
+          f"{'server CPU ms/turn':>20}{'client CPU ms/turn':>20}{'engine ms':>10}"
+          f"{'load':>6}")  # fmt: skip
+    for backend, workers, round_, r, load in runs:
+        turns = r["turns"]
+        print(
+            f"{backend:<8}{workers:>8}{round_:>6}{turns / r['elapsed']:>9.0f}{r['p50']:>8.2f}"
+            f"{r['p99']:>8.2f}{r['server_cpu'] * 1e3 / turns:>20.2f}"
+            f"{r['cpu_s'] * 1e3 / turns:>20.2f}{r['engine'] * 1e3 / turns:>10.2f}{load:>6.1f}"
+        )
+    print("medians over the rounds (server CPU per turn, and against the first server's):")
+    base = None
+    for backend, workers in servers:
+        mine = [r for b, w, _, r, _ in runs if (b, w) == (backend, workers)]
+        cpu = float(np.median([r["server_cpu"] * 1e3 / r["turns"] for r in mine]))
+        rate = float(np.median([r["turns"] / r["elapsed"] for r in mine]))
+        base = cpu if base is None else base
+        print(
+            f"  {backend} core, --workers {workers}: {cpu:.2f} ms/turn ({cpu - base:+.2f} ms, "
+            f"{cpu / base:.2f}x), {rate:.0f} turns/s"
+        )
     print(
-        f"{turns:>7}{turns / result['elapsed']:>10.0f}{result['p50']:>15.2f}{result['p99']:>9.2f}"
-        f"{server_cpu * 1e3 / turns:>20.2f}{result['cpu_s'] * 1e3 / turns:>20.2f}"
-    )
-    print(
-        f"server stage time per turn (wall, queueing included): adapter {adapter * 1e3 / turns:.2f}"
-        f" ms, scripted engine {engine * 1e3 / turns:.2f} ms; one process at the server's CPU "
-        f"per turn would serve at most {turns / server_cpu:.0f} turns/s"
+        "engine ms: the scripted engine's stage time per turn (wall, queueing included; it "
+        "encodes and scores its reply, which a real engine does elsewhere); load: the load "
+        "average after the run"
     )
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores (server and client share them), "

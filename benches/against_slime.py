@@ -17,6 +17,9 @@ Per turn, both sides start from the body bytes and end with the turn recorded:
 The sampled outputs and their parsed messages are computed once, outside the timings.
 Memory is what the session holds before finish (Python allocations, tracemalloc, plus the Rust
 store's buffers); for tokentrail that includes the adapter's copy of the session's latest request.
+Each side is measured in a process of its own; then (`--alternating` runs) both in one
+process, each turn timed on one side then the other and finish by finish, so that what the
+machine's load does to one side it does to the other (their sessions then share a heap).
 
     python benches/against_slime.py --slime PATH_TO_A_SLIME_CHECKOUT [--turns 128 --context 65536]
 
@@ -43,6 +46,7 @@ import numpy as np
 from report import Report, machine
 from sessions import (
     RecordedTurn,
+    Sampled,
     claude_code_tools,
     parsed_replies,
     record_session,
@@ -57,6 +61,7 @@ PROTOCOL = AnthropicMessages()
 
 def run_tokentrail(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: list) -> dict:
     costs = replay_in_process(tokenizer, turns, replies)
+    assert costs.adapter is not None
     manager = costs.adapter.manager
     session = manager._sessions.get("s")  # noqa: SLF001 - put back to time finish again
 
@@ -117,6 +122,141 @@ def run_slime(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: li
         return manager.get_trajectory("s", base_sample=SlimeSample())
 
     return {"times": times, "prime": prime, "finish": finish, "manager": manager}
+
+
+def _slime_stepper(tokenizer: LoadedTokenizer, turns: list, replies: list) -> dict:
+    """slime's side one turn at a time (`step(k)`), and its finish (as `run_slime`)."""
+    from slime.agent.trajectory import TrajectoryManager as SlimeManager
+    from slime.agent.trajectory import TurnRecord as SlimeTurn
+    from slime.utils.types import Sample as SlimeSample
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.tokenizer,
+        chat_template=tokenizer.chat_template,
+        eos_token=tokenizer.eos_token,
+        pad_token=tokenizer.pad_token,
+    )
+    manager = SlimeManager()
+
+    def step(k: int) -> None:
+        turn, reply = turns[k], replies[k]
+        conversation = PROTOCOL.translate(json.loads(turn.body))
+        messages = [dict(m) for m in conversation.messages]
+        tools = [dict(t) for t in conversation.tools or []] or None
+        prompt_ids = hf.apply_chat_template(
+            messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        manager.record_turn(
+            "s",
+            turn=SlimeTurn(list(prompt_ids), turn.output_ids, turn.finish_reason, turn.logprobs),
+            prompt_messages=messages,
+            response_message=reply,
+        )
+
+    def prime() -> None:
+        tree, count = state
+        manager._trees["s"], manager._turn_count["s"] = tree, count  # noqa: SLF001
+        for node in nodes:
+            node.response_trained = False
+
+    state: list[Any] = []
+    nodes: list[Any] = []
+
+    def freeze() -> None:
+        tree = manager._trees.get("s")  # noqa: SLF001 - put back to time finish again
+        state[:] = [tree, manager._turn_count.get("s")]  # noqa: SLF001
+        seen = {id(n): n for leaf in tree.leaves() for n in leaf.path_from_root()} if tree else {}
+        nodes[:] = list(seen.values())
+
+    def finish() -> Any:
+        return manager.get_trajectory("s", base_sample=SlimeSample())
+
+    return {"step": step, "freeze": freeze, "prime": prime, "finish": finish}
+
+
+def _tokentrail_stepper(tokenizer: LoadedTokenizer, turns: list, replies: list) -> dict:
+    """tokentrail's side one turn at a time (as `sessions.replay_in_process`: the request
+    reader, prepare and record; the deferred splice check after, untimed), and its finish."""
+    from tokentrail.adapter import Adapter
+    from tokentrail.adapter.config import AdapterConfig
+    from tokentrail.sim.model import SimulatedEngine
+    from tokentrail.trajectory.timing import TurnTiming
+
+    config = AdapterConfig(request_memo=256, workers=0)
+    adapter = Adapter(engine=SimulatedEngine(tokenizer), tokenizer=tokenizer, config=config)
+    pipeline, headers = adapter.pipeline, {"x-api-key": "s"}
+    manager = adapter.manager
+    held: list[Any] = []
+
+    def step(k: int) -> None:
+        turn = turns[k]
+        request = adapter.requests.request(PROTOCOL, turn.body, "s", headers)
+        prepared = pipeline.prepare("s", request.conversation, timing=TurnTiming())
+        sampled = Sampled(turn.output_ids, turn.logprobs, turn.finish_reason)
+        pipeline.record(prepared, sampled, replies[k])
+
+    def after(k: int) -> None:
+        pipeline.check_splice("s")
+
+    def freeze() -> None:
+        held[:] = [manager._sessions["s"]]  # noqa: SLF001 - put back to time finish again
+
+    def prime() -> None:
+        manager._sessions["s"] = held[0]  # noqa: SLF001
+
+    return {
+        "step": step,
+        "after": after,
+        "freeze": freeze,
+        "prime": prime,
+        "finish": lambda: manager.finish("s"),
+    }
+
+
+def alternating(
+    tokenizer: LoadedTokenizer, turns: list, replies: list, finishes: int
+) -> dict[str, list[float]]:
+    """Both sides in one process, alternating: each turn of the session timed on one side
+    then the other (which goes first alternates), then `finishes` finishes of each, one after
+    the other (process CPU). What one side's time meets on a loaded machine, the other's
+    meets too. Prep in wall time (as the separate runs), ms. The sessions share one heap
+    while they are played: each side's prep pays the collector's scans of both."""
+    gc.collect()
+    gc.freeze()
+    sides = {
+        "slime": _slime_stepper(tokenizer, turns, replies),
+        "tokentrail": _tokentrail_stepper(tokenizer, turns, replies),
+    }
+    prep: dict[str, list[float]] = {name: [] for name in sides}
+    order = list(sides)
+    for k in range(len(turns)):
+        for name in order if k % 2 == 0 else order[::-1]:
+            side = sides[name]
+            start = time.perf_counter()
+            side["step"](k)
+            prep[name].append((time.perf_counter() - start) * 1e3)
+            if "after" in side:
+                side["after"](k)
+    spent: dict[str, list[float]] = {name: [] for name in sides}
+    for side in sides.values():
+        side["freeze"]()
+    # Both sessions are frozen out of the collector's scans, as each side's heap is in its
+    # own process: else a finish that allocates pays for scanning the other side's session.
+    gc.collect()
+    gc.freeze()
+    for i in range(finishes):
+        for name in order if i % 2 == 0 else order[::-1]:
+            side = sides[name]
+            side["prime"]()
+            start = time.process_time()
+            side["finish"]()
+            spent[name].append((time.process_time() - start) * 1e3)
+    late = len(turns) // 2
+    return {
+        **{f"prep {name}": prep[name][late:] for name in sides},
+        **{f"finish {name}": spent[name] for name in sides},
+    }
 
 
 def _traced(run: Any, tokenizer: LoadedTokenizer, turns: list, replies: list) -> tuple[int, Any]:
@@ -289,6 +429,12 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=65_536)
     parser.add_argument("--repeats", type=int, default=3, help="replays per side (medians)")
     parser.add_argument("--finishes", type=int, default=20, help="finishes timed per replay")
+    parser.add_argument(
+        "--alternating",
+        type=int,
+        default=2,
+        help="runs of both sides in one process, alternating turn by turn (0: none)",
+    )
     parser.add_argument("--write", action="store_true", help="docs/performance/against_slime.md")
     args = parser.parse_args()
     if not args.slime:
@@ -310,6 +456,10 @@ def main() -> int:
         for name, run in (("slime", run_slime), ("tokentrail", run_tokentrail))
     ]
     slime, tt = sides
+    both = [
+        _in_child(alternating, tokenizer, turns, replies, args.finishes)
+        for _ in range(args.alternating)
+    ]
     _, tools = claude_code_tools()
     last = len(json.loads(turns[-1].body)["messages"])
     out = Report("against_slime")
@@ -339,6 +489,18 @@ def main() -> int:
             f"tokentrail's splice checks after the reply: {len(checks)} in {len(turns)} turns, "
             f"p50 {np.percentile(checks, 50):.2f} ms, max {max(checks):.2f} ms"
         )
+    for run, times in enumerate(both, 1):
+        out.line()
+        out.line(
+            f"same process, alternating (run {run} of {len(both)}, load average "
+            f"{os.getloadavg()[0]:.1f} after it): prep p50 over the second half's turns "
+            f"(wall), finish median of {args.finishes} each (process CPU)"
+        )
+        out.line(f"{'':<14}{'slime':>12}{'tokentrail':>12}{'ratio':>9}")
+        for label, key in (("prep p50 ms", "prep"), ("finish ms", "finish")):
+            a = float(np.median(times[f"{key} slime"]))
+            b = float(np.median(times[f"{key} tokentrail"]))
+            out.line(f"{label:<14}{a:>12.2f}{b:>12.2f}{a / b:>8.1f}x")
     out.line()
     out.line("where tokentrail's finish goes: process CPU per finish, by stage (no profiler)")
     for where, ms in tt["phases"]:

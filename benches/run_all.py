@@ -37,7 +37,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("journal_recovery.py", ["--gb", "0.02", "--path", "/tmp/tokentrail-recovery-quick.db"]),
     ("kill_sweep.py", ["--turns", "1", "--quick"]),
     ("checkpoint_kills.py", ["--sessions", "2", "--turns", "12", "--kills", "4"]),
-    ("adapter_load.py", ["--sessions", "2", "--turns", "8"]),
+    ("adapter_load.py", ["--sessions", "2", "--turns", "8", "--rounds", "1"]),
     ("session_scaling.py", ["--quick"]),
     ("journal_cost.py", ["--turns", "8", "--contexts", "8192", "--repeats", "1"]),
     ("turn_cost.py", ["--contexts", "4096,8192"]),

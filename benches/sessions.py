@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,8 @@ class TurnCosts:
     record: list[float]
     # Deferred splice checks, run after the reply (off the turn's path).
     after: list[float]
-    adapter: Adapter
+    # The adapter that played them (None once let go).
+    adapter: Adapter | None
 
     def totals(self) -> list[float]:
         return [a + b + c for a, b, c in zip(self.read, self.prepare, self.record, strict=True)]
@@ -139,10 +141,13 @@ def replay_in_process(
     replies: list[dict[str, Any]],
     sid: str = "s",
     request_memo: int = 256,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> TurnCosts:
     """Each recorded body through the adapter's own steps, in process and without HTTP: the
     request reader, the pipeline's prepare and record, then (timed apart) the deferred splice
-    check the adapter runs after the reply. The engine is not called: the outputs are given."""
+    check the adapter runs after the reply. The engine is not called: the outputs are given.
+    `clock`: wall time by default; `time.process_time` for the CPU the steps took (what a
+    loaded machine's waits do not inflate)."""
     from tokentrail.adapter.config import AdapterConfig
     from tokentrail.adapter.protocols.anthropic import AnthropicMessages
 
@@ -152,16 +157,16 @@ def replay_in_process(
     pipeline = adapter.pipeline
     costs = TurnCosts([], [], [], [], adapter)
     for turn, reply in zip(turns, replies, strict=True):
-        t0 = time.perf_counter()
+        t0 = clock()
         request = adapter.requests.request(proto, turn.body, sid, headers)
-        t1 = time.perf_counter()
+        t1 = clock()
         prepared = pipeline.prepare(sid, request.conversation, timing=TurnTiming())
-        t2 = time.perf_counter()
+        t2 = clock()
         sampled = Sampled(turn.output_ids, turn.logprobs, turn.finish_reason)
         pipeline.record(prepared, sampled, reply)
-        t3 = time.perf_counter()
+        t3 = clock()
         pipeline.check_splice(sid)
-        t4 = time.perf_counter()
+        t4 = clock()
         costs.read.append(t1 - t0)
         costs.prepare.append(t2 - t1)
         costs.record.append(t3 - t2)

@@ -25,6 +25,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from itertools import islice
 from typing import Any
 
 from tokentrail.errors import ImageError
@@ -383,14 +384,18 @@ def resolve_images(
     spec: VisionSpec | None,
     limits: ImageLimits | None = None,
     cache: ImageCache | None = None,
+    plain: int = 0,
 ) -> Conversation:
     """The conversation with every image mark replaced: by the family's placeholder run (the
     image decoded, checked and sized; its digest listed in the message's `images`, in order)
     or, without a vision encoder, by `[image]` as before. Messages without marks are the
     very same objects. `cache` keeps decoded images between requests. Raises `ImageError`
-    for an image the model cannot take."""
+    for an image the model cannot take. The first `plain` messages are known to hold no
+    marks and no `images` (the caller looked at these very objects before): when the rest
+    hold none either, nothing is looked at twice."""
     if not any(
-        _MARK.search(m.get("content") or "") or m.get("images") for m in conversation.messages
+        _MARK.search(m.get("content") or "") or m.get("images")
+        for m in islice(conversation.messages, plain, None)
     ):
         return conversation
     budget = _Budget(limits or ImageLimits(), cache)

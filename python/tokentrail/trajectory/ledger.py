@@ -430,9 +430,11 @@ def build_ledger(
     mask_superseded: bool = True,
     constrained_masked: Mapping[int, int] | None = None,
     turn_tags: Mapping[int, TurnTags] | None = None,
+    turn_tools: Mapping[int, Sequence[str]] | None = None,
 ) -> Ledger:
     """Every generated turn of a session's tree (`nodes`, the tree walked once by the caller;
-    `turn_tags`, each generated turn's tags by store id when the caller read them already),
+    `turn_tags`, each generated turn's tags by store id when the caller read them already;
+    `turn_tools` likewise, the names of its message's tool calls),
     with its tokens trained or masked.
 
     A turn still in the tree is trained where a sample trains it and masked where linearization
@@ -482,9 +484,8 @@ def build_ledger(
             if superseded and mask_superseded and not excluded and not disconnected:
                 # Left out of every sample: whatever no other reason took.
                 masked[MaskReason.SUPERSEDED] = turn.output_len - trained_k - sum(masked.values())
-            row = turn_fate(
-                node.turn_index or 0, tool_names(node.message), turn.output_len, trained_k, masked
-            )
+            names = list(turn_tools[k]) if turn_tools is not None else tool_names(node.message)
+            row = turn_fate(node.turn_index or 0, names, turn.output_len, trained_k, masked)
             row.history, row.fallback = turn.history, turn.fallback
             row.excluded = str(excluded) if excluded else None
             row.dropped_media = dict(tags.dropped_media)

@@ -33,9 +33,9 @@ from tokentrail.trajectory.sample import (
     store_rows,
     trained_versions,
 )
-from tokentrail.trajectory.side import conversation_tags, subagent_prompts
+from tokentrail.trajectory.side import SUBAGENT_TOOLS, conversation_tags, subagent_prompts
 from tokentrail.trajectory.tags import TurnTags
-from tokentrail.trajectory.tree import Node, iter_nodes
+from tokentrail.trajectory.tree import Node, marked_and_leaves
 from tokentrail.trajectory.turn import StoredTurn
 
 if TYPE_CHECKING:
@@ -109,35 +109,45 @@ def linearize_session(
     train_superseded: bool = False,
     train_constrained: ConstrainedPolicy = ConstrainedPolicy.MASK,
     restored_by_id: Mapping[str, Mapping[str, int]] | None = None,
+    known_tags: Mapping[int, tuple[Mapping[str, Any], TurnTags]] | None = None,
+    known_tools: Mapping[int, tuple[object, tuple[str, ...]]] | None = None,
 ) -> Trajectory:
     """Every sample of the session's chains, the ledger of every generated token, the drifts.
 
     `read_rows` reads the samples' replay rows (default: from `store`'s tapes).
     Tokens of a turn sampled under a grammar are marked in their sample's metadata
-    (`constrained`) and, under `ConstrainedPolicy.MASK`, masked as `constrained`."""
+    (`constrained`) and, under `ConstrainedPolicy.MASK`, masked as `constrained`.
+    `known_tags`: generated turns' tags read already (by store id), each with the metadata it
+    was read from; a turn whose metadata is another object is read again. `known_tools`
+    likewise: the names of each generated message's tool calls, with that message."""
     # The tree walked once: its leaves, and the nodes that hold a generated turn or a demoted
     # one (what the ledger reads), each generated turn's tags read once.
-    leaves: list[Node] = []
-    marked: list[Node] = []
-    for node in iter_nodes(root):
-        if node.turn is not None or node.demoted:
-            marked.append(node)
-        if not node.children and node is not root:
-            leaves.append(node)
+    marked, leaves = marked_and_leaves(root)
     # Store ids are turn indices - 1: a turn is pushed when it is recorded.
     generated: dict[int, Node] = {n.turn.id: n for n in marked if n.turn is not None}
-    tags = {k: TurnTags.read(n.metadata) for k, n in generated.items()}
+    known_tags, known_tools = known_tags or {}, known_tools or {}
+    tags: dict[int, TurnTags] = {}
+    tools: dict[int, tuple[str, ...]] = {}
+    for k, n in generated.items():
+        known = known_tags.get(k)
+        tags[k] = known[1] if known and known[0] is n.metadata else TurnTags.read(n.metadata)
+        message = n.message
+        named = known_tools.get(k)
+        tools[k] = named[1] if named and named[0] is message else tuple(tool_names(message))
     lin = store.linearize(
         _chains(leaves, tags, train_superseded),
         policy=policy.value,
         fork_threshold=fork_threshold,
         max_sample_tokens=max_sample_tokens,
     )
-    prompts = subagent_prompts(generated.values())
+    # Only a turn that called a sub-agent tool can have handed one a prompt.
+    prompts = subagent_prompts(
+        n for k, n in generated.items() if not SUBAGENT_TOOLS.isdisjoint(tools[k])
+    )
     # Trained tokens the constrained policy masked, by store id.
     constrained_masked: dict[int, int] = {}
     samples = [
-        _sample(sid, built, generated, tags, reward, extra_metadata, root, prompts)
+        _sample(sid, built, generated, tags, tools, reward, extra_metadata, root, prompts)
         for built in lin.samples
     ]
     for sample, built in zip(samples, lin.samples, strict=True):
@@ -151,6 +161,7 @@ def linearize_session(
         marked,
         lin,
         turn_tags=tags,
+        turn_tools=tools,
         restored_echoes=restored,
         restored_by_tool=restored_by_tool,
         restored_by_id=restored_by_id or {},
@@ -163,14 +174,11 @@ def linearize_session(
         ledger.layout = tree_stats(samples)
     except TreeError as exc:  # replay rows of mixed shapes: the samples still train as rows
         logger.debug("session %s: no tree layout stats: %s", sid, exc)
+    found = lin.drifts
+    kinds = {kind: parse_kind(DriftKind, kind, "drift kind") for kind in {d.kind for d in found}}
     drifts = [
-        DriftRecord(
-            generated[d.turn].turn_index or 0,
-            parse_kind(DriftKind, d.kind, "drift kind"),
-            d.at,
-            d.drifted,
-        )
-        for d in lin.drifts
+        DriftRecord(generated[d.turn].turn_index or 0, kinds[d.kind], d.at, d.drifted)
+        for d in found
     ]
     placements = [
         [
@@ -240,6 +248,7 @@ def _sample(
     built: _core.BuiltSample,
     generated: dict[int, Node],
     generated_tags: Mapping[int, TurnTags],
+    generated_tools: Mapping[int, tuple[str, ...]],
     reward: float,
     extra_metadata: dict[str, Any] | None,
     root: Node,
@@ -252,13 +261,14 @@ def _sample(
     withheld = sorted({t for tag in tags for t in tag.withheld_tools})
     media: Counter[str] = Counter()
     for tag in tags:
-        media.update(tag.dropped_media)
+        if tag.dropped_media:
+            media.update(tag.dropped_media)
     metadata: dict[str, Any] = {
         "session_id": sid,
         "chain": built.chain,
         "turns": [n.turn_index for n in nodes],
         "truncated": bool(built.truncated),
-        "use_tool": any(tool_names(n.message) for n in nodes),
+        "use_tool": any(generated_tools[t] for t in built.turns),
         "ill_formed": any(t.ill_formed for t in turns),
         "finish_reason": last.turn.finish_reason if last.turn else None,
         "tools": last.tools,

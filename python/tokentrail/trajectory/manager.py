@@ -8,14 +8,13 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from tokentrail.core.backend import load_backend
-from tokentrail.core.ids import RowArray, TokenIds
-from tokentrail.core.routing import IndexerShape, ReplayRows, RoutingShape
+from tokentrail.core.ids import TokenIds
+from tokentrail.core.routing import IndexerShape, RoutingShape
 from tokentrail.errors import MessageError, PolicyError, SessionError
 from tokentrail.kinds import (
     Backend,
@@ -32,17 +31,13 @@ from tokentrail.trajectory.linearize import Trajectory as Trajectory  # what rea
 from tokentrail.trajectory.linearize import linearize_session
 from tokentrail.trajectory.policies import DEFAULT_POLICIES
 from tokentrail.trajectory.replay_pool import (
-    NUMBERED_INDEXER,
-    NUMBERED_ROUTING,
-    ReplayArgs,
     ReplayPool,
-    SessionRows,
 )
-from tokentrail.trajectory.restore import EchoRestorer, Seen
+from tokentrail.trajectory.restore import EchoRestorer
 from tokentrail.trajectory.rewrite import merge_rewrite
-from tokentrail.trajectory.sample import RowRead, Sample, store_rows
-from tokentrail.trajectory.tags import TurnTags
-from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key, walk
+from tokentrail.trajectory.sample import Sample
+from tokentrail.trajectory.session_state import SessionState, SpliceAnchor, open_session, store_id
+from tokentrail.trajectory.tree import MessageKey, Node, iter_nodes, message_key
 from tokentrail.trajectory.turn import CheckedTurn, StoredTurn, TurnRecord, validate_turn
 
 if TYPE_CHECKING:
@@ -57,67 +52,6 @@ T = TypeVar("T")
 # What reads a session as it stands: its tree, its turn store, its linearization and its echo
 # restore (read them, do not change them).
 SessionReader = Callable[[Node, "_core.TurnStore", Trajectory, EchoRestorer], T]
-
-
-@dataclass(frozen=True)
-class SpliceAnchor:
-    """The generated turn a splice continues: its tokens, its message, and its position."""
-
-    prompt_ids: TokenIds
-    output_ids: TokenIds
-    finish_reason: str | None
-    message: Message
-    index: int
-
-
-@dataclass
-class _Session:
-    store: _core.TurnStore  # the backend's TurnStore: every turn's tokens, stored compactly
-    root: Node = field(default_factory=Node)
-    turns: int = 0
-    # Its echo restore: what it recognized, restored and counted (`trajectory.restore`).
-    echoes: EchoRestorer = field(default_factory=EchoRestorer)
-    # The node holding each generated turn, by turn index.
-    by_index: dict[int, Node] = field(default_factory=dict)
-    # The nodes of the generated turns tagged with each reply id (one, as ids are minted per
-    # reply), in the order they were recorded: `find_reply` without a walk of the tree.
-    by_reply: dict[str, list[Node]] = field(default_factory=dict)
-    # Its replay rows, when the manager pools them (`replay_pool`): the store's tapes then
-    # hold row numbers.
-    rows: SessionRows | None = None
-
-    def push(self, parent: int, turn: CheckedTurn) -> int:
-        """Store the turn under `parent` (its rows in the pool, if pooled); its store id."""
-        replay = _replay_args(self, parent, turn)
-        undo = None if self.rows is None else self.rows.keep(replay)
-        try:
-            return self.store.push(
-                parent,
-                turn.prompt_ids,
-                turn.output_ids,
-                turn.logprobs,
-                routed_experts=replay[Replay.ROUTED_EXPERTS][0],
-                indexer_topk=replay[Replay.INDEXER_TOPK][0],
-            )
-        except BaseException:
-            if undo is not None:
-                undo()
-            raise
-
-    def release(self) -> None:
-        """Give its pooled rows back (the session is gone)."""
-        if self.rows is not None:
-            self.rows.close()
-
-    def add_turn(self, leaf: Node) -> None:
-        self.by_index[self.turns] = leaf
-        reply_id = TurnTags.read(leaf.metadata).reply_id
-        if isinstance(reply_id, str):
-            self.by_reply.setdefault(reply_id, []).append(leaf)
-
-    def reply(self, reply_id: str) -> Node | None:
-        """The generated turn whose reply had this id (a turn a rewrite demoted is none)."""
-        return next((n for n in self.by_reply.get(reply_id, ()) if n.turn is not None), None)
 
 
 def _policy(kind: type[P], value: object, what: str) -> P:
@@ -170,7 +104,7 @@ class TrajectoryManager:
         self.core = load_backend(backend)
         pooled = replay_memory is not None and self.replay_channels
         self.replay_pool = ReplayPool(replay_memory or 0, replay_dir) if pooled else None
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, SessionState] = {}
         self._lock = threading.RLock()
 
     # -- sessions -----------------------------------------------------------------------------
@@ -233,18 +167,22 @@ class TrajectoryManager:
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
-                session = self._sessions[sid] = _new_session(self)
-            node, i = walk(session.root, keys)
+                session = self._sessions[sid] = open_session(
+                    self.core, self.routing, self.indexer, self.replay_pool
+                )
+            node, i = session.walk(keys)
             if supersede and i == len(keys):
                 retry.supersede(
                     retry.unanswered(node, checked.prompt_ids, session.store.prompt_ids)
                 )
+            walked = node
             node, i = merge_rewrite(
                 self.rewrite_policy, self.fork_threshold_tokens, node, prompt_messages, keys, i
             )
+            session.mounting(walked, node)
             # The prompt continues the nearest generated turn above it: its tokens are stored
             # as the prefix shared with that turn plus a tail.
-            stored = session.push(_store_id(node.generated_ancestor()), checked)
+            stored = session.push(store_id(node.generated_ancestor()), checked)
             for message, key in zip(prompt_messages[i:], keys[i:], strict=True):
                 node = node.add_child(Node(message, key=key, keep_message=False))
             session.turns += 1
@@ -272,7 +210,7 @@ class TrajectoryManager:
             session = self._sessions.get(sid)
             if session is None:
                 return []
-            node, i = walk(session.root, keys)
+            node, i = session.walk(keys)
             found = (
                 retry.unanswered(node, prompt, session.store.prompt_ids) if i == len(keys) else []
             )
@@ -322,13 +260,15 @@ class TrajectoryManager:
         with self._lock:
             session = self._sessions.get(sid)
             seen = session.echoes.seen if session is not None and unchanged else None
-        keys = _message_keys(messages, "messages", seen, unchanged)
+        # Messages that are the previous call's very objects take its keys.
+        same = seen.shared(messages, unchanged) if seen and isinstance(messages, list) else 0
+        keys = _message_keys(messages, "messages", seen.keys[:same] if seen is not None else ())
         with self._lock:
             session = self._sessions.get(sid)
             if session is None:
                 return list(messages), keys, {}
             restored = session.echoes.restore(
-                session.root, messages, keys, tools, seen, unchanged, call_ids
+                session.root, messages, keys, tools, seen, same, call_ids, session.shape
             )
         return restored.messages, restored.keys, restored.echo_ids
 
@@ -343,13 +283,7 @@ class TrajectoryManager:
         keys = _checked_keys(messages, keys, "messages")
         with self._lock:
             session = self._sessions.get(sid)
-            found = None if session is None else _last_generated(session.root, keys)
-            if session is None or found is None:
-                return None
-            turn, message, at = found
-            store = session.store
-            ids = (store.prompt_ids(turn.id), store.output_ids(turn.id))
-            return SpliceAnchor(*ids, turn.finish_reason, message, at)
+            return None if session is None else session.anchor(keys)
 
     def find_turn(self, sid: str, key: str, value: object) -> FoundTurn | None:
         """The conversation (prompt messages, response) and metadata of the session's generated
@@ -360,7 +294,7 @@ class TrajectoryManager:
         """`find_turn(sid, "reply_id", reply_id)` by lookup (a Responses `previous_response_id`)."""
         return self._found(sid, lambda session: session.reply(reply_id))
 
-    def _found(self, sid: str, lookup: Callable[[_Session], Node | None]) -> FoundTurn | None:
+    def _found(self, sid: str, lookup: Callable[[SessionState], Node | None]) -> FoundTurn | None:
         with self._lock:
             session = self._sessions.get(sid)
             node = None if session is None else lookup(session)
@@ -374,12 +308,7 @@ class TrajectoryManager:
         keys = _checked_keys(messages, keys, "messages")
         with self._lock:
             session = self._sessions.get(sid)
-            if session is None:
-                return 0
-            # `record_turn` files the turn under this generated ancestor: a rewrite merge
-            # demotes the leaf it continues through, so it finds the same one.
-            parent = _store_id(walk(session.root, keys)[0].generated_ancestor())
-            return session.store.replay_start(parent, ids)
+            return 0 if session is None else session.replay_start(keys, ids)
 
     def restored_by_tool(self, sid: str) -> dict[str, int]:
         session = self._sessions.get(sid)
@@ -447,7 +376,7 @@ def turn_store(manager: TrajectoryManager, sid: str) -> _core.TurnStore:
 def _linearize(
     manager: TrajectoryManager,
     sid: str,
-    session: _Session,
+    session: SessionState,
     reward: float,
     extra_metadata: dict[str, Any] | None,
     max_sample_tokens: int,
@@ -465,10 +394,12 @@ def _linearize(
         restored_by_tool=session.echoes.restored_by_tool,
         restored_by_id=session.echoes.restored_by_id,
         replays=manager.replay_channels,
-        read_rows=_row_reader(session),
+        read_rows=session.row_reader(),
         status=manager.core.REPLAY_STATUS,
         train_superseded=manager.train_superseded,
         train_constrained=manager.train_constrained,
+        known_tags=session.tags,
+        known_tools=session.tools,
     )
 
 
@@ -498,21 +429,6 @@ def _generated_leaf(
     return leaf
 
 
-def _last_generated(
-    root: Node, keys: Sequence[MessageKey]
-) -> tuple[StoredTurn, Message, int] | None:
-    """The last generated turn on the exact path of `keys`: its turn, message and position."""
-    node, found = root, None
-    for i, key in enumerate(keys):
-        nxt = node.child(key)
-        if nxt is None:
-            break
-        node = nxt
-        if node.turn is not None and node.message is not None:
-            found = (node.turn, node.message, i)
-    return found
-
-
 def _conversation_of(node: Node) -> FoundTurn:
     path = [n.message for n in node.path()]
     return [m for m in path if m is not None], dict(node.metadata)
@@ -531,41 +447,6 @@ def _channels(routing: RoutingShape | None, indexer: IndexerShape | None) -> tup
     return tuple(channel for channel, shape in kept if shape is not None)
 
 
-def _new_session(manager: TrajectoryManager) -> _Session:
-    """A session whose store keeps the manager's replay tapes: the rows, or with a pool their
-    numbers."""
-    routing, indexer, pool = manager.routing, manager.indexer, manager.replay_pool
-    numbered = pool is not None
-    store = manager.core.TurnStore(
-        routed_experts=None if routing is None else NUMBERED_ROUTING if numbered else routing.dims,
-        indexer_topk=None if indexer is None else NUMBERED_INDEXER if numbered else indexer.dims,
-    )
-    return _Session(store, rows=None if pool is None else pool.open(routing, indexer))
-
-
-def _replay_args(session: _Session, parent: int, turn: CheckedTurn) -> ReplayArgs:
-    """Per channel, what the store is given for the turn, and what the pool keeps after."""
-    if session.rows is not None:
-        return session.rows.store_args(session.store, parent, turn)
-    given = {Replay.ROUTED_EXPERTS: turn.routed_experts, Replay.INDEXER_TOPK: turn.indexer_topk}
-    return {channel: (_replay_arg(g), None) for channel, g in given.items()}
-
-
-def _row_reader(session: _Session) -> RowRead:
-    """How a linearization reads the session's rows: from its store, or through its pool."""
-    rows = session.rows
-    return store_rows(session.store) if rows is None else rows.reader(session.store)
-
-
-def _store_id(node: Node | None) -> int:
-    """The store id of a generated turn's node, -1 for none."""
-    return node.turn.id if node is not None and node.turn is not None else -1
-
-
-def _replay_arg(rows: ReplayRows | None) -> str | tuple[int, RowArray] | None:
-    return None if rows is None else rows.store_arg()
-
-
 def _check_sid(sid: object) -> None:
     if not isinstance(sid, str) or not sid:
         raise SessionError(f"session id must be a non-empty str, got {sid!r}")
@@ -580,12 +461,12 @@ def _checked_keys(messages: object, keys: list[MessageKey] | None, what: str) ->
 
 
 def _message_keys(
-    messages: object, what: str, seen: Seen | None = None, unchanged: int = 0
+    messages: object, what: str, known: Sequence[MessageKey] = ()
 ) -> list[MessageKey]:
+    """The routing keys of `messages`, the first ones `known` already."""
     if not isinstance(messages, list):
         raise MessageError(f"{what} must be a list of messages, got {type(messages).__name__}")
-    # Messages that are the previous restore's own objects keep their keys.
-    keys = seen.keys_for(messages, unchanged) if seen is not None else []
+    keys = list(known)
     for pos in range(len(keys), len(messages)):
         m = messages[pos]
         if not isinstance(m, dict):

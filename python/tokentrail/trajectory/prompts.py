@@ -26,9 +26,10 @@ from tokentrail.messages import Message, ToolSchema
 from tokentrail.text.families import count_calls
 from tokentrail.text.incremental import IncrementalEncoder
 from tokentrail.text.object_tokenizer import ObjectTokenizer
-from tokentrail.trajectory.manager import SpliceAnchor
+from tokentrail.trajectory.session_state import SpliceAnchor
 from tokentrail.trajectory.splice import Splicer
 from tokentrail.trajectory.timing import TurnTiming
+from tokentrail.trajectory.tree import equal_run
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,19 @@ class _SpliceChecks:
     verified: set[tuple[str, ...]] = field(default_factory=set)
     deferred: _Deferred | None = None
     failed: Fallback | None = None
+    # The tool calls of the messages before the last anchor (`count_calls`), and those
+    # messages: a next turn that holds the same ones counts only what follows them.
+    counted: list[Message] = field(default_factory=list)
+    calls: int = 0
+
+    def calls_before(self, messages: list[Message], index: int) -> int:
+        """`count_calls(messages[:index])`, counting only what the last count did not see."""
+        start = len(self.counted)
+        if start > index or equal_run(messages, self.counted, start) < start:
+            start, self.calls = 0, 0
+        self.calls += count_calls(messages[start:index])
+        self.counted = messages[:index]
+        return self.calls
 
 
 class PromptBuilder:
@@ -113,7 +127,7 @@ class PromptBuilder:
             new_messages=new,
             tools=tools,
             full_text=text,
-            calls_before=count_calls(messages[: anchor.index]),
+            calls_before=checks.calls_before(messages, anchor.index),
             encode=self.encoder.encode_full,
         )
         if spliced.prompt_ids is None:

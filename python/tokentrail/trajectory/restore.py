@@ -26,7 +26,7 @@ from tokentrail.kinds import REASONING_FIELDS, EchoDifference
 from tokentrail.messages import Message, ToolSchema, tool_names
 from tokentrail.trajectory.echo import echo_difference, is_echo
 from tokentrail.trajectory.tags import TurnTags
-from tokentrail.trajectory.tree import MessageKey, Node, message_key, message_of
+from tokentrail.trajectory.tree import MessageKey, Node, message_key, message_of, shared_run
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class Restored:
     newly: list[Node] = field(default_factory=list)
     # Of `newly`, those recognized by identity only.
     by_id: list[ByIdRestore] = field(default_factory=list)
+    # The node each message reached, for the messages the walk got through.
+    nodes: list[Node] = field(default_factory=list)
 
     @property
     def echo_ids(self) -> dict[int, tuple[str, ...]]:
@@ -65,21 +67,21 @@ class ByIdRestore:
 
 @dataclass(frozen=True)
 class Seen:
-    """One `EchoRestorer.restore` call: the messages given, their keys, the messages it returned."""
+    """One `EchoRestorer.restore` call: the messages given, their keys, the messages it
+    returned with their keys, the node each reached and the tree's shape count then."""
 
     given: list[Message]
     keys: list[MessageKey]
     restored: list[Message]
+    restored_keys: list[MessageKey] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    shape: int = -1
 
-    def keys_for(self, messages: Sequence[object], unchanged: int) -> list[MessageKey]:
-        """The keys of the leading messages, among the first `unchanged`, that are the very
-        objects this call was given: a next call takes them rather than computing them."""
-        keys: list[MessageKey] = []
-        for m, before, key in zip(messages[:unchanged], self.given, self.keys, strict=False):
-            if m is not before:
-                break
-            keys.append(key)
-        return keys
+    def shared(self, messages: Sequence[object], unchanged: int) -> int:
+        """How many leading messages, among the first `unchanged`, are the very objects this
+        call was given: a next call takes their keys rather than computing them, and passes
+        the count to `EchoRestorer.restore`."""
+        return shared_run(messages, self.given, unchanged)
 
 
 class EchoRestorer:
@@ -114,6 +116,7 @@ class EchoRestorer:
         seen: Seen | None = None,
         unchanged: int = 0,
         call_ids: Mapping[int, tuple[str, ...]] | None = None,
+        shape: int = -1,
     ) -> Restored:
         """Walk from `root`: exact matches advance; where nothing matches exactly, a generated
         assistant child that the incoming message is an echo of is substituted (by identity:
@@ -125,16 +128,22 @@ class EchoRestorer:
         sorts the keys of our arguments (hermes-agent) would render other tokens than were
         sampled. It counts as a restore when the key order differed.
 
-        `seen` is `self.seen` as the caller read it (None once another call replaced it): a
-        message among the first `unchanged` that is the very object it was given, substituted
-        by the same generated message, was compared then. `call_ids` (by message index) are
-        the ids the harness sent with each message's calls; None turns restore by identity
-        off, leaving the coarse comparison alone.
+        `seen` is `self.seen` as the caller read it (None once another call replaced it), and
+        the first `unchanged` messages are the very objects it was given (`Seen.shared`): one
+        substituted by the same generated message then was compared then. `call_ids` (by
+        message index) are the ids the harness sent with each message's calls; None turns
+        restore by identity off, leaving the coarse comparison alone.
+
+        `shape` is the tree's shape count (`tree.WalkMemo`; -1: unknown). While it stands, the
+        first `unchanged` messages restore as they did then, to the same nodes, without a
+        step of the walk: each was matched, or recognized as an echo, then, and nothing since
+        can change that.
         """
-        restored = self._walk(
-            root, messages, keys, tools, seen if seen is self.seen else None, unchanged, call_ids
+        seen = seen if seen is self.seen else None
+        restored = self._walk(root, messages, keys, tools, seen, unchanged, call_ids, shape)
+        self.seen = Seen(
+            list(messages), keys, restored.messages, restored.keys, restored.nodes, shape
         )
-        self.seen = Seen(list(messages), keys, restored.messages)
         for node in restored.newly:
             self.restored += 1
             self.restored_by_tool.update(tool_names(node.message))
@@ -157,13 +166,21 @@ class EchoRestorer:
         seen: Seen | None,
         unchanged: int,
         call_ids: Mapping[int, tuple[str, ...]] | None,
+        shape: int,
     ) -> Restored:
         out = list(messages)
         keys = list(keys)
         newly: list[Node] = []
         by_id: list[ByIdRestore] = []
-        node = root
-        for i, key in enumerate(keys):
+        known = 0
+        if seen is not None and shape >= 0 and seen.shape == shape:
+            known = min(unchanged, len(seen.nodes))
+            out[:known] = seen.restored[:known]
+            keys[:known] = seen.restored_keys[:known]
+        nodes = seen.nodes[:known] if seen is not None else []
+        node = nodes[-1] if nodes else root
+        for i in range(known, len(keys)):
+            key = keys[i]
             nxt = node.child(key)
             if nxt is not None:
                 generated = nxt.message if nxt.turn is not None else None
@@ -172,6 +189,7 @@ class EchoRestorer:
                         if seen.restored[i] is generated:
                             out[i] = generated
                             node = nxt
+                            nodes.append(nxt)
                             continue
                 if generated is not None and generated is not out[i]:
                     reordered = not _same_layout(generated, out[i])
@@ -204,7 +222,8 @@ class EchoRestorer:
                     self._restored.add(nxt)
                     newly.append(nxt)
             node = nxt
-        return Restored(out, keys, newly, by_id)
+            nodes.append(nxt)
+        return Restored(out, keys, newly, by_id, nodes)
 
     def _known(self, node: Node, key: MessageKey) -> Node | None:
         """The generated child an echo with this key was recognized as, under `node`."""

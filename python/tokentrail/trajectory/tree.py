@@ -8,9 +8,11 @@ rewritten histories become siblings, and each root-to-leaf path is one conversat
 from __future__ import annotations
 
 import json
+import operator
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from types import MappingProxyType
 from typing import Any
 
@@ -186,6 +188,60 @@ def walk(root: Node, keys: list[MessageKey]) -> tuple[Node, int]:
     return cur, i
 
 
+def shared_run(a: Sequence[object], b: Sequence[object], limit: int) -> int:
+    """How many leading items of `a` and `b`, at most `limit`, are the very same objects
+    (compared in C: a late turn's history costs no Python step per message)."""
+    a, b = a[: max(limit, 0)], b[: max(limit, 0)]
+    if all(map(operator.is_, a, b)):
+        return min(len(a), len(b))
+    return list(map(operator.is_, a, b)).index(False)
+
+
+def equal_run(a: Sequence[object], b: Sequence[object], limit: int) -> int:
+    """How many leading items of `a` and `b`, at most `limit`, are equal: when all are the
+    very same objects, as a late turn's history mostly is, one comparison in C."""
+    a, b = a[: max(limit, 0)], b[: max(limit, 0)]
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
+class WalkMemo:
+    """A session's last walk of its tree: the keys it followed, the nodes they reached and
+    the tree's shape count then (`_Session.shape`).
+
+    An exact match, once made, holds while the shape count stands: only a rewrite (which
+    rekeys a node) takes one back, and the count also moves when a node that has children
+    gets another (which can turn a miss into a match). So a walk whose leading keys equal the
+    last walk's (mostly the very same objects) takes the nodes they reached without looking
+    them up: a late turn looks up its new messages only.
+    """
+
+    __slots__ = ("keys", "nodes", "shape")
+
+    def __init__(self, keys: list[MessageKey], nodes: list[Node], shape: int) -> None:
+        self.keys, self.nodes, self.shape = keys, nodes, shape
+
+    def walk(self, root: Node, keys: list[MessageKey], shape: int) -> list[Node]:
+        """The nodes the exact matches of `keys` reach from `root` (what `walk` follows),
+        remembered for the next walk."""
+        known = 0
+        if shape == self.shape:
+            # A walk follows keys by value: equal keys reach the same nodes.
+            known = equal_run(keys, self.keys, len(self.nodes))
+        nodes = self.nodes[:known]
+        cur = nodes[-1] if nodes else root
+        for key in islice(keys, known, None):
+            nxt = cur.child(key)
+            if nxt is None:
+                break
+            nodes.append(nxt)
+            cur = nxt
+        self.keys, self.nodes, self.shape = keys, nodes, shape
+        return nodes
+
+
 def iter_nodes(root: Node) -> Iterator[Node]:
     """Depth-first, children in insertion order; iterative so deep sessions cannot overflow."""
     stack = [root]
@@ -193,6 +249,24 @@ def iter_nodes(root: Node) -> Iterator[Node]:
         node = stack.pop()
         yield node
         stack.extend(reversed(node.children))
+
+
+def marked_and_leaves(root: Node) -> tuple[list[Node], list[Node]]:
+    """In `iter_nodes` order, the nodes that hold a generated turn or a demoted one, and the
+    leaves (the root aside): what linearization reads, from one walk."""
+    marked: list[Node] = []
+    found: list[Node] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.turn is not None or node.demoted:
+            marked.append(node)
+        kids = node._children
+        if kids:
+            stack.extend(reversed(kids))
+        elif node is not root:
+            found.append(node)
+    return marked, found
 
 
 def leaves(root: Node) -> Iterator[Node]:

@@ -135,9 +135,10 @@ class Fold:
         if mark.last is not None:
             self.messages = previous.conversation.messages[: mark.messages - 1]
             self.messages.append(mark.last)
-        self.call_ids = {
-            i: ids for i, ids in previous.conversation.call_ids.items() if i < mark.messages
-        }
+        kept = previous.conversation.call_ids
+        if kept and max(kept) >= mark.messages:
+            kept = {i: ids for i, ids in kept.items() if i < mark.messages}
+        self.call_ids = dict(kept)
         self.results.restore(mark.open_calls, mark.answered, mark.unnamed)
         self.reader.media = Counter(mark.media)
         # A superset of the sources the kept messages mark: only marked ones are read.

@@ -27,6 +27,10 @@ class KnownRequest:
     index: _core.BodyIndex
     body: dict[str, Any]
     translated: Translated | None = None
+    # Whether its translated messages held no image to resolve (`text.vision.resolve_images`
+    # left them as they were): the next request's messages that are the very same objects
+    # need no look for images.
+    plain: bool = False
 
 
 class RequestMemo:

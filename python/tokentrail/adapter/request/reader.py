@@ -92,10 +92,11 @@ class RequestReader:
             self.metrics.unknown_values(fields)
             logger.debug("accepted unknown values of %s", ", ".join(fields))
 
-    def with_images(self, conversation: Conversation) -> Conversation:
-        """Image marks as the pipeline's family takes them: vision tokens, or `[image]`."""
+    def with_images(self, conversation: Conversation, plain: int = 0) -> Conversation:
+        """Image marks as the pipeline's family takes them: vision tokens, or `[image]`.
+        The first `plain` messages are known to hold none (see `resolve_images`)."""
         return resolve_images(
-            conversation, self.pipeline.vision, self.image_limits, self.image_cache
+            conversation, self.pipeline.vision, self.image_limits, self.image_cache, plain
         )
 
     def count(self, proto: WireProtocol, raw: bytes) -> int:
@@ -120,10 +121,15 @@ class RequestReader:
         defaults = opened.sampling_defaults if opened is not None else {}
         self.noted(proto.check_fields(body, defaults=defaults))
         translated = self.translator.resumed(proto, parsed, sid)
+        # The messages the previous request's translation shares (the very objects) were
+        # looked at for images then.
+        previous = parsed.previous
+        plain = translated.conversation.unchanged if previous and previous.plain else 0
+        conversation = self.with_images(translated.conversation, plain)
         if remember and parsed.index is not None:
-            known = KnownRequest(proto.name, raw, parsed.index, body, translated)
+            unresolved = conversation is translated.conversation
+            known = KnownRequest(proto.name, raw, parsed.index, body, translated, unresolved)
             self.sessions.memo.put(sid, known)
-        conversation = self.with_images(translated.conversation)
         sampling = (
             SamplingParams(max_new_tokens=self.default_max_tokens)
             .merged(defaults)

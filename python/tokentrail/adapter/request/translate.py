@@ -26,6 +26,7 @@ from tokentrail.kinds import ResumeCheck
 from tokentrail.messages import Conversation
 from tokentrail.trajectory.manager import TrajectoryManager
 from tokentrail.trajectory.tags import TurnTags
+from tokentrail.trajectory.tree import shared_run
 
 __all__ = [
     "Translator",
@@ -137,10 +138,8 @@ def translate_reusing(
     before = known.conversation if known is not None else None
     shared = 0
     if before is not None:
-        for new, old in zip(conversation.messages, before.messages, strict=False):
-            if new is not old:
-                break
-            shared += 1
+        messages = conversation.messages
+        shared = shared_run(messages, before.messages, len(messages))
     conversation.unchanged = shared
     same_tools = before is not None and conversation.tools is before.tools
     check_translated(conversation, max_depth=max_depth, first=shared, tools=not same_tools)

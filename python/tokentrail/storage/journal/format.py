@@ -35,7 +35,7 @@ from tokentrail.errors import JournalError
 from tokentrail.kinds import Fallback, History, JournalEvent, JournalState, ReplayGap, parse_kind
 from tokentrail.messages import Message, ToolSchema
 from tokentrail.storage.journal.record import JournaledTurn
-from tokentrail.trajectory.tree import MessageKey, message_key
+from tokentrail.trajectory.tree import MessageKey, message_key, shared_run
 
 SCHEMA_VERSION = 3
 # The schemas whose events this reader decodes as its own: schema 2 differs only in having no
@@ -106,6 +106,15 @@ def digest(message: Message, key: MessageKey | None = None) -> Digest:
     return hash(key), len(key[1])
 
 
+def _leading_equal(a: Sequence[object], b: Sequence[object]) -> int:
+    """How many leading items of `a` and `b` are equal. The digests a turn carries on from
+    its base are the very same objects: those are compared in C, only the rest by value."""
+    n, end = shared_run(a, b, len(b)), min(len(a), len(b))
+    while n < end and a[n] == b[n]:
+        n += 1
+    return n
+
+
 @dataclass
 class Base(Generic[Item]):
     """One conversation branch a later turn may continue: its latest turn."""
@@ -142,11 +151,7 @@ class Bases(Generic[Item]):
         """(base seq, shared messages) of the branch sharing the most leading messages."""
         best, keep = 0, 0
         for base in self.items:
-            n = 0
-            for mine, theirs in zip(base.messages, digests, strict=False):
-                if mine != theirs:
-                    break
-                n += 1
+            n = _leading_equal(base.messages, digests)
             if n > keep or (n == keep and n):
                 best, keep = base.seq, n
         return best, keep

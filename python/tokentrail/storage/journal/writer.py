@@ -74,7 +74,7 @@ from tokentrail.storage.journal.session import (
     tail_lost,
 )
 from tokentrail.trajectory.lost import LostSpan
-from tokentrail.trajectory.tree import MessageKey
+from tokentrail.trajectory.tree import MessageKey, shared_run
 
 logger = logging.getLogger(__name__)
 
@@ -102,11 +102,7 @@ class _Writer:
         """Each message's `digest`, computed only past the leading run of the last turn's
         objects, from the routing key the caller computed for it when there is one (`keyed`:
         messages and their keys, position for position)."""
-        seen, n = self.seen, 0
-        for mine, theirs in zip(seen, messages, strict=False):
-            if mine is not theirs:
-                break
-            n += 1
+        n = shared_run(messages, self.seen, len(messages))
         digests = self.seen_digests[:n]
         known, keys = keyed
         for i in range(n, len(messages)):
