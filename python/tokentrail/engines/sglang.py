@@ -117,26 +117,28 @@ class SGLangEngine(HTTPEngine):
         if self.stream:
             return await self.generate_streaming(req, _ignore)
         start = time.perf_counter()
+
+        def read(data: Any, lifted: dict[str, memoryview]) -> Generation:
+            return parse_generate_response(data, req, time.perf_counter() - start, lifted)
+
         try:
-            data, lifted = await self._request_answer(
+            return await self._request_read(
                 "POST",
                 "/generate",
+                read,
                 self.request_body(req),
                 self._headers(req),
                 # SGLang 0.5.9 to 0.5.11 send every position's rows, whatever the start.
                 max_bytes=answer_limit(req, honours_start=False),
                 lift=req.replay.asks_rows(),
+                # Rows, or a long turn, take a while to read: off the event loop.
+                off_loop=req.replay.asks_rows() or parse_off_loop(req),
             )
         except asyncio.CancelledError:
             # The client went away: closing the connection alone leaves SGLang decoding until it
             # notices, so tell it now.
             await self._abort_in_background(self.abort(req.request_id))
             raise
-        elapsed = time.perf_counter() - start
-        if parse_off_loop(req, lifted):
-            # Rows, or a long turn, take a while to read: off the event loop.
-            return await asyncio.to_thread(parse_generate_response, data, req, elapsed, lifted)
-        return parse_generate_response(data, req, elapsed, lifted)
 
     async def generate_streaming(self, req: GenerateRequest, sink: TokenSink) -> Generation:
         """`/generate` with `stream: true`: each event's new tokens go to `sink` as they
