@@ -24,6 +24,7 @@ from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url, parse_off_loop
 from tokentrail.engines.registry import register_engine
 from tokentrail.engines.streaming import TokenSink
+from tokentrail.engines.wire_json import Rows
 from tokentrail.engines.wire_rows import Base64, decode_int32_base64
 from tokentrail.errors import EngineError, EngineOutputError
 from tokentrail.kinds import EngineFault, Replay, ReplayGap
@@ -271,8 +272,13 @@ class StreamCapture:
         return {"output_ids": self.ids, "meta_info": meta}
 
 
-def _entries(entries: list[Any]) -> tuple[list[int], list[float]]:
+def _entries(entries: list[Any] | Rows) -> tuple[list[int], list[float]]:
     """Ids and logprobs of `output_token_logprobs` entries `[logprob, token_id, text|null]`."""
+    if isinstance(entries, Rows) and entries.width >= 2:
+        # Read flat, by column: no list per entry is made.
+        values, tokens = entries.column(0), entries.column(1)
+        if all(type(t) is int for t in tokens) and all(isinstance(x, int | float) for x in values):
+            return tokens, [float(x) for x in values]
     ids: list[int] = []
     logprobs: list[float] = []
     for entry in entries:
@@ -301,7 +307,7 @@ def parse_generate_response(
     if not isinstance(meta, dict):
         raise EngineError("sglang answer has no meta_info")
     entries = meta.get("output_token_logprobs")
-    if not isinstance(entries, list):
+    if not isinstance(entries, list | Rows):
         raise EngineError("sglang answer has no meta_info.output_token_logprobs (return_logprob)")
     ids, logprobs = _entries(entries)
     output_ids = data.get("output_ids")
