@@ -218,8 +218,7 @@ class Sessions:
         self.metrics = metrics
         self.journal = journal
         self.offload = offload or Offload(0)
-        # A collection and a trim once finishes are quiet: the last one's memory comes back.
-        self.settler = Settler(self.offload)
+        self.settler = Settler(self.offload)  # the last finish's memory comes back too
         self.max_turns_per_session = max_turns_per_session
         self.masked_warning_threshold = masked_warning_threshold
         self.max_sessions = max_sessions

@@ -379,8 +379,7 @@ class Turns:
                 vocab_size=self.vocab_size,
                 end_token_ids=self.tokenizer.end_token_ids,
             )
-            if len(generation.output_ids) > CHECK_INLINE_TOKENS:
-                # A check walks every id and logprob: a long turn's is done in a worker.
+            if len(generation.output_ids) > CHECK_INLINE_TOKENS:  # a long walk: in a worker
                 await self.offload.run(check)
             else:
                 check()
