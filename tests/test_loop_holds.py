@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import threading
 from typing import Any
@@ -293,3 +294,32 @@ def test_a_large_body_is_read_whole_and_joined_off_the_loop(monkeypatch) -> None
     assert got[0] == raw
     assert joins and joins[0] > 100  # the body came in many reads, joined in a worker
     assert isinstance(got[1], str) and f"over {limit} bytes" in got[1]
+
+
+class RecordingTokenizer:
+    """A `tokenizers.Tokenizer` that says which of its decodes was called."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        self.calls.append("decode")
+        return str(self.inner.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def decode_batch(self, batch: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        self.calls.append("decode_batch")
+        return list(self.inner.decode_batch(batch, skip_special_tokens=skip_special_tokens))
+
+
+def test_a_long_turns_text_is_decoded_where_the_interpreter_is_let_go(tokenizer) -> None:
+    # `tokenizers` holds the GIL through `decode` (47 ms for a 109K-token turn) and lets go
+    # of it in `decode_batch`: a long turn's text comes from the latter, the very same text.
+    recording = RecordingTokenizer(tokenizer.tokenizer)
+    loaded = dataclasses.replace(tokenizer, tokenizer=recording)
+    ids = [(k * 7919 + 151) % 151_000 for k in range(LONG_TURN)] + [IM_END]
+    assert loaded.decode(ids) == tokenizer.tokenizer.decode(ids, skip_special_tokens=False)
+    assert loaded.decode(ids[:100]) == tokenizer.tokenizer.decode(
+        ids[:100], skip_special_tokens=False
+    )
+    assert recording.calls == ["decode_batch", "decode"]
