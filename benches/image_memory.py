@@ -71,15 +71,22 @@ def call(port: int, method: str, path: str, body: bytes, headers: dict[str, str]
         conn.close()
 
 
+# The targets: the peak under 1 GB, and after every session finished within 10% of before.
+TARGET_PEAK_MB = 1000
+TARGET_AFTER = 1.10
+
+
 @dataclass
 class Result:
     before: float
     peak: float
     after: float
     answered: dict[int, int]
+    load: str
 
 
 def run_side(python_dir: str, images: list[bytes], extra: list[str]) -> Result:
+    load = os.getloadavg()[0]
     port = free_port()
     env = {**os.environ, "PYTHONPATH": python_dir}
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,7 +113,7 @@ def run_side(python_dir: str, images: list[bytes], extra: list[str]) -> Result:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    return Result(before, peak, after, answered)
+    return Result(before, peak, after, answered, f"{load:.1f} -> {os.getloadavg()[0]:.1f}")
 
 
 def _block(image: bytes) -> dict:
@@ -164,17 +171,22 @@ def main() -> None:
         f"image memory: {args.sessions} sessions x 2 turns, one {len(images[0]) / 1e6:.1f} MB PNG "
         "of its own each (Anthropic /v1/messages, scripted engine, Qwen3-VL, journal), all finished"
     )
+    print(
+        f"targets: peak < {TARGET_PEAK_MB} MB, after / before <= {TARGET_AFTER:.2f}; "
+        "load average (1 min) at the start and end of each side"
+    )
     print(f"{'side':<8}{'RSS before':>12}{'peak':>10}{'after finish':>14}{'after/before':>14}"
-          f"  answered")  # fmt: skip
+          f"{'met':>6}  answered  load")  # fmt: skip
     for name, python_dir, extra in sides:
         r = run_side(python_dir, images, extra)
+        met = r.peak < TARGET_PEAK_MB and r.after / r.before <= TARGET_AFTER
         print(
             f"{name:<8}{r.before:>10.0f}MB{r.peak:>8.0f}MB{r.after:>12.0f}MB"
-            f"{r.after / r.before:>14.2f}  {r.answered}"
+            f"{r.after / r.before:>14.2f}{'yes' if met else 'no':>6}  {r.answered}  {r.load}"
         )
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, "
-        f"{platform.python_implementation()} {platform.python_version()}"
+        f"{platform.python_implementation()} {platform.python_version()}, shared with other work"
     )
 
 

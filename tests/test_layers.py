@@ -112,7 +112,7 @@ def test_no_import_cycle() -> None:
 # A request body's steps through `adapter.request`, in the order it takes them: a step imports
 # only the steps before it, so a body goes through each once and parsing never calls back into
 # an earlier file.
-REQUEST_STEPS = ["memo", "read", "parse", "limits", "context", "translate", "reader"]
+REQUEST_STEPS = ["memo", "read", "lift", "parse", "limits", "context", "translate", "reader"]
 
 
 def test_a_body_goes_through_the_request_steps_in_order() -> None:

@@ -74,10 +74,11 @@ class ImageSource:
     @staticmethod
     def of_url(url: str) -> ImageSource:
         """A URL part; a `data:` URL is base64 data with its type."""
-        if url.startswith("data:"):
-            head, sep, payload = url[5:].partition(",")
-            if sep and head.endswith(";base64"):
-                return ImageSource.of_base64(payload, head[: -len(";base64")].lower() or None)
+        comma = url.find(",") if url.startswith("data:") else -1
+        if comma >= 0 and url[5:comma].endswith(";base64"):
+            # One copy of the payload, not two: it may be 27 MB, copied holding the interpreter.
+            head = url[5 : comma - len(";base64")]
+            return ImageSource.of_base64(url[comma + 1 :], head.lower() or None)
         return ImageSource(_sha256(url.encode()), None, url=url)
 
     @staticmethod
@@ -103,7 +104,7 @@ class ImageInput:
     def base64_data(self) -> str:
         """The bytes as base64, made once: every later prompt of a session holds the image
         again (the same object, from `ImageCache`), and each turn's tags share this text."""
-        return base64.b64encode(self.data).decode("ascii")
+        return b64encode_in_pieces(self.data)
 
     def data_url(self) -> str:
         return f"data:{self.media_type};base64,{self.base64_data}"
@@ -179,6 +180,21 @@ def _sha256(data: bytes) -> str:
 # Text of an image's size is hashed in pieces: encoding 27 MB of base64 at once holds the
 # interpreter (and every other thread, the event loop's too) for tens of milliseconds.
 _PIECE = 1 << 18
+
+
+# Bytes base64-encoded at a time (a multiple of 3, so the pieces join into the whole's text).
+_B64_PIECE = 3 << 16
+
+
+def b64encode_in_pieces(data: bytes) -> str:
+    """`base64.b64encode(data).decode()`, a piece at a time: one call over a 20 MB image holds
+    the interpreter for tens of milliseconds, and `bytes.join` lets go of it while it copies."""
+    if len(data) <= _B64_PIECE:
+        return base64.b64encode(data).decode("ascii")
+    view = memoryview(data)
+    starts = range(0, len(data), _B64_PIECE)
+    pieces = [base64.b64encode(view[at : at + _B64_PIECE]) for at in starts]
+    return b"".join(pieces).decode("ascii")
 
 
 def _sha256_text(text: str) -> str:

@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import time
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_WORKERS", "Offload", "trim_memory"]
+__all__ = ["DEFAULT_WORKERS", "Offload", "Settler", "trim_memory"]
 
 T = TypeVar("T")
 
@@ -158,3 +159,57 @@ def trim_memory(min_interval_s: float = 1.0) -> None:
             _libc = False
     if _libc and hasattr(_libc, "malloc_trim"):
         _libc.malloc_trim(0)
+
+
+# Once the finishes have been quiet this long, their last garbage is collected and trimmed.
+SETTLE_S = 1.0
+
+
+class Settler:
+    """A collection and a trim in a worker once `delay_s` passed since the latest `poke`.
+
+    A finish collects and trims as it closes its session, but its last buffers become garbage
+    after that: its answer, its request and its connection (reference cycles, which the frozen
+    startup heap leaves to rare full collections). Without a later pass the memory of the
+    last session of a burst stays in use until the next finish."""
+
+    def __init__(self, offload: Offload, delay_s: float = SETTLE_S) -> None:
+        self.offload = offload
+        self.delay_s = delay_s
+        self._latest = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._running: set[asyncio.Future[None]] = set()
+        self.settled = 0  # passes run (tests read it)
+
+    def poke(self) -> None:
+        """On the loop: something was freed; settle once things are quiet."""
+        self._latest = time.monotonic()
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        wait = self._latest + self.delay_s - time.monotonic()
+        if wait > 0:
+            self._timer = asyncio.get_running_loop().call_later(wait, self._due)
+            return
+        task = asyncio.ensure_future(self._settle())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _settle(self) -> None:
+        try:
+            await self.offload.run(_collect_and_trim)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            return
+        self.settled += 1
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _collect_and_trim() -> None:
+    gc.collect()
+    trim_memory(0.0)

@@ -138,7 +138,11 @@ def resolve_settings(
 
 def _serve(args: argparse.Namespace) -> int:
     from tokentrail.adapter import serve_forever
+    from tokentrail.adapter.http.memory import map_large_buffers
 
+    # Freed bodies and images go back to the system (`adapter.http.memory`); before the
+    # tokenizer's threads or the workers start.
+    map_large_buffers()
     try:
         resolved = settings.resolve(ServeSettings, args)
         if args.print_config:
@@ -158,10 +162,6 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "no --admin-token: the admin routes (finish, drop) are off over HTTP"
         )
-    from tokentrail.adapter.http.memory import map_large_buffers
-
-    # Freed bodies and images go back to the system (`adapter.http.memory`).
-    map_large_buffers()
     logging.getLogger(__name__).info(
         "memory budget: %d MB (--max-memory)", adapter.memory.max_bytes >> 20
     )

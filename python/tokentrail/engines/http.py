@@ -13,7 +13,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -26,11 +26,14 @@ from tokentrail.engines.base import (
     GenerateRequest,
 )
 from tokentrail.engines.streaming import EventTooLong, sse_events
+from tokentrail.engines.wire_json import loads_in_pieces
 from tokentrail.engines.wire_rows import lift_base64
 from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError, engine_error
 from tokentrail.kinds import EngineFault
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Streamed events: msgspec reads numbers and strings as the standard library does, several
 # times faster (a streamed turn reads one event per token).
@@ -63,6 +66,10 @@ def base_url(spec: str, address: str) -> str:
 # loop serves every other connection meanwhile.
 OFF_LOOP_BYTES = 256 * 1024
 OFF_LOOP_TOKENS = 4096
+
+
+def _as_is(data: Any, lifted: dict[str, memoryview]) -> tuple[Any, dict[str, memoryview]]:
+    return data, lifted
 
 
 def _json_of(raw: bytes | bytearray | None) -> Any:
@@ -135,6 +142,25 @@ class HTTPEngine:
         answer cannot be bigger than its request makes it: `engines.bound.answer_limit`).
         With `lift`, the replay rows' base64 comes back apart (`wire_rows.lift_base64`): by
         the placeholder that stands in for it in the answer, views of the answer's bytes."""
+        return await self._request_read(
+            method, path, _as_is, body, headers, timeout, max_bytes, lift
+        )
+
+    async def _request_read(
+        self,
+        method: str,
+        path: str,
+        read: Callable[[Any, dict[str, memoryview]], T],
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
+        lift: bool = False,
+        off_loop: bool = False,
+    ) -> T:
+        """`read(answer, lifted)` of one call's JSON answer (`_request_answer`). A large answer,
+        or any with `off_loop`, is decoded and read in one worker call: the decoded tree (one
+        object per token) is made and freed there, never on the loop."""
         url = self.base_url + path
         kwargs: dict[str, Any] = {"headers": dict(headers or {})}
         if body is not None:
@@ -170,13 +196,22 @@ class HTTPEngine:
         lifted: dict[str, memoryview] = {}
         if lift and raw is not None:
             raw, lifted = lift_base64(raw)
-        try:
-            if raw is not None and len(raw) > OFF_LOOP_BYTES:
-                # A long turn's answer (ids and logprobs) takes a while to decode: off the loop.
-                return await asyncio.to_thread(_json_of, raw), lifted
-            return _json_of(raw), lifted
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise EngineError(f"{self.name} at {url} answered with invalid JSON", status) from None
+
+        def decode_and_read(raw: bytes | bytearray | None) -> T:
+            try:
+                # A long turn's answer (ids and logprobs) is decoded a piece at a time, so the
+                # loop gets the interpreter back in between.
+                data = loads_in_pieces(raw) if raw is not None and big else _json_of(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise EngineError(
+                    f"{self.name} at {url} answered with invalid JSON", status
+                ) from None
+            return read(data, lifted)
+
+        big = raw is not None and len(raw) > OFF_LOOP_BYTES
+        if big or off_loop:
+            return await asyncio.to_thread(decode_and_read, raw)
+        return decode_and_read(raw)
 
     async def _request_stream(
         self,

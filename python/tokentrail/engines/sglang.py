@@ -24,6 +24,7 @@ from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url, parse_off_loop
 from tokentrail.engines.registry import register_engine
 from tokentrail.engines.streaming import TokenSink
+from tokentrail.engines.wire_json import Rows
 from tokentrail.engines.wire_rows import Base64, decode_int32_base64
 from tokentrail.errors import EngineError, EngineOutputError
 from tokentrail.kinds import EngineFault, Replay, ReplayGap
@@ -117,26 +118,28 @@ class SGLangEngine(HTTPEngine):
         if self.stream:
             return await self.generate_streaming(req, _ignore)
         start = time.perf_counter()
+
+        def read(data: Any, lifted: dict[str, memoryview]) -> Generation:
+            return parse_generate_response(data, req, time.perf_counter() - start, lifted)
+
         try:
-            data, lifted = await self._request_answer(
+            return await self._request_read(
                 "POST",
                 "/generate",
+                read,
                 self.request_body(req),
                 self._headers(req),
                 # SGLang 0.5.9 to 0.5.11 send every position's rows, whatever the start.
                 max_bytes=answer_limit(req, honours_start=False),
                 lift=req.replay.asks_rows(),
+                # Rows, or a long turn, take a while to read: off the event loop.
+                off_loop=req.replay.asks_rows() or parse_off_loop(req),
             )
         except asyncio.CancelledError:
             # The client went away: closing the connection alone leaves SGLang decoding until it
             # notices, so tell it now.
             await self._abort_in_background(self.abort(req.request_id))
             raise
-        elapsed = time.perf_counter() - start
-        if parse_off_loop(req, lifted):
-            # Rows, or a long turn, take a while to read: off the event loop.
-            return await asyncio.to_thread(parse_generate_response, data, req, elapsed, lifted)
-        return parse_generate_response(data, req, elapsed, lifted)
 
     async def generate_streaming(self, req: GenerateRequest, sink: TokenSink) -> Generation:
         """`/generate` with `stream: true`: each event's new tokens go to `sink` as they
@@ -269,8 +272,13 @@ class StreamCapture:
         return {"output_ids": self.ids, "meta_info": meta}
 
 
-def _entries(entries: list[Any]) -> tuple[list[int], list[float]]:
+def _entries(entries: list[Any] | Rows) -> tuple[list[int], list[float]]:
     """Ids and logprobs of `output_token_logprobs` entries `[logprob, token_id, text|null]`."""
+    if isinstance(entries, Rows) and entries.width >= 2:
+        # Read flat, by column: no list per entry is made.
+        values, tokens = entries.column(0), entries.column(1)
+        if all(type(t) is int for t in tokens) and all(isinstance(x, int | float) for x in values):
+            return tokens, [float(x) for x in values]
     ids: list[int] = []
     logprobs: list[float] = []
     for entry in entries:
@@ -299,7 +307,7 @@ def parse_generate_response(
     if not isinstance(meta, dict):
         raise EngineError("sglang answer has no meta_info")
     entries = meta.get("output_token_logprobs")
-    if not isinstance(entries, list):
+    if not isinstance(entries, list | Rows):
         raise EngineError("sglang answer has no meta_info.output_token_logprobs (return_logprob)")
     ids, logprobs = _entries(entries)
     output_ids = data.get("output_ids")

@@ -17,7 +17,11 @@ from tokentrail.engines.base import FINISH_REASONS, Generation
 from tokentrail.errors import EngineOutputError
 from tokentrail.kinds import EngineFault
 
-__all__ = ["check_generation"]
+__all__ = ["CHECK_INLINE_TOKENS", "check_generation"]
+
+# Up to this many tokens a check takes well under a millisecond; a longer generation's walk
+# over every id and logprob belongs off the event loop.
+CHECK_INLINE_TOKENS = 4096
 
 
 def check_generation(

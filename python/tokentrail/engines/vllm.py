@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from tokentrail.compat import cancelling
 from tokentrail.core.routing import ReplayRows, checked_rows, weight_spans
@@ -55,6 +55,8 @@ from tokentrail.kinds import EngineFault, Replay, ReplayGap
 from tokentrail.text.tokenizer import LoadedTokenizer
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MODELS_TIMEOUT_S = 30.0
 WEIGHT_INFO_PATH = "/weight_info"
@@ -198,33 +200,40 @@ class VLLMEngine(HTTPEngine):
         whole = partial(self._versioned, partial(self._generate_whole, req))
         return await self.retry.run(req.request_id, whole)
 
-    async def _call(self, req: GenerateRequest, model: str) -> tuple[Any, dict[str, memoryview]]:
-        """One whole answer in `/v1/completions`' shape: from `/v1/completions`, or for a
-        prompt with images from `/inference/v1/generate` after rendering them."""
+    async def _call(
+        self, req: GenerateRequest, model: str, read: Callable[[Any, dict[str, memoryview]], T]
+    ) -> T:
+        """`read` of one whole answer in `/v1/completions`' shape: from `/v1/completions`, or
+        for a prompt with images from `/inference/v1/generate` after rendering them. Rows, or
+        a long turn, take a while to read: off the event loop."""
+        off_loop = req.replay.asks_rows() or parse_off_loop(req)
         if not (req.images or self.tokens_route):
-            return await self._request_answer(
+            return await self._request_read(
                 "POST",
                 "/v1/completions",
+                read,
                 self.request_body(req, model),
                 self._headers(req),
                 max_bytes=answer_limit(req, echoes_prompt=True),
                 lift=req.replay.asks_rows(),
+                off_loop=off_loop,
             )
         body = await self.tokens_body(req, model)
         try:
-            data, lifted = await self._request_answer(
+            return await self._request_read(
                 "POST",
                 GENERATE_PATH,
+                lambda data, lifted: read(as_completion(data), lifted),
                 body,
                 self._headers(req),
                 max_bytes=answer_limit(req),
                 lift=req.replay.asks_rows(),
+                off_loop=off_loop,
             )
         except EngineError as exc:
             if exc.engine_status == 403:
                 raise scale_out_refusal(self.base_url, exc) from None
             raise
-        return as_completion(data), lifted
 
     async def tokens_body(self, req: GenerateRequest, model: str) -> dict[str, Any]:
         """The `/inference/v1/generate` body: a text prompt's ids as they are, a prompt with
@@ -259,10 +268,14 @@ class VLLMEngine(HTTPEngine):
     async def _generate_whole(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
         model = await self.model_name()
-        call = asyncio.ensure_future(self._call(req, model))
+
+        def read(data: Any, lifted: dict[str, memoryview]) -> Generation:
+            return parse_completion_response(data, req, time.perf_counter() - start, lifted)
+
+        call = asyncio.ensure_future(self._call(req, model, read))
         self._inflight[req.request_id] = call
         try:
-            data, lifted = await call
+            return await call
         except asyncio.CancelledError:
             if req.request_id in self._aborted and not cancelling(asyncio.current_task()):
                 # `abort` cancelled the call and closed its connection; nothing was sampled
@@ -273,11 +286,6 @@ class VLLMEngine(HTTPEngine):
         finally:
             self._inflight.pop(req.request_id, None)
             self._aborted.discard(req.request_id)
-        elapsed = time.perf_counter() - start
-        if parse_off_loop(req, lifted):
-            # Rows, or a long turn, take a while to read: off the event loop.
-            return await asyncio.to_thread(parse_completion_response, data, req, elapsed, lifted)
-        return parse_completion_response(data, req, elapsed, lifted)
 
     async def generate_streaming(self, req: GenerateRequest, sink: TokenSink) -> Generation:
         """`/v1/completions` with `stream: true`: each chunk's `token_ids` and

@@ -503,14 +503,15 @@ def b64decode_in_pieces(text: str) -> bytes:
     pieces; padding is taken only at the very end, as the whole decode takes it."""
     if len(text) <= _B64_PIECE:
         return base64.b64decode(text, validate=True)
-    out = bytearray()
+    out = []
     last = (len(text) - 1) // _B64_PIECE * _B64_PIECE
     for start in range(0, len(text), _B64_PIECE):
         piece = text[start : start + _B64_PIECE]
         if start < last and "=" in piece:
             raise binascii.Error("padding before the end of the data")
-        out += base64.b64decode(piece, validate=True)
-    return bytes(out)
+        out.append(base64.b64decode(piece, validate=True))
+    # `bytes.join` lets go of the interpreter while it copies; `bytes(bytearray)` does not.
+    return b"".join(out)
 
 
 def _check_declared(found: str, declared: str, where: str) -> None:

@@ -293,6 +293,7 @@ class Adapter:
         task = asyncio.create_task(sweep_forever())
         yield
         task.cancel()
+        self.sessions.settler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await self.offload.drain()

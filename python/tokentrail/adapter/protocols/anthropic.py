@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from functools import partial
+from itertools import chain
 from typing import Any
 
 from tokentrail.adapter.protocols.base import LiveStream, WireProtocol
@@ -289,20 +290,23 @@ def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
     for index, block in enumerate(response["content"]):
         kind = block["type"]
         head: dict[str, Any]
-        deltas: list[dict[str, Any]]
+        # Made one at a time as they are written: a long reply is thousands of deltas, each
+        # a dict the garbage collector would walk while they all wait in a list.
+        deltas: Iterator[dict[str, Any]]
         if kind == "text":
             head = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": p} for p in pieces(block["text"]) or [""]]
+            deltas = ({"type": "text_delta", "text": p} for p in pieces(block["text"]) or [""])
         elif kind == "thinking":
             head = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [
-                {"type": "thinking_delta", "thinking": p} for p in pieces(block["thinking"]) or [""]
-            ]
-            deltas.append({"type": "signature_delta", "signature": block.get("signature", "")})
+            signature = {"type": "signature_delta", "signature": block.get("signature", "")}
+            thinking = pieces(block["thinking"]) or [""]
+            deltas = chain(
+                ({"type": "thinking_delta", "thinking": p} for p in thinking), [signature]
+            )
         else:
             head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             payload = json.dumps(block["input"], ensure_ascii=False)
-            deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces(payload)]
+            deltas = ({"type": "input_json_delta", "partial_json": p} for p in pieces(payload))
         yield _sse(
             "content_block_start",
             {"type": "content_block_start", "index": index, "content_block": head},

@@ -11,7 +11,8 @@ header) can take one.
 The core (the backend `load_backend` selects) indexes a body (`index_body`: the byte spans of
 its top-level fields and of its messages) and compares it with the session's previous body
 (`request.memo`). A field or message whose bytes are unchanged takes the previous parse's value;
-the rest is parsed (msgspec, which reads numbers and strings as the standard library does).
+the rest is parsed (msgspec, which reads numbers and strings as the standard library does),
+its long strings (an image's base64) apart, so no one call holds the loop (`request.lift`).
 Bodies the index does not take, or that hold what only the full parse checks (an escape that may
 be a lone surrogate, nesting past the limit, more values than one parse may hold the loop for),
 go through `parse_body` whole, as does any body msgspec refuses, so every error a body gets is
@@ -32,6 +33,7 @@ import msgspec
 
 from tokentrail.adapter.protocols.base import WireProtocol
 from tokentrail.adapter.protocols.resume import ResumableProtocol
+from tokentrail.adapter.request.lift import decode_lifting
 from tokentrail.adapter.request.memo import KnownRequest
 from tokentrail.core.backend import load_backend
 from tokentrail.errors import BodyShapeError, RequestError
@@ -182,7 +184,7 @@ def parse_reusing(
         previous = None
     try:
         if previous is None:
-            body = _DECODER.decode(raw)
+            body = decode_lifting(raw, _DECODER.decode)
             return Parsed(body, index, frozenset(body))
         return _parse_changed(raw, index, previous)
     except msgspec.DecodeError:
@@ -202,7 +204,7 @@ def _parse_changed(raw: bytes, index: _core.BodyIndex, previous: KnownRequest) -
         if pos == array_at:
             body[key] = _elements(raw, index.elements, previous, key, first_changed)
         elif key in changed:
-            body[key] = _DECODER.decode(raw[start:end])
+            body[key] = decode_lifting(raw, _DECODER.decode, start, end)
         else:
             body[key] = previous.body[key]
     if array_at is None or previous.index.array_field is None:
@@ -222,4 +224,5 @@ def _elements(
     if len(kept) < first_changed:
         kept = []
         first_changed = 0
-    return kept + [_DECODER.decode(raw[start:end]) for start, end in spans[first_changed:]]
+    new = spans[first_changed:]
+    return kept + [decode_lifting(raw, _DECODER.decode, start, end) for start, end in new]

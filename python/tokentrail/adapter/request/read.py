@@ -29,15 +29,11 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout_s: float) -
             f"request body too large: {length} bytes > {max_bytes} (--max-body-bytes)"
         )
     try:
-        raw = await asyncio.wait_for(request.read(), timeout_s or None)
+        raw = await asyncio.wait_for(_read_all(request, max_bytes), timeout_s or None)
     except asyncio.TimeoutError:  # not yet the builtin TimeoutError on 3.10
         expected = f" of the {length} announced" if length is not None else ""
         raise RequestTimeout(
             f"the request body{expected} did not arrive within {timeout_s:g} s (--body-timeout)"
-        ) from None
-    except web.HTTPRequestEntityTooLarge:
-        raise RequestTooLarge(
-            f"request body too large: over {max_bytes} bytes (--max-body-bytes)"
         ) from None
     except BodyCutShort:
         # Nothing more can arrive: the body ends here, so the server does not linger to read
@@ -48,6 +44,33 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout_s: float) -
     if encoding in ("", "identity"):
         return raw
     return await asyncio.to_thread(decoded_body, raw, encoding, max_bytes)
+
+
+# A body bigger than this is joined in a worker thread (`bytes.join` lets go of the interpreter
+# while it copies): the loop goes on serving meanwhile.
+JOIN_OFF_LOOP_BYTES = 1024 * 1024
+
+
+async def _read_all(request: web.Request, max_bytes: int) -> bytes:
+    """The body's chunks as they come, joined once at the end. aiohttp's `read()` grows one
+    buffer chunk by chunk and copies it whole at the end, on the loop: tens of milliseconds
+    for a 27 MB image request, during which no other connection is served."""
+    if request.content.at_eof():
+        return await request.read()  # nothing more to come, or read before (a middleware)
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        chunks.append(chunk)
+        size += len(chunk)
+        if max_bytes and size > max_bytes:
+            raise RequestTooLarge(
+                f"request body too large: over {max_bytes} bytes (--max-body-bytes)"
+            )
+    if len(chunks) == 1:
+        return chunks[0]
+    if size > JOIN_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(b"".join, chunks)
+    return b"".join(chunks)
 
 
 # `Content-Encoding` values a body may come in, with their zlib window bits.

@@ -27,7 +27,7 @@ from typing import Any
 
 from tokentrail.adapter.config import SessionSettings
 from tokentrail.adapter.metrics import Metrics, replay_warning, warn_if_masked
-from tokentrail.adapter.offload import Offload, trim_memory
+from tokentrail.adapter.offload import Offload, Settler, trim_memory
 from tokentrail.adapter.request.memo import RequestMemo
 from tokentrail.adapter.session.damaged import DamagedSessions
 from tokentrail.adapter.session.spill import SpilledImages
@@ -218,6 +218,7 @@ class Sessions:
         self.metrics = metrics
         self.journal = journal
         self.offload = offload or Offload(0)
+        self.settler = Settler(self.offload)  # the last finish's memory comes back too
         self.max_turns_per_session = max_turns_per_session
         self.masked_warning_threshold = masked_warning_threshold
         self.max_sessions = max_sessions
@@ -390,6 +391,7 @@ class Sessions:
             logger.warning("%s", replay)
         if self.journal is not None:
             await self.offload.journal(self.journal.session_finished, sid, reward, metadata)
+        self.settler.poke()
         return trajectory
 
     def _finish_now(self, sid: str, reward: float, metadata: dict[str, Any]) -> Trajectory:
@@ -429,6 +431,7 @@ class Sessions:
         if known:
             self._dropped(sid, session)
         await self.offload.run(self._discard, sid, session=sid)
+        self.settler.poke()
         return known
 
     def _dropped(self, sid: str, session: Session | None) -> None:

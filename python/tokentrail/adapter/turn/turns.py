@@ -44,7 +44,7 @@ from tokentrail.engines.base import (
     SamplingParams,
 )
 from tokentrail.engines.streaming import StreamingEngine, TokenSink
-from tokentrail.engines.validation import check_generation
+from tokentrail.engines.validation import CHECK_INLINE_TOKENS, check_generation
 from tokentrail.errors import (
     ContextTooLong,
     EngineError,
@@ -372,12 +372,17 @@ class Turns:
                     generation = await self.engine.generate(request)
                     if sink is not None and generation.output_ids:
                         sink(generation.output_ids, generation.logprobs)
-            check_generation(
+            check = partial(
+                check_generation,
                 generation,
                 max_new_tokens=sampling.max_new_tokens,
                 vocab_size=self.vocab_size,
                 end_token_ids=self.tokenizer.end_token_ids,
             )
+            if len(generation.output_ids) > CHECK_INLINE_TOKENS:  # a long walk: in a worker
+                await self.offload.run(check)
+            else:
+                check()
         except EngineError as exc:
             await self.engine.abort(rid)
             if isinstance(exc, EngineRefusedRequest):

@@ -11,7 +11,6 @@ Tags that still carry `data` (schema 2, or an image without a digest) are read a
 
 from __future__ import annotations
 
-import base64
 import binascii
 import sqlite3
 import zlib
@@ -20,6 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokentrail.errors import JournalError
+from tokentrail.messages import b64encode_in_pieces
+from tokentrail.text.vision import b64decode_in_pieces
+
+_INSERT = "INSERT OR IGNORE INTO images VALUES (?, ?, ?, ?)"
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,9 @@ def split_images(
         digest = tag["digest"]
         if digest not in stored and digest not in new:
             try:
-                data = base64.b64decode(tag["data"], validate=True)
+                # In pieces: one call over a 20 MB image's text holds the interpreter (and
+                # the event loop waiting for it) for tens of milliseconds.
+                data = b64decode_in_pieces(tag["data"])
             except (binascii.Error, ValueError):
                 tags.append(tag)  # Not base64: kept as given, not silently changed.
                 continue
@@ -89,9 +94,11 @@ class StoredImages:
 
     def insert(self, db: sqlite3.Connection, images: Iterable[StoredImage]) -> None:
         """Within the caller's transaction (a concurrent turn may have stored one already)."""
-        db.executemany(
-            "INSERT OR IGNORE INTO images VALUES (?, ?, ?, ?)", [i.row() for i in images]
-        )
+        db.executemany(_INSERT, [i.row() for i in images])
+        # SQLite keeps its own copy of a bound blob in the cached statement until the next
+        # binding: the last image's bytes would stay in memory for good. Bound again with
+        # nulls, a row `media_type NOT NULL` makes the insert ignore, the copy is freed.
+        db.execute(_INSERT, (None, None, None, None))
 
     def committed(self, images: Iterable[StoredImage]) -> None:
         self.digests.update(i.digest for i in images)
@@ -148,5 +155,5 @@ class ImageReader:
                 raise JournalError(f"image {digest[:16]} is missing")
             if zlib.crc32(row[0]) != row[1]:
                 raise JournalError(f"image {digest[:16]}: checksum mismatch")
-            text = self._texts[digest] = base64.b64encode(row[0]).decode("ascii")
+            text = self._texts[digest] = b64encode_in_pieces(row[0])
         return text
