@@ -268,11 +268,7 @@ class VLLMEngine(HTTPEngine):
     async def _generate_whole(self, req: GenerateRequest) -> Generation:
         start = time.perf_counter()
         model = await self.model_name()
-
-        def read(data: Any, lifted: dict[str, memoryview]) -> Generation:
-            return parse_completion_response(data, req, time.perf_counter() - start, lifted)
-
-        call = asyncio.ensure_future(self._call(req, model, read))
+        call = asyncio.ensure_future(self._call(req, model, partial(_read_whole, req, start)))
         self._inflight[req.request_id] = call
         try:
             return await call
@@ -366,6 +362,13 @@ class VLLMEngine(HTTPEngine):
             await asyncio.wait({call}, timeout=5.0)
         except Exception as exc:  # best effort, never raises
             logger.debug("vllm: abort of %s: %s", request_id, exc)
+
+
+def _read_whole(
+    req: GenerateRequest, start: float, data: Any, lifted: dict[str, memoryview]
+) -> Generation:
+    """The `Generation` of a whole answer, timed from `start`."""
+    return parse_completion_response(data, req, time.perf_counter() - start, lifted)
 
 
 def _ignore(ids: object, logprobs: object) -> None:

@@ -161,8 +161,8 @@ class Adapter:
         self.memory = MemoryBudget(config.max_memory)
         if self.manager.replay_channels and self.manager.replay_pool is None:
             # The budget covers the sessions' replay rows: past its share, in files.
-            spill_dir = None if journal is None else str(journal.path.parent)
-            self.manager.replay_pool = ReplayPool(self.memory.replay_bytes, spill_dir)
+            spill = None if journal is None else str(journal.path.parent)  # beside the journal
+            self.manager.replay_pool = ReplayPool(self.memory.replay_bytes, spill)
         self.connections = ConnectionGuard(limits.connection_cap())
         middlewares = [mark_busy(self.connections), errors_as_json]
         if config.access_log is not None:
@@ -265,9 +265,7 @@ class Adapter:
         if (pool := self.manager.replay_pool) is not None:
             self.metrics.set_replay_rows(pool.heap_bytes, pool.spilled_bytes)
         payload, content_type = self.metrics.render()
-        response = web.Response(body=payload)
-        response.headers["Content-Type"] = content_type
-        return response
+        return web.Response(body=payload, headers={"Content-Type": content_type})
 
     async def _hello(self, request: web.Request) -> web.StreamResponse:
         """Claude Code's connectivity probe (`HEAD /api/hello`, in its default configuration):
