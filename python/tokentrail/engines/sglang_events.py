@@ -118,7 +118,8 @@ class FastEvents:
             every = suffix == ids  # the head held every id so far
         else:
             out = _IDS.decode(raw)
-            every = out == cap.ids + ids
+            have = len(cap.ids)
+            every = len(out) == have + len(ids) and out[have:] == ids and out[:have] == cap.ids
             if not every and out != ids:
                 return None
         if suffix is not None and not every:
