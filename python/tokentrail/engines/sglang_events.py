@@ -33,8 +33,23 @@ class _Event(msgspec.Struct):
     error: msgspec.Raw = msgspec.Raw()
 
 
+class _TypedMeta(msgspec.Struct):
+    # `[logprob, token_id, text|null]`; anything else is the reference reader's to refuse.
+    output_token_logprobs: list[tuple[float, int, Any]]
+    completion_tokens: int
+
+
+class _Typed(msgspec.Struct):
+    """An event read whole, typed: while the stream is not known to be cumulative (its events
+    are small, and an incremental stream's stay so)."""
+
+    meta_info: _TypedMeta
+    output_ids: list[int] | None = None
+    error: msgspec.Raw = msgspec.Raw()
+
+
 _HEAD = msgspec.json.Decoder(_Event)
-# `[logprob, token_id, text|null]`; anything else is the reference reader's to refuse.
+_TYPED = msgspec.json.Decoder(_Typed)
 _ENTRIES = msgspec.json.Decoder(list[tuple[float, int, Any]])
 _IDS = msgspec.json.Decoder(list[int])
 _WHOLE = msgspec.json.Decoder()
@@ -67,6 +82,8 @@ class FastEvents:
     def take(self, event: Event) -> bool:
         """Take `event` into the capture; False (the capture untouched) where the reference
         reader must."""
+        if not self.capture.cumulative:
+            return self._take_typed(event)
         try:
             head = _HEAD.decode(event)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -102,6 +119,37 @@ class FastEvents:
         cap.ids.extend(ids)
         cap.cumulative = cap.cumulative or cumulative
         self.entries_head = raw[:-1] if n == total and raw.endswith(b"]") else None
+        cap.add(event, ids, [entry[0] for entry in new])
+        return True
+
+    def _take_typed(self, event: Event) -> bool:
+        try:
+            typed = _TYPED.decode(event)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+        if len(typed.error):
+            return False
+        cap = self.capture
+        entries = typed.meta_info.output_token_logprobs
+        total = typed.meta_info.completion_tokens
+        have, n = len(cap.entries), len(entries)
+        if n == total and total >= have:
+            new = entries[have:]
+            cumulative = have > 0 and total > 0
+        elif have + n == total:
+            new, cumulative = entries, False
+        else:
+            return False
+        ids = [entry[1] for entry in new]
+        out = typed.output_ids
+        if out is not None and out != ids:
+            known = len(cap.ids)
+            if not (len(out) == known + len(ids) and out[known:] == ids and out[:known] == cap.ids):
+                return False
+        cap.entries.extend(new)
+        cap.ids.extend(ids)
+        cap.cumulative = cap.cumulative or cumulative
+        self.forget()  # the next cumulative event is read whole, and its bytes kept
         cap.add(event, ids, [entry[0] for entry in new])
         return True
 
