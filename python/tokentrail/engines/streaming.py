@@ -263,7 +263,8 @@ class _Body:
                 transport.resume_reading()
 
 
-# What `_Body` takes from aiohttp's `StreamReader` (all there from aiohttp 3.8 on).
+# What `_Body` takes from aiohttp's `StreamReader`, looked for when a body is opened (`readany`
+# where one is missing; a test holds the installed aiohttp to having them all).
 _READER_FIELDS = (
     "_buffer",
     "_buffer_offset",
