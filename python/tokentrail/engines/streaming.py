@@ -69,9 +69,11 @@ Event = bytes | memoryview
 # sampled meanwhile arrive in one read and go on as one run: an engine sends each token's
 # event as its own write (TCP segment, HTTP chunk), and without a pause each is read, parsed,
 # handed to the sink and written to the harness alone (about 0.5 ms of CPU a run on a loaded
-# 2-core box). The first event is never held; after it a harness hears at most 20 deltas a
-# second, each token at most this much later than it would have.
-COALESCE_S = 0.05
+# 2-core box). The first event is never held; after it a harness hears at most 50 deltas a
+# second, each token at most this much later than it would have. (50 ms would take a 2,000
+# token turn from about 4x the CPU of a whole one to about 3x, but leaves a short reply only
+# one or two deltas before its end.)
+COALESCE_S = 0.02
 # The chunks of one read are split as one buffer where they average up to this size (a copy
 # of small events costs less than a pass per event); a cumulative stream's large events are
 # split chunk by chunk, uncopied.
