@@ -192,9 +192,9 @@ class Stages:
 
         original_events = engines_http.sse_events
 
-        async def events(resp: Any, limit: int) -> AsyncIterator[list[bytes]]:
+        async def events(resp: Any, limit: int, coalesce_s: float) -> AsyncIterator[list[Any]]:
             first = True
-            async for run in original_events(resp, limit):
+            async for run in original_events(resp, limit, coalesce_s):
                 if first:
                     stages.first_event.append(time.perf_counter())
                     first = False

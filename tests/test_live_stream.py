@@ -164,6 +164,10 @@ def recorded(tokenizer, wire: str, stream: bool) -> dict[str, Any]:
     )
 
 
+# What the harness has seen of the call's arguments when the engine pauses (`mid_arguments`).
+MID_ARGUMENTS = '{"command": "py'
+
+
 def mid_arguments(tokenizer) -> int:
     """How many of the sampled tokens end inside the Bash call's `command` string."""
     ids, _ = sampled(tokenizer)
@@ -190,19 +194,23 @@ def test_anthropic_tool_input_streams_while_the_engine_samples_it(tokenizer, wir
         client = anthropic.AsyncAnthropic(base_url=url, api_key="s-args", max_retries=0)
         held: list[str] = []
         started: list[str] = []
+        seen = ""
         async with client.messages.stream(**ANTHROPIC_BODY) as stream:
             async for event in stream:
                 if event.type == "content_block_start" and event.content_block.type == "tool_use":
                     started.append(event.content_block.id)
-                if event.type == "input_json" and srv.holding:
-                    held.append(event.partial_json)
-                    srv.release.set()
+                if event.type == "input_json":
+                    seen += event.partial_json
+                    # The tokens before the pause may come in more than one delta (a run each).
+                    if srv.holding and seen.startswith(MID_ARGUMENTS) and not held:
+                        held.append(seen)
+                        srv.release.set()
             final = await stream.get_final_message()
         whole = await client.messages.create(**ANTHROPIC_BODY)  # a retry: the recorded reply
         return held, started, final, whole
 
     held, started, final, whole = serve(fake, client_cls, tokenizer, scenario, keep=keep)
-    assert held and "".join(held).startswith('{"command": "py')  # seen mid-arguments
+    assert held and held[0].startswith(MID_ARGUMENTS)  # seen mid-arguments
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
     tool_use = final.content[-1]
     assert tool_use.type == "tool_use" and tool_use.input == {"command": "pytest -q"}
@@ -239,14 +247,14 @@ def test_chat_tool_arguments_stream_while_the_engine_samples_them(tokenizer, wir
                 if call.id:
                     ids.append(call.id)
                 arguments += call.function.arguments or ""
-                if srv.holding and call.function.arguments:
-                    held.append(call.function.arguments)
+                if srv.holding and arguments.startswith(MID_ARGUMENTS) and not held:
+                    held.append(arguments)
                     srv.release.set()
         whole = await client.chat.completions.create(**CHAT_BODY)  # the recorded reply
         return held, ids, arguments, reply_id, whole
 
     held, ids, arguments, reply_id, whole = serve(fake, client_cls, tokenizer, scenario, keep=keep)
-    assert held and "".join(held).startswith('{"command": "py')
+    assert held and held[0].startswith(MID_ARGUMENTS)
     (call,) = whole.choices[0].message.tool_calls
     assert arguments == call.function.arguments  # byte for byte
     assert ids == [call.id] == call_ids_recorded(keep[0], "s-chat-args", reply_id)
@@ -273,18 +281,21 @@ def test_responses_events_go_out_as_sampled(tokenizer, wire) -> None:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s-resp", max_retries=0)
         events: list[Any] = []
         held: list[str] = []
+        seen = ""
         stream = await client.responses.create(**RESPONSES_BODY, stream=True)
         async for event in stream:
             events.append(event)
-            if event.type == "response.function_call_arguments.delta" and srv.holding:
-                held.append(event.delta)
-                srv.release.set()
+            if event.type == "response.function_call_arguments.delta":
+                seen += event.delta
+                if srv.holding and seen.startswith(MID_ARGUMENTS) and not held:
+                    held.append(seen)
+                    srv.release.set()
         final = events[-1].response
         whole = await client.responses.create(**RESPONSES_BODY)  # the recorded reply
         return events, held, final, whole
 
     events, held, final, whole = serve(fake, client_cls, tokenizer, scenario, keep=keep)
-    assert held and "".join(held).startswith('{"command": "py')
+    assert held and held[0].startswith(MID_ARGUMENTS)
     assert final.model_dump() == whole.model_dump()
     kinds = [e.type for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"]

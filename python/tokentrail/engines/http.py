@@ -25,7 +25,7 @@ from tokentrail.engines.base import (
     SESSION_HEADER,
     GenerateRequest,
 )
-from tokentrail.engines.streaming import EventTooLong, sse_events
+from tokentrail.engines.streaming import COALESCE_S, Event, EventTooLong, RunCapture, sse_events
 from tokentrail.engines.wire_json import loads_in_pieces
 from tokentrail.engines.wire_rows import lift_base64
 from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError, engine_error
@@ -91,6 +91,8 @@ class HTTPEngine:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.connect_timeout = CONNECT_TIMEOUT_S
+        # How long a stream's socket is left unread after each run (`streaming.COALESCE_S`).
+        self.stream_coalesce_s = COALESCE_S
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Strong references to fire-and-forget aborts, so they are not collected mid-flight.
@@ -219,19 +221,17 @@ class HTTPEngine:
         body: Any,
         headers: Mapping[str, str],
         max_event_bytes: int,
-        on_event: Callable[[Any], None],
-        *,
-        on_run: Callable[[], None] | None = None,
-        cumulative: Callable[[], bool] | None = None,
+        capture: RunCapture,
     ) -> None:
-        """POST `body` and hand each JSON event of the streamed answer to `on_event`, in order,
-        until `[DONE]` or the end. An event `{"error": {...}}` (an engine failing after its
-        200) and an event over `max_event_bytes` end the stream as `EngineError`s.
-
-        The events that arrive together are a run: `on_run` is called after each (a client
-        hands a run's tokens on at once). Once `cumulative()` says each event holds every one
-        before it, only a run's last event is read."""
+        """POST `body` and hand the streamed answer's events to `capture`, a run at a time
+        (the events that arrived together), in order, until `[DONE]` or the end. An event
+        `{"error": {...}}` (an engine failing after its 200) and an event over
+        `max_event_bytes` end the stream as `EngineError`s."""
         url = self.base_url + path
+
+        def decode(event: Event) -> Any:
+            return self._event_json(url, event)
+
         try:
             async with self._client().post(url, json=body, headers=dict(headers)) as resp:
                 status = resp.status
@@ -241,22 +241,17 @@ class HTTPEngine:
                     raise engine_error(f"{self.name} at {url}: {message}", status)
                 first = True
                 try:
-                    async for run in sse_events(resp, max_event_bytes):
-                        if cumulative is not None and cumulative():
-                            run = run[-1:]
-                        for event in run:
-                            on_event(self._event_json(url, event))
-                            if first:
-                                # Let what the first event woke (a streamed reply's writer) run
-                                # before the events that arrived with it are taken: else the
-                                # harness hears the first token only after all of them. Later
-                                # ones that arrive together go out together, in one write.
-                                first = False
-                                if on_run is not None:
-                                    on_run()
-                                await asyncio.sleep(0)
-                        if on_run is not None:
-                            on_run()
+                    async for run in sse_events(resp, max_event_bytes, self.stream_coalesce_s):
+                        if first:
+                            # The first event alone, then let what it woke (a streamed reply's
+                            # writer) run before the events that arrived with it are taken:
+                            # else the harness hears the first token only after all of them.
+                            first = False
+                            capture.take_run(run[:1], decode)
+                            await asyncio.sleep(0)
+                            run = run[1:]
+                        if run:
+                            capture.take_run(run, decode)
                 except EventTooLong:
                     resp.close()  # drop the connection (vLLM aborts the request on it)
                     raise EngineOutputError(
@@ -276,7 +271,7 @@ class HTTPEngine:
         except aiohttp.ClientError as exc:
             raise EngineError(f"cannot reach {self.name} at {url}: {exc}") from None
 
-    def _event_json(self, url: str, event: bytes) -> Any:
+    def _event_json(self, url: str, event: Event) -> Any:
         """A streamed event's JSON; an `{"error": ...}` event or one that is not JSON is an
         `EngineError`."""
         try:
@@ -284,14 +279,14 @@ class HTTPEngine:
         except msgspec.DecodeError:
             try:
                 # What msgspec refuses and the standard library reads (NaN, Infinity).
-                obj = json.loads(event)
+                obj = json.loads(bytes(event))
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise EngineError(
                     f"{self.name} at {url} streamed an event that is not JSON"
                 ) from None
         if isinstance(obj, dict) and "error" in obj:
             raise engine_error(
-                f"{self.name} at {url}: {error_message(event)}", _status_of(obj["error"])
+                f"{self.name} at {url}: {error_message(bytes(event))}", _status_of(obj["error"])
             )
         return obj
 

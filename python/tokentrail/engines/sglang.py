@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,8 @@ from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url, parse_off_loop
 from tokentrail.engines.registry import register_engine
-from tokentrail.engines.streaming import TokenSink
+from tokentrail.engines.sglang_events import FastEvents
+from tokentrail.engines.streaming import Event, TokenSink
 from tokentrail.engines.wire_json import Rows
 from tokentrail.engines.wire_rows import Base64, decode_int32_base64
 from tokentrail.errors import EngineError, EngineOutputError
@@ -156,9 +157,7 @@ class SGLangEngine(HTTPEngine):
                 body,
                 self._headers(req),
                 answer_limit(req, honours_start=False),
-                capture.take,
-                on_run=capture.flush,
-                cumulative=capture.is_cumulative,
+                capture,
             )
         except asyncio.CancelledError:
             await self._abort_in_background(self.abort(req.request_id))
@@ -188,9 +187,10 @@ class StreamCapture:
     Each event carries `meta_info.completion_tokens` (all tokens so far) and either every
     `output_token_logprobs` entry so far (cumulative: SGLang's default) or only the new ones
     (`--incremental-streaming-output`, which also slices `output_ids`); the count tells which.
-    The tokens of the events that arrived together go to the sink at once (`flush`); once the
-    events are known to be cumulative, only the last of those is read (`is_cumulative`), so
-    what was already seen is not decoded again with every token.
+    The tokens of the events that arrived together go to the sink at once (`take_run`); once
+    the events are known to be cumulative, only the last of those is read, and of it only
+    what follows the entries already taken (`sglang_events.FastEvents`), so that what was already
+    seen is not decoded again with every token.
     """
 
     def __init__(self, req: GenerateRequest, sink: TokenSink) -> None:
@@ -198,15 +198,23 @@ class StreamCapture:
         self.sink = sink
         self.entries: list[Any] = []
         self.ids: list[int] = []
-        self.last: dict[str, Any] | None = None
+        self.last: dict[str, Any] | Event | None = None
         self.limit = req.sampling.max_new_tokens + 1  # an end-of-turn token past the budget
         self.cumulative = False
         # Taken since the sink was last called.
         self.pending_ids: list[int] = []
         self.pending_logprobs: list[float] = []
+        self.fast = FastEvents(self)
 
-    def is_cumulative(self) -> bool:
-        return self.cumulative
+    def take_run(self, events: Sequence[Event], decode: Callable[[Event], Any]) -> None:
+        """Take the events that arrived together (only the last, once they are known to be
+        cumulative) and hand their tokens to the sink in one call."""
+        if self.cumulative:
+            events = events[-1:]
+        for event in events:
+            if not self.fast.take(event):
+                self.take(decode(event))
+        self.flush()
 
     def flush(self) -> None:
         """Hand the tokens taken since the last call to the sink, in one run."""
@@ -216,6 +224,8 @@ class StreamCapture:
             self.sink(ids, logprobs)
 
     def take(self, obj: Any) -> None:
+        """One event, as JSON: the reference `FastEvents` is held to."""
+        self.fast.forget()
         if isinstance(obj, list) and len(obj) == 1:
             obj = obj[0]
         meta = obj.get("meta_info") if isinstance(obj, dict) else None
@@ -250,13 +260,17 @@ class StreamCapture:
                 f"sglang stream output_ids ({len(output_ids)} tokens) disagree with "
                 f"output_token_logprobs ({len(self.ids)} so far, {len(ids)} new)"
             )
+        self.add(obj, ids, logprobs)
+
+    def add(self, last: Any, ids: list[int], logprobs: list[float]) -> None:
+        """The tokens of an event taken, `last` the event (its JSON, or its bytes)."""
         if len(self.ids) > self.limit:
             raise EngineOutputError(
                 EngineFault.TOO_LONG,
                 f"sglang streamed {len(self.ids)} tokens, more than max_new_tokens="
                 f"{self.req.sampling.max_new_tokens} allows",
             )
-        self.last = obj
+        self.last = last
         self.pending_ids.extend(ids)
         self.pending_logprobs.extend(logprobs)
 
@@ -265,7 +279,8 @@ class StreamCapture:
         self.flush()
         if self.last is None:
             raise EngineError("sglang stream ended without an event")
-        meta = dict(self.last["meta_info"])
+        last = self.last if isinstance(self.last, dict) else self.fast.whole(self.last)
+        meta = dict(last["meta_info"])
         if meta.get("finish_reason") is None:
             raise EngineError("sglang stream ended before its last event (no finish_reason)")
         meta["output_token_logprobs"] = self.entries

@@ -10,14 +10,23 @@ whole output so far in every event).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
 from tokentrail.engines.base import GenerateRequest, Generation
 
-__all__ = ["SSE_DONE", "StreamingEngine", "TokenSink", "sse_events"]
+__all__ = [
+    "COALESCE_S",
+    "SSE_DONE",
+    "Event",
+    "RunCapture",
+    "StreamingEngine",
+    "TokenSink",
+    "sse_events",
+]
 
 # Called with each run of newly sampled ids and their logprobs, in order, as they arrive.
 TokenSink = Callable[[Sequence[int], Sequence[float]], None]
@@ -39,62 +48,230 @@ class StreamingEngine(Protocol):
         ...
 
 
+class RunCapture(Protocol):
+    """What an engine client hands a stream's events to, a run at a time."""
+
+    def take_run(self, events: Sequence[Event], decode: Callable[[Event], Any]) -> None:
+        """Take `events` (their `data`, in order; `decode` reads one as the client reads
+        JSON, an error event raising) and hand their tokens to the sink in one call."""
+        ...
+
+
 class EventTooLong(Exception):
     """An event longer than its bound (internal: the engine client names the fault)."""
 
 
+# An event's `data`: a view of the bytes read where it is one line (no copy: a cumulative
+# stream's skipped events are never copied), else the joined lines.
+Event = bytes | memoryview
+
+# After a run is taken, the engine's socket is left unread this long, so that the events
+# sampled meanwhile arrive in one read and go on as one run: an engine sends each token's
+# event as its own write (TCP segment, HTTP chunk), and without a pause each is read, parsed,
+# handed to the sink and written to the harness alone (about 0.5 ms of CPU a run on a loaded
+# 2-core box). The first event is never held; after it a harness hears at most 50 deltas a
+# second, each token at most this much later than it would have. (50 ms would take a 2,000
+# token turn from about 4x the CPU of a whole one to about 3x, but leaves a short reply only
+# one or two deltas before its end.)
+COALESCE_S = 0.02
+# The chunks of one read are split as one buffer where they average up to this size (a copy
+# of small events costs less than a pass per event); a cumulative stream's large events are
+# split chunk by chunk, uncopied.
+JOIN_BYTES = 4096
+
+
 async def sse_events(
-    resp: aiohttp.ClientResponse, max_event_bytes: int
-) -> AsyncIterator[list[bytes]]:
+    resp: aiohttp.ClientResponse, max_event_bytes: int, coalesce_s: float = 0.0
+) -> AsyncIterator[list[Event]]:
     """The `data` of each event in `resp`'s body, up to `[DONE]` (not included) or the end:
     every complete event of one read together, in order (an engine that samples faster than
-    the adapter reads hands over many at once, and they are taken as one run).
+    the adapter reads hands over many at once, and they are taken as one run). After each run
+    the connection is not read for `coalesce_s`, so the next run holds what arrived meanwhile.
 
     Lines end with LF or CRLF; an event's `data:` lines are joined with LF (the SSE rule);
     comments (`:`) and other fields are skipped. Raises `EventTooLong` for an event over
     `max_event_bytes`."""
-    buffer = bytearray()
-    data: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_any():
-        buffer += chunk
-        end = buffer.rfind(b"\n")
+    parser = _Events(max_event_bytes)
+    body = _Body(resp)
+    while True:
+        chunks = await body.read()
+        if not chunks:
+            break
+        if len(chunks) > 1 and sum(map(len, chunks)) <= JOIN_BYTES * len(chunks):
+            chunks = [b"".join(chunks)]  # small events: one pass over them, not one a chunk
+        batch: list[Event] = []
+        for chunk in chunks:
+            if parser.feed(chunk, batch):
+                if batch:
+                    yield batch
+                return
+        if batch:
+            yield batch
+            if coalesce_s:
+                await body.hold(coalesce_s)
+    event = parser.end()
+    if event is not None and event != SSE_DONE:
+        yield [event]
+
+
+class _Events:
+    """Server-sent events split out of the bytes read, a read at a time. The common shape (a
+    single `data:` line an event, LF line ends) is cut out by offsets; anything else goes
+    through the general reader of lines, which keeps an event's lines across reads."""
+
+    def __init__(self, max_event_bytes: int) -> None:
+        self.max = max_event_bytes
+        self.rest = b""  # what follows the last complete event (fast) or line (general)
+        self.data: list[bytes] = []  # the general reader's lines of the event it is in
+        self.size = 0
+
+    def feed(self, chunk: bytes, out: list[Event]) -> bool:
+        """Append the events completed by `chunk` to `out`; True at `[DONE]`."""
+        buf = self.rest + chunk if self.rest else chunk
+        if self.data or b"\r" in buf:
+            return self._lines(buf, out)
+        pos, n = 0, len(buf)
+        view = memoryview(buf)
+        while True:
+            # A single `data:` line and a blank one; the search is for LF alone (memchr:
+            # many times faster than for two bytes, over a cumulative stream's every byte).
+            while buf.startswith(b"\n", pos):  # blank lines between events
+                pos += 1
+            end = buf.find(b"\n", pos)
+            if end < 0 or end + 1 >= n:
+                break
+            if buf[end + 1] == 10 and buf.startswith(b"data:", pos):
+                start = pos + 6 if buf.startswith(b"data: ", pos) else pos + 5
+                if end - start + 1 > self.max:
+                    raise EventTooLong
+                event: Event = view[start:end]
+                if event == SSE_DONE:
+                    return True
+                out.append(event)
+                pos = end + 2
+                continue
+            # Anything else (several lines, comments, other fields): up to its blank line,
+            # through the general reader.
+            end = buf.find(b"\n\n", end)
+            if end < 0:
+                break
+            if self._lines(buf[pos : end + 2], out):
+                return True
+            pos = end + 2
+        self.rest = buf[pos:] if pos < n else b""
+        if len(self.rest) > self.max:
+            # Its complete lines may already hold more data than an event may; the general
+            # reader counts them as the line reader always has.
+            rest, self.rest = self.rest, b""
+            return self._lines(rest, out)
+        return False
+
+    def _lines(self, buf: bytes, out: list[Event]) -> bool:
+        """The general reader: complete lines of `buf`, what follows the last LF kept."""
+        end = buf.rfind(b"\n")
         if end < 0:
-            if len(buffer) > max_event_bytes:
+            self.rest = buf
+            if len(buf) > self.max:
                 raise EventTooLong
-            continue
-        # The complete lines, split in one pass; what follows the last LF waits for more.
-        lines = bytes(buffer[:end]).split(b"\n")
-        del buffer[: end + 1]
-        batch: list[bytes] = []
+            return False
+        lines = buf[:end].split(b"\n")
+        self.rest = buf[end + 1 :]
         for line in lines:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
-                if data:
+                if self.data:
+                    data = self.data
                     event = data[0] if len(data) == 1 else b"\n".join(data)
-                    data, size = [], 0
+                    self.data, self.size = [], 0
                     if event == SSE_DONE:
-                        if batch:
-                            yield batch
-                        return
-                    batch.append(event)
+                        return True
+                    out.append(event)
                 continue
             if line.startswith(b"data:"):
                 value = line[6:] if line.startswith(b"data: ") else line[5:]
-                size += len(value) + 1
-                if size > max_event_bytes:
+                self.size += len(value) + 1
+                if self.size > self.max:
                     raise EventTooLong
-                data.append(value)
-        if batch:
-            yield batch
-        if len(buffer) > max_event_bytes:
+                self.data.append(value)
+        if len(self.rest) > self.max:
             raise EventTooLong
-    if buffer:
-        line = bytes(buffer).rstrip(b"\r")
+        return False
+
+    def end(self) -> bytes | None:
+        """The event the body's end completes, if any (the last line needs no LF)."""
+        if b"\n" in self.rest:
+            self._lines(self.rest, [])  # no blank line in it: it completes no event
+        line = self.rest.rstrip(b"\r")
         if line.startswith(b"data:"):
-            data.append(line[5:].lstrip(b" ")[: max_event_bytes + 1])
-    if data:
-        event = b"\n".join(data)
-        if event != SSE_DONE:
-            yield [event]
+            self.data.append(line[5:].lstrip(b" ")[: self.max + 1])
+        return b"\n".join(self.data) if self.data else None
+
+
+class _Body:
+    """The chunks of a response body as they arrive, all that is buffered at once.
+
+    aiohttp hands its buffer over chunk by chunk, each one a call into the connection's flow
+    control, and an engine sends one HTTP chunk an event: where aiohttp's reader is the one
+    this was written against, its buffer is taken whole instead (`readany` otherwise)."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.content = resp.content
+        self.fast = type(self.content) is aiohttp.StreamReader and all(
+            hasattr(self.content, name) for name in _READER_FIELDS
+        )
+        conn = resp.connection
+        self.transport = conn.transport if conn is not None else None
+
+    async def read(self) -> list[bytes]:
+        """What arrived since the last call (waiting for something); empty at the end."""
+        if not self.fast:
+            chunk = await self.content.readany()
+            return [chunk] if chunk else []
+        content: Any = self.content
+        first = await content.read(1)  # waits for data; a view of the first chunk's byte
+        if not first:
+            return []
+        buffer = content._buffer
+        if not buffer:
+            return [first]
+        chunks = list(buffer)
+        offset = content._buffer_offset
+        if offset:  # the first chunk is still there, `first` its byte before `offset`
+            chunks[0] = chunks[0][offset - 1 :]
+        else:
+            chunks.insert(0, first)
+        buffer.clear()
+        content._buffer_offset = 0
+        taken = content._size
+        content._size = 0
+        content._cursor += taken
+        splits = content._http_chunk_splits
+        if splits:
+            splits.clear()
+        content._protocol.resume_reading()  # the buffer is empty: below its low-water mark
+        return chunks
+
+    async def hold(self, seconds: float) -> None:
+        """Leave the socket unread for `seconds`: what arrives meanwhile is read at once."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.pause_reading()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            if not transport.is_closing():
+                transport.resume_reading()
+
+
+# What `_Body` takes from aiohttp's `StreamReader`, looked for when a body is opened (`readany`
+# where one is missing; a test holds the installed aiohttp to having them all).
+_READER_FIELDS = (
+    "_buffer",
+    "_buffer_offset",
+    "_size",
+    "_cursor",
+    "_http_chunk_splits",
+    "_protocol",
+)

@@ -38,7 +38,7 @@ from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url, parse_off_loop
 from tokentrail.engines.registry import register_engine
-from tokentrail.engines.streaming import TokenSink
+from tokentrail.engines.streaming import Event, TokenSink
 from tokentrail.engines.vllm_generate import (
     GENERATE_PATH,
     RENDER_PATH,
@@ -335,17 +335,14 @@ class VLLMEngine(HTTPEngine):
         if req.images or self.tokens_route:
             path, body = GENERATE_PATH, await self.tokens_body(req, model)
             limit = answer_limit(req)
-
-            def take(obj: Any) -> None:
-                capture.take(as_completion(obj))
-
+            capture.shape = as_completion
         else:
             path, body = "/v1/completions", self.request_body(req, model)
-            limit, take = answer_limit(req, echoes_prompt=True), capture.take
+            limit = answer_limit(req, echoes_prompt=True)
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         try:
-            await self._request_stream(path, body, self._headers(req), limit, take)
+            await self._request_stream(path, body, self._headers(req), limit, capture)
         except EngineError as exc:
             if (req.images or self.tokens_route) and exc.engine_status == 403:
                 raise scale_out_refusal(self.base_url, exc) from None
@@ -403,6 +400,22 @@ class StreamCapture:
         self.weight_versions: Any = None
         self.usage: Any = None
         self.limit = req.sampling.max_new_tokens + 1  # an end-of-turn token past the budget
+        # A chunk of the tokens route in `/v1/completions`' shape (`as_completion`).
+        self.shape: Callable[[Any], Any] | None = None
+        # Taken since the sink was last called.
+        self.pending_ids: list[int] = []
+        self.pending_logprobs: list[float] = []
+
+    def take_run(self, events: Sequence[Event], decode: Callable[[Event], Any]) -> None:
+        """Take the chunks that arrived together and hand their tokens to the sink at once."""
+        shape = self.shape
+        for event in events:
+            obj = decode(event)
+            self.take(shape(obj) if shape is not None else obj)
+        if self.pending_ids:
+            ids, logprobs = self.pending_ids, self.pending_logprobs
+            self.pending_ids, self.pending_logprobs = [], []
+            self.sink(ids, logprobs)
 
     def take(self, obj: Any) -> None:
         if not isinstance(obj, dict):
@@ -454,8 +467,8 @@ class StreamCapture:
                 f"vllm streamed {len(self.ids)} tokens, more than max_tokens="
                 f"{self.req.sampling.max_new_tokens} allows",
             )
-        if ids:
-            self.sink(ids, floats)
+        self.pending_ids.extend(ids)
+        self.pending_logprobs.extend(floats)
 
     def final(self) -> dict[str, Any]:
         """The non-streamed answer these chunks add up to."""
