@@ -47,8 +47,13 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("engine_answers.py", ["--tokens", "8192"]),
     ("replay_memory.py", ["--sessions", "3", "--tokens", "16384", "--budget-mib", "8"]),
     ("finish_binary.py", ["--tokens", "8000"]),
+    ("image_memory.py", ["--sessions", "2", "--image-mb", "2"]),
     ("families.py", ["--sessions", "1", "--steps", "3", "--messages", "50"]),
     ("loop_responsiveness.py", ["--quick"]),
+    (
+        "loop_responsiveness.py:images",
+        ["--rounds", "1", "--clients", "4", "--hold-s", "2", "--stream-words", "5000"],
+    ),
     ("hostile_requests.py", ["--quick"]),
     ("ray_pool.py", ["--quick"]),
     (
@@ -60,6 +65,10 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("journal_images.py", ["--turns", "4"]),
     ("real_model.py", ["--models", "qwen3", "--context", "4000"]),
 ]
+
+# A bench that prints another table with other arguments is registered again as
+# `NAME:VARIANT`, run with these arguments first; its output goes to `NAME-VARIANT.md`.
+VARIANTS: dict[str, list[str]] = {"loop_responsiveness.py:images": ["--images"]}
 
 # The arguments of a full run (the docs' tables), where they are not the bench's defaults.
 FULL: dict[str, list[str]] = {
@@ -106,7 +115,7 @@ def data_file(
 ) -> str:
     """A bench's output as the Markdown a docs page includes (pymdownx.snippets); `measured`
     and `load`: the commit and the load average as the run started (default: now)."""
-    command = " ".join(["python", f"benches/{name}", *args])
+    command = " ".join(["python", f"benches/{script(name)}", *args])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     fence = "````" if "```" in output else "```"
     return (
@@ -116,9 +125,19 @@ def data_file(
     )
 
 
+def script(name: str) -> str:
+    """The file a registered bench runs (`NAME:VARIANT` runs NAME)."""
+    return name.partition(":")[0]
+
+
+def output_name(name: str) -> str:
+    """The data file a registered bench's output goes to."""
+    return name.replace(".py", "").replace(":", "-") + ".md"
+
+
 def run(name: str, args: list[str]) -> tuple[int, str, float]:
     """Run one bench, its output shown as it comes and kept."""
-    argv = [sys.executable, str(HERE / name), *args]
+    argv = [sys.executable, str(HERE / script(name)), *args]
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -147,7 +166,7 @@ def main() -> int:
     for name, quick_args in BENCHES:
         if args.only and name not in args.only:
             continue
-        bench_args = quick_args if args.quick else FULL.get(name, [])
+        bench_args = VARIANTS.get(name, []) + (quick_args if args.quick else FULL.get(name, []))
         print(f"== {name} {' '.join(bench_args)}".rstrip(), flush=True)
         measured, load = commit(), load_average()
         code, output, seconds = run(name, bench_args)
@@ -155,7 +174,7 @@ def main() -> int:
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             page = data_file(name, bench_args, output, code, seconds, measured, load)
-            (out / name.replace(".py", ".md")).write_text(page, "utf-8")
+            (out / output_name(name)).write_text(page, "utf-8")
         if code:
             failed.append(name)
     if failed:

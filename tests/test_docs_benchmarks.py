@@ -37,19 +37,24 @@ def test_every_included_table_is_a_written_run() -> None:
     included = {
         m.group(1)
         for page in DOCS.rglob("*.md")
-        for m in re.finditer(r'^--8<-- "benchmarks/([\w.]+)"', page.read_text("utf-8"), re.M)
+        for m in re.finditer(r'^--8<-- "benchmarks/([\w.-]+)"', page.read_text("utf-8"), re.M)
     }
     assert included, "no page includes a generated table"
-    benches = {name for name, _ in _run_all().BENCHES}
+    run_all = _run_all()
+    # Each data file a registered bench writes, and the file that bench runs.
+    writes = {run_all.output_name(name): run_all.script(name) for name, _ in run_all.BENCHES}
     for name in included:
         text = (DOCS / "benchmarks" / name).read_text("utf-8")
         header = HEADER.search(text)
         assert header, f"docs/benchmarks/{name} does not name its run"
-        assert header.group(1) in benches and name == header.group(1).replace(".py", ".md")
+        assert writes.get(name) == header.group(1), (name, header.group(1))
 
 
 def test_a_full_run_names_registered_benches() -> None:
     run_all = _run_all()
     benches = {name for name, _ in run_all.BENCHES}
     assert set(run_all.FULL) <= benches, sorted(set(run_all.FULL) - benches)
+    assert set(run_all.VARIANTS) <= benches, sorted(set(run_all.VARIANTS) - benches)
+    assert run_all.output_name("loop_responsiveness.py:images") == "loop_responsiveness-images.md"
+    assert run_all.script("loop_responsiveness.py:images") == "loop_responsiveness.py"
     assert all(args and all(isinstance(a, str) for a in args) for args in run_all.FULL.values())
