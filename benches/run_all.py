@@ -75,6 +75,7 @@ FULL: dict[str, list[str]] = {
     "journal_recovery.py": ["--gb", "0.25"],
     "kill_sweep.py": ["--turns", "1"],
     "real_model.py": ["--models", "qwen3,qwen3-moe"],
+    "image_memory.py": ["--sessions", "52"],
 }
 
 
