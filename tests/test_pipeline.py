@@ -81,6 +81,7 @@ class Sampled:
     routed_experts: None = None
     indexer_topk: None = None
     weight_versions: tuple[()] = ()
+    discarded: tuple[()] = ()
 
 
 def sample(tokenizer, message) -> Sampled:
