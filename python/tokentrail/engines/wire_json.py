@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, overload
 
-__all__ = ["PIECE_BYTES", "Rows", "loads_in_pieces"]
+__all__ = ["PIECE_BYTES", "Rows", "loads_in_pieces", "put_back"]
 
 # Arrays are parsed this many bytes at a time (about a millisecond of parsing each).
 PIECE_BYTES = 32 * 1024
@@ -198,14 +198,23 @@ def _put_back(root: Any, lifted: dict[str, list[Any] | Rows]) -> Any:
     """`root` with each placeholder string replaced, in place, by its array."""
     if isinstance(root, str):
         return lifted.get(root, root)
-    stack = [root]
+    put_back(root, lifted, _MARK)
+    return root
+
+
+def put_back(root: Any, values: Mapping[str, object], mark: str) -> int:
+    """Replace, in place, each string of the parsed JSON `root` (a dict or a list) that
+    begins with `mark` and is a key of `values` by its value; how many were replaced."""
+    found = 0
+    stack = [root] if isinstance(root, dict | list) else []
     while stack:
         node = stack.pop()
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, value in items:
             if isinstance(value, str):
-                if value.startswith(_MARK) and value in lifted:
-                    node[key] = lifted[value]
+                if value.startswith(mark) and value in values:
+                    node[key] = values[value]
+                    found += 1
             elif isinstance(value, dict | list):
                 stack.append(value)
-    return root
+    return found

@@ -15,6 +15,8 @@ import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tokentrail.engines.wire_json import put_back
+
 __all__ = ["LIFT_BYTES", "decode_lifting"]
 
 # String values from this many bytes on are lifted out of the parse.
@@ -50,7 +52,7 @@ def decode_lifting(
         texts = {key: str(view[begin:stop], "utf-8") for key, (begin, stop) in lifted.items()}
     except (ValueError, UnicodeDecodeError):
         return decode(view[start:end])
-    if _put_back(tree, texts) != len(texts):
+    if put_back(tree, texts, _MARK) != len(texts):
         return decode(view[start:end])
     return tree
 
@@ -74,20 +76,3 @@ def _long_strings(raw: bytes, start: int, end: int) -> Iterator[tuple[int, int]]
                     yield begin + 1, close
                 after = close + 1
         at = raw.find(b'":', after, end)
-
-
-def _put_back(root: Any, texts: dict[str, str]) -> int:
-    """Replace, in place, each placeholder value in `root` by its text; how many were."""
-    found = 0
-    stack = [root] if isinstance(root, dict | list) else []
-    while stack:
-        node = stack.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, value in items:
-            if isinstance(value, str):
-                if value.startswith(_MARK) and value in texts:
-                    node[key] = texts[value]
-                    found += 1
-            elif isinstance(value, dict | list):
-                stack.append(value)
-    return found
