@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from support.fake_engines import FakeVLLM
 from support.real_sessions import finished_samples
 from support.serve import serving
-from support.vllm_server import VLLMServer
+from support.vllm_server import VLLMServer, fields
 from tokentrail.integrations.weights import VLLMWeights
 from tokentrail.kinds import PauseMode
 from tokentrail.model.audit import recompute_samples
@@ -76,18 +76,6 @@ def when_sampling(vllm: VLLMServer, before: float, tokens: int = 24) -> None:
     while vllm.metric(GENERATED) < before + tokens:
         assert time.monotonic() < deadline, "vLLM generated nothing"
         time.sleep(0.01)
-
-
-def fields(value: Any, prefix: str = "") -> set[str]:
-    """Every path to a field in a JSON value (`choices[].token_ids`)."""
-    if isinstance(value, dict):
-        out = set()
-        for key, item in value.items():
-            out |= {f"{prefix}{key}"} | fields(item, f"{prefix}{key}.")
-        return out
-    if isinstance(value, list) and value:
-        return fields(value[0], prefix.rstrip(".") + "[].")
-    return set()
 
 
 def test_vllm_answers_an_aborted_turn_with_what_it_sampled_as_the_stand_in_does(

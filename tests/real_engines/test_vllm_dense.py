@@ -35,7 +35,7 @@ from support.real_sessions import (
     run_session,
 )
 from support.serve import Served, serving
-from support.vllm_server import MAX_MODEL_LEN, Recording, VLLMServer, recording
+from support.vllm_server import MAX_MODEL_LEN, Recording, VLLMServer, fields, recording
 from tokentrail.model.forward import CausalLM
 
 MODEL = "qwen3"
@@ -205,19 +205,6 @@ def test_a_client_that_goes_away_stops_vllms_request(
 
 
 # --- the stand-in held to the real server ----------------------------------------------------
-
-
-def fields(value: Any, prefix: str = "") -> set[str]:
-    """Every path to a field in a JSON value (`choices[].logprobs.token_logprobs`); a map keyed
-    by sampled tokens (`top_logprobs`) is one field."""
-    if isinstance(value, dict) and not prefix.endswith("top_logprobs[]."):
-        out = set()
-        for key, item in value.items():
-            out |= {f"{prefix}{key}"} | fields(item, f"{prefix}{key}.")
-        return out
-    if isinstance(value, list) and value:
-        return fields(value[0], prefix.rstrip(".") + "[].")
-    return set()
 
 
 PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]

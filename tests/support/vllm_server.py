@@ -152,5 +152,19 @@ def recording(upstream: str) -> Iterator[Recording]:
         thread.join(30)
 
 
+def fields(value: Any, prefix: str = "") -> set[str]:
+    """Every path to a field in a JSON value (`choices[].logprobs.token_logprobs`); a map keyed
+    by sampled tokens (`top_logprobs`) is one field. The stand-in's answers are held to the real
+    server's by these."""
+    if isinstance(value, dict) and not prefix.endswith("top_logprobs[]."):
+        out = set()
+        for key, item in value.items():
+            out |= {f"{prefix}{key}"} | fields(item, f"{prefix}{key}.")
+        return out
+    if isinstance(value, list) and value:
+        return fields(value[0], prefix.rstrip(".") + "[].")
+    return set()
+
+
 def _passed(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _HOP}
