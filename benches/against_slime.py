@@ -79,53 +79,21 @@ def run_tokentrail(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replie
 
 
 def run_slime(tokenizer: LoadedTokenizer, turns: list[RecordedTurn], replies: list) -> dict:
-    from slime.agent.trajectory import TrajectoryManager as SlimeManager
-    from slime.agent.trajectory import TurnRecord as SlimeTurn
-    from slime.utils.types import Sample as SlimeSample
-    from transformers import PreTrainedTokenizerFast
-
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer.tokenizer,
-        chat_template=tokenizer.chat_template,
-        eos_token=tokenizer.eos_token,
-        pad_token=tokenizer.pad_token,
-    )
-    manager = SlimeManager()
+    side = _slime_stepper(tokenizer, turns, replies)
     times = []
-    for turn, reply in zip(turns, replies, strict=True):
+    for k in range(len(turns)):
         start = time.perf_counter()
-        conversation = PROTOCOL.translate(json.loads(turn.body))
-        messages = [dict(m) for m in conversation.messages]
-        tools = [dict(t) for t in conversation.tools or []] or None
-        prompt_ids = hf.apply_chat_template(
-            messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
-        )
-        manager.record_turn(
-            "s",
-            turn=SlimeTurn(list(prompt_ids), turn.output_ids, turn.finish_reason, turn.logprobs),
-            prompt_messages=messages,
-            response_message=reply,
-        )
+        side["step"](k)
         times.append(time.perf_counter() - start)
-
-    tree, count = manager._trees.get("s"), manager._turn_count.get("s")  # noqa: SLF001
-    nodes = {id(n): n for leaf in tree.leaves() for n in leaf.path_from_root()} if tree else {}
-
-    def prime() -> None:
-        # `get_trajectory` consumes the session (it pops it and marks each turn trained): put
-        # it back as it was to time it again.
-        manager._trees["s"], manager._turn_count["s"] = tree, count  # noqa: SLF001
-        for node in nodes.values():
-            node.response_trained = False
-
-    def finish() -> Any:
-        return manager.get_trajectory("s", base_sample=SlimeSample())
-
-    return {"times": times, "prime": prime, "finish": finish, "manager": manager}
+    # `get_trajectory` consumes the session (it pops it and marks each turn trained): `prime`
+    # puts it back as it was to time it again.
+    side["freeze"]()
+    return {"times": times, **side}
 
 
 def _slime_stepper(tokenizer: LoadedTokenizer, turns: list, replies: list) -> dict:
-    """slime's side one turn at a time (`step(k)`), and its finish (as `run_slime`)."""
+    """slime's side one turn at a time (`step(k)`), and its finish: `freeze` keeps the
+    session as it stands, which `prime` puts back before each timed finish."""
     from slime.agent.trajectory import TrajectoryManager as SlimeManager
     from slime.agent.trajectory import TurnRecord as SlimeTurn
     from slime.utils.types import Sample as SlimeSample

@@ -45,6 +45,7 @@ class RecordedTurn:
     routed_experts: None = None
     indexer_topk: None = None
     weight_versions: tuple[()] = ()
+    discarded: tuple[()] = ()
 
 
 def claude_code_tools() -> tuple[list[dict[str, Any]], str]:
@@ -110,10 +111,11 @@ class Sampled:
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: str
-    # No replay data in these sessions (the pipeline reads all three).
+    # No replay data and no aborted attempts in these sessions (the pipeline reads all four).
     routed_experts: None = None
     indexer_topk: None = None
     weight_versions: tuple[()] = ()
+    discarded: tuple[()] = ()
 
 
 @dataclass
