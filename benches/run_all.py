@@ -64,6 +64,10 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("stream_calls.py", ["--sizes", "2000", "--repeat", "1"]),
     ("journal_images.py", ["--turns", "4"]),
     ("real_model.py", ["--models", "qwen3", "--context", "4000"]),
+    (
+        "keepalive_stall.py",
+        ["--stall", "12", "--idle", "10", "--keepalive", "2", "--control-keepalive", "40"],
+    ),
 ]
 
 # A bench that prints another table with other arguments is registered again as
