@@ -403,7 +403,6 @@ def main() -> int:
         default=2,
         help="runs of both sides in one process, alternating turn by turn (0: none)",
     )
-    parser.add_argument("--write", action="store_true", help="docs/performance/against_slime.md")
     args = parser.parse_args()
     if not args.slime:
         print(
@@ -480,8 +479,6 @@ def main() -> int:
     for where, share in tt["profile"]:
         out.line(f"  {share:>6.1%}  {where}")
     out.line(f"machine: {machine()}")
-    if args.write:
-        out.write("tokentrail next to slime's agent pipeline")
     return 0
 
 

@@ -9,7 +9,7 @@ Time is process CPU (what a loaded machine's preemptions do not inflate), per tu
 second half of the session; off and on alternate, `--repeats` times each, medians. Beside
 them: the bytes of a turn's event over that half (payload and ids, median).
 
-    python benches/journal_cost.py [--turns 48] [--contexts 16384,65536,131072] [--write]
+    python benches/journal_cost.py [--turns 48] [--contexts 16384,65536,131072]
 """
 
 from __future__ import annotations
@@ -96,7 +96,6 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=48)
     parser.add_argument("--contexts", default="16384,65536,131072")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--write", action="store_true", help="docs/performance/journal_cost.md")
     args = parser.parse_args()
     logging.getLogger("tokentrail").setLevel(logging.ERROR)
     tokenizer = load_tokenizer()
@@ -126,8 +125,6 @@ def main() -> int:
             f"{float(np.median(per_turn)):>9.1f}"
         )
     out.line(f"machine: {machine()}")
-    if args.write:
-        out.write("What the journal adds to a turn")
     return 0
 
 

@@ -26,9 +26,11 @@ Codex `stream_max_retries = 2`); Claude Code also falls back to one non-streamed
 With the adapter's keepalive (`--keepalive`, default the adapter's own `KEEPALIVE_S`) the
 harness should take the reply on its first request; the control runs the same case with a
 keepalive interval longer than the stall (`--control-keepalive`), where the harness gives up
-or retries at its idle timeout. All cases run at once (they mostly sleep).
+or retries at its idle timeout. `--stall` takes several stalls: the default runs 300 s, at
+Claude Code's event-watchdog floor, and 290 s, just under it. All cases run at once (they
+mostly sleep), so a run lasts about as long as its slowest case.
 
-    python benches/keepalive_stall.py [--stall 300] [--idle 60] [--keepalive 15]
+    python benches/keepalive_stall.py [--stall 300,290] [--idle 60] [--keepalive 15]
         [--harnesses "claude code,codex"] [--wires sglang,vllm]
 """
 
@@ -47,8 +49,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from support.claude_code import install_claude_code, run_claude  # noqa: E402
-from support.codex import install_codex, run_codex, write_home  # noqa: E402
+from support.claude_code import CLAUDE_CODE_VERSION, install_claude_code, run_claude  # noqa: E402
+from support.codex import CODEX_VERSION, install_codex, run_codex, write_home  # noqa: E402
 from support.engine_thread import engine_in_thread  # noqa: E402
 from support.fake_engines import FakeSGLang, FakeVLLM  # noqa: E402
 from support.serve import serving_in_thread  # noqa: E402
@@ -62,6 +64,7 @@ from tokentrail.text.tokenizer import load_tokenizer  # noqa: E402
 REPLY = "The plan is sound."
 SCRIPT = [[{"type": "text", "text": REPLY}]]
 RETRIES = 2
+VERSIONS = {"claude code": CLAUDE_CODE_VERSION, "codex": CODEX_VERSION}
 
 
 @dataclass
@@ -171,7 +174,9 @@ def run_harness(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stall", type=float, default=300.0)
+    parser.add_argument(
+        "--stall", default="300,290", help="seconds before the first token, comma-separated"
+    )
     parser.add_argument("--idle", type=float, default=60.0)
     parser.add_argument("--keepalive", type=float, default=KEEPALIVE_S)
     parser.add_argument("--control-keepalive", type=float, default=400.0)
@@ -186,7 +191,8 @@ def main() -> None:
             raise SystemExit(f"npm is missing: cannot install {harness}")
         exes[harness] = exe
     cases = [
-        Case(harness, wire, args.stall, keepalive, args.idle)
+        Case(harness, wire, float(stall), keepalive, args.idle)
+        for stall in args.stall.split(",")
         for harness in exes
         for wire in args.wires.split(",")
         for keepalive in (args.keepalive, args.control_keepalive)
@@ -201,7 +207,7 @@ def main() -> None:
         outcomes = [f.result() for f in futures]
     total = time.monotonic() - start
 
-    print(f"a real harness through a {args.stall:g} s engine stall before the first token")
+    print(f"a real harness through an engine stall ({args.stall} s) before the first token")
     print(
         "| harness | engine wire | stall s | keepalive s | harness idle timeout s "
         "| requests the adapter got | retries | outcome | turn trained/generated tokens "
@@ -211,7 +217,8 @@ def main() -> None:
     for case, out in zip(cases, outcomes, strict=True):
         tokens = "-" if out.generated is None else f"{out.trained}/{out.generated}"
         print(
-            f"| {case.harness} | {case.wire} | {case.stall_s:g} | {case.keepalive_s:g} "
+            f"| {case.harness} {VERSIONS[case.harness]} | {case.wire} | {case.stall_s:g} "
+            f"| {case.keepalive_s:g} "
             f"| {case.idle_s:g} | {out.requests} | {max(0, out.requests - 1)} | {out.outcome} "
             f"| {tokens} | {out.wall_s:.0f} |"
         )

@@ -64,11 +64,21 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("stream_calls.py", ["--sizes", "2000", "--repeat", "1"]),
     ("journal_images.py", ["--turns", "4"]),
     ("real_model.py", ["--models", "qwen3", "--context", "4000"]),
+    ("streaming.py:first_byte", ["--turns", "10"]),
+    ("streaming.py:cpu", ["--lengths", "500", "--cpu-turns", "2"]),
+    (
+        "keepalive_stall.py",
+        ["--stall", "12", "--idle", "10", "--keepalive", "2", "--control-keepalive", "40"],
+    ),
 ]
 
 # A bench that prints another table with other arguments is registered again as
 # `NAME:VARIANT`, run with these arguments first; its output goes to `NAME-VARIANT.md`.
-VARIANTS: dict[str, list[str]] = {"loop_responsiveness.py:images": ["--images"]}
+VARIANTS: dict[str, list[str]] = {
+    "loop_responsiveness.py:images": ["--images"],
+    "streaming.py:first_byte": ["--first-byte-only"],
+    "streaming.py:cpu": ["--cpu-only"],
+}
 
 # The arguments of a full run (the docs' tables), where they are not the bench's defaults.
 FULL: dict[str, list[str]] = {

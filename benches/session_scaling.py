@@ -125,7 +125,7 @@ def unique_tokens(turns: list[JournaledTurn]) -> int:
     return sum(len(t) for t in store._tail) + sum(len(o) for o in store._output)  # noqa: SLF001
 
 
-def main(quick: bool, write: bool) -> None:
+def main(quick: bool) -> None:
     logging.getLogger("tokentrail").setLevel(logging.ERROR)
     out = Report("session_scaling")
     tokenizer = load_tokenizer()
@@ -151,13 +151,10 @@ def main(quick: bool, write: bool) -> None:
             f"{budget / 1e6:>10.2f}{tt['samples']:>8}"
         )
     out.line(f"machine: {machine()}")
-    if write:
-        out.write("Session scaling")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="only the 32-turn sessions")
-    parser.add_argument("--write", action="store_true", help="docs/performance/session_scaling.md")
     args = parser.parse_args()
-    main(args.quick, args.write)
+    main(args.quick)

@@ -24,6 +24,7 @@ an event (its default `--stream-interval`), cumulative (SGLang's default) or inc
   SSE written once the turn is done), the stand-in (its own process) not counted.
 
     python benches/streaming.py [--turns 300] [--lengths 500,2000] [--token-delay 0]
+        [--cpu-only | --first-byte-only]
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import aiohttp  # noqa: E402
-from report import Report, machine  # noqa: E402
+from report import machine  # noqa: E402
 
 import tokentrail.adapter.turn.turns as turns_module  # noqa: E402
 import tokentrail.engines.http as engines_http  # noqa: E402
@@ -316,7 +317,7 @@ def main() -> None:
     parser.add_argument("--first-tokens", type=int, default=64)
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--cpu-only", action="store_true", help="only the CPU table")
-    parser.add_argument("--write", action="store_true", help="docs/performance/streaming.md")
+    parser.add_argument("--first-byte-only", action="store_true", help="only first-byte tables")
     args = parser.parse_args()
 
     # The stand-in and the client (the harness) in this process's loop, as measured before;
@@ -342,13 +343,15 @@ def main() -> None:
         cpu = rows["sink CPU per call"][0]
         print(f"| LiveReply.sink CPU per call (decode, parse, delta) | {cpu:.3f} | | |")
         print()
-    out = Report("streaming")
-    out.line(
+    if args.first_byte_only:
+        print(f"machine: {machine()}")
+        return
+    print(
         f"CPU per turn, adapter and client (ms, process CPU over {args.cpu_turns} turns), "
         "streamed as sampled vs generated whole"
     )
-    out.line("| tokens | SGLang stream | whole | streamed | streamed / whole |")
-    out.line("|---:|---|---:|---:|---:|")
+    print("| tokens | SGLang stream | whole | streamed | streamed / whole |")
+    print("|---:|---|---:|---:|---:|")
     for n in (int(x) for x in args.lengths.split(",")):
         ids = reply_ids(n)
         for incremental in (False, True):
@@ -356,13 +359,9 @@ def main() -> None:
                 _, whole = asyncio.run(run_turns(url, False, args.cpu_turns))
                 _, live = asyncio.run(run_turns(url, True, args.cpu_turns))
             mode = "incremental" if incremental else "cumulative (default)"
-            out.line(
-                f"| {n} | {mode} | {whole * 1000:.1f} | {live * 1000:.1f} | {live / whole:.2f} |"
-            )
-    out.line()
-    out.line(f"machine: {machine()}")
-    if args.write:
-        out.write("Streaming a turn as it is sampled: CPU")
+            print(f"| {n} | {mode} | {whole * 1000:.1f} | {live * 1000:.1f} | {live / whole:.2f} |")
+    print()
+    print(f"machine: {machine()}")
 
 
 if __name__ == "__main__":

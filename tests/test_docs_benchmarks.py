@@ -33,12 +33,17 @@ def test_a_data_file_names_its_run() -> None:
     assert "```text\na | b\n1 | 2\n```" in page
 
 
-def test_every_included_table_is_a_written_run() -> None:
-    included = {
+def _included() -> set[str]:
+    """The data files the docs pages include."""
+    return {
         m.group(1)
         for page in DOCS.rglob("*.md")
         for m in re.finditer(r'^--8<-- "benchmarks/([\w.-]+)"', page.read_text("utf-8"), re.M)
     }
+
+
+def test_every_included_table_is_a_written_run() -> None:
+    included = _included()
     assert included, "no page includes a generated table"
     run_all = _run_all()
     # Each data file a registered bench writes, and the file that bench runs.
@@ -58,3 +63,42 @@ def test_a_full_run_names_registered_benches() -> None:
     assert run_all.output_name("loop_responsiveness.py:images") == "loop_responsiveness-images.md"
     assert run_all.script("loop_responsiveness.py:images") == "loop_responsiveness.py"
     assert all(args and all(isinstance(a, str) for a in args) for args in run_all.FULL.values())
+
+
+def test_every_written_table_is_included() -> None:
+    """A data file no page includes is a table no reader sees; one no registered bench writes
+    cannot be run again."""
+    run_all = _run_all()
+    written = {p.name for p in (DOCS / "benchmarks").glob("*.md")} - {"index.md"}
+    assert written - _included() == set(), sorted(written - _included())
+    registered = {run_all.output_name(name) for name, _ in run_all.BENCHES}
+    assert written - registered == set(), sorted(written - registered)
+
+
+# The README cannot include a data file (GitHub shows it as it is), so its one table of
+# numbers is held to the runs' output here: each row, by its first cell, and the line of the
+# data file whose numbers it shows.
+README_ROWS = {
+    "off (the re-rendered echo taken as sent)": (
+        "echo_restore_table.md",
+        "rewritten echo, no restore",
+    ),
+    "on (the default)": ("echo_restore_table.md", "restore before render"),
+    "off, upstream `merge` policy": ("harness_behaviours.md", "merge, restore off"),
+    "on": ("harness_behaviours.md", "merge, restore on"),
+}
+
+
+def test_the_readme_table_is_the_runs_output() -> None:
+    rows = {}
+    for line in (ROOT / "README.md").read_text("utf-8").splitlines():
+        cells = [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] in README_ROWS:
+            rows[cells[0]] = [c for c in cells[1:4] if c]
+    assert set(rows) == set(README_ROWS), sorted(set(README_ROWS) - set(rows))
+    for label, numbers in rows.items():
+        name, run_row = README_ROWS[label]
+        text = (DOCS / "benchmarks" / name).read_text("utf-8")
+        found = [ln.split() for ln in text.splitlines() if ln.startswith(run_row)]
+        assert found, f"docs/benchmarks/{name} has no row {run_row!r}"
+        assert all(n in found[-1] for n in numbers), (label, numbers, found[-1])
