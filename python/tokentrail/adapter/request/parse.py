@@ -174,14 +174,16 @@ def parse_reusing(
     """`raw` parsed, reusing `previous`'s values for what kept its bytes; `RequestError` for
     what `parse_body` refuses."""
     array = proto.array_field if isinstance(proto, ResumableProtocol) else "messages"
+    if previous is not None and previous.protocol != proto.name:
+        previous = None
     try:
-        index = load_backend().index_body(raw, array)
+        # The previous body's index holds for the bytes both share: only the rest is scanned.
+        after = None if previous is None else (previous.raw, previous.index)
+        index = load_backend().index_body(raw, array, after)
     except BodyShapeError:
         return Parsed(parse_body(raw, max_depth))
     if index.surrogate_escape or index.depth > max_depth or index.structural > STEPWISE_ABOVE:
         return Parsed(parse_body(raw, max_depth))
-    if previous is not None and previous.protocol != proto.name:
-        previous = None
     try:
         if previous is None:
             body = decode_lifting(raw, _DECODER.decode)

@@ -31,8 +31,13 @@ class BodyIndex:
         return len(self.elements)
 
 
-def index_body(body: bytes, array: str) -> BodyIndex:
-    """Index `body`; `BodyShapeError` when the scan does not take it."""
+def index_body(
+    body: bytes, array: str, previous: tuple[bytes, BodyIndex] | None = None
+) -> BodyIndex:
+    """Index `body`; `BodyShapeError` when the scan does not take it. `previous` (the
+    session's previous body and its index) is what the core resumes from; the reference
+    scans the whole body, to the same result."""
+    del previous
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:
