@@ -145,7 +145,7 @@ def test_an_index_resumed_from_the_previous_body_is_a_full_index(
     old = json.dumps(body, **layout).encode()
     new = json.dumps(_edited(body, edit, extra), **layout).encode()
     if broken or edit == "break_tail":
-        new = new[:-1] + b',]}' if broken else new[: len(new) * 3 // 4]
+        new = new[:-1] + b",]}" if broken else new[: len(new) * 3 // 4]
     before = _index_or_none(old)
     if isinstance(before, str):
         return
