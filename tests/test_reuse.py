@@ -101,6 +101,8 @@ def test_the_core_index_is_the_reference_index(
     assert (core is None) == (ref is None)
     if core is not None:
         _same_index(core, ref)
+        for start in (0, 1, len(core), len(core) + 2):
+            assert core.elements_from(start) == ref.elements_from(start) == core.elements[start:]
         for key, start, end in core.fields:
             assert json.loads(raw[start:end]) == body[key]
         if core.array_field is not None:

@@ -338,6 +338,8 @@ class BodyIndex:
     @property
     def elements(self) -> list[tuple[int, int]]:
         """`(start, end)` of each element of the array field."""
+    def elements_from(self, start: int) -> list[tuple[int, int]]:
+        """`(start, end)` of each element of the array field from the `start`-th on."""
     @property
     def depth(self) -> int:
         """The deepest nesting of objects and arrays; the body itself is 1."""

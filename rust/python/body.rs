@@ -33,6 +33,16 @@ impl PyBodyIndex {
         self.0.elements.iter().map(|s| (s.start, s.end)).collect()
     }
 
+    /// `(start, end)` of each element of the array field from the `start`-th on (what a
+    /// caller that reuses the earlier ones reads: no tuple made for those).
+    fn elements_from(&self, start: usize) -> Vec<(usize, usize)> {
+        let from = start.min(self.0.elements.len());
+        self.0.elements[from..]
+            .iter()
+            .map(|s| (s.start, s.end))
+            .collect()
+    }
+
     #[getter]
     fn depth(&self) -> usize {
         self.0.depth

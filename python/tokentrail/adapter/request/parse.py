@@ -204,7 +204,7 @@ def _parse_changed(raw: bytes, index: _core.BodyIndex, previous: KnownRequest) -
     body: dict[str, Any] = {}
     for pos, (key, start, end) in enumerate(fields):
         if pos == array_at:
-            body[key] = _elements(raw, index.elements, previous, key, first_changed)
+            body[key] = _elements(raw, index, previous, key, first_changed)
         elif key in changed:
             body[key] = decode_lifting(raw, _DECODER.decode, start, end)
         else:
@@ -216,7 +216,7 @@ def _parse_changed(raw: bytes, index: _core.BodyIndex, previous: KnownRequest) -
 
 def _elements(
     raw: bytes,
-    spans: Sequence[tuple[int, int]],
+    index: _core.BodyIndex,
     previous: KnownRequest,
     key: str,
     first_changed: int,
@@ -226,5 +226,5 @@ def _elements(
     if len(kept) < first_changed:
         kept = []
         first_changed = 0
-    new = spans[first_changed:]
+    new = index.elements_from(first_changed)
     return kept + [decode_lifting(raw, _DECODER.decode, start, end) for start, end in new]

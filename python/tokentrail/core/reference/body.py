@@ -30,6 +30,9 @@ class BodyIndex:
     def __len__(self) -> int:
         return len(self.elements)
 
+    def elements_from(self, start: int) -> list[tuple[int, int]]:
+        return self.elements[start:]
+
 
 def index_body(
     body: bytes, array: str, previous: tuple[bytes, BodyIndex] | None = None
