@@ -11,6 +11,10 @@
 //! JSON parser afterwards, and whatever is reused was parsed from the same bytes before. What
 //! the index cannot take (a key written with escapes, a key given twice, broken structure) is
 //! refused with a reason, and the caller parses the whole body instead.
+//!
+//! A session's next body starts with most of its previous one: [`index_after`] takes the
+//! previous body's index for the bytes both share (one `memcmp`) and scans only from the
+//! last array element that starts inside them, so a turn's index costs what it adds.
 use std::fmt;
 
 use memchr::memchr2;
@@ -36,6 +40,17 @@ pub struct BodyIndex {
     /// Separators and openings (`,` `{` `[`) outside strings: how many values there are.
     pub structural: usize,
     /// Whether a string holds a `\uD800`..`\uDFFF` escape (which may be a lone surrogate).
+    pub surrogate_escape: bool,
+    /// The scan's counts where each element of the array starts (what [`index_after`]
+    /// resumes from).
+    pub marks: Vec<Mark>,
+}
+
+/// The scan's counts at the start of an array element: what the bytes before it hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    pub depth: usize,
+    pub structural: usize,
     pub surrogate_escape: bool,
 }
 
@@ -82,6 +97,71 @@ pub fn index(body: &[u8], array: &str) -> Result<BodyIndex, ScanError> {
     };
     scan.object(array.as_bytes())?;
     Ok(scan.out)
+}
+
+/// Index `body` as [`index`] does (the same result, or the same refusal), taking `old`'s
+/// index of `old_body` for the bytes the two bodies share: the scan resumes at the last
+/// element of `old`'s array that starts inside their common prefix. Without such an
+/// element (another array field, a change before it) it is [`index`].
+pub fn index_after(
+    old_body: &[u8],
+    old: &BodyIndex,
+    body: &[u8],
+    array: &str,
+) -> Result<BodyIndex, ScanError> {
+    let Some(at) = old.array_field else {
+        return index(body, array);
+    };
+    let (key, span) = &old.fields[at];
+    if key.as_bytes() != array.as_bytes() || old.marks.len() != old.elements.len() {
+        return index(body, array);
+    }
+    let shared = common_prefix(old_body, body);
+    // The first element starting at or past the shared bytes: the scan reads the byte an
+    // element starts at (to stop skipping whitespace), so that byte must be shared too.
+    let k = old.elements.partition_point(|e| e.start < shared);
+    if k == 0 {
+        return index(body, array);
+    }
+    let k = k - 1;
+    let resume = old.elements[k].start;
+    // The shared bytes were valid UTF-8 in `old_body` and end at a character boundary (the
+    // byte before an element is ASCII), so only what follows is checked.
+    std::str::from_utf8(&body[resume..]).map_err(|_| ScanError::NotUtf8)?;
+    let mark = old.marks[k];
+    let mut scan = Scanner {
+        b: body,
+        out: BodyIndex {
+            fields: old.fields[..at].to_vec(),
+            array_field: Some(at),
+            elements: old.elements[..k].to_vec(),
+            depth: mark.depth,
+            structural: mark.structural,
+            surrogate_escape: mark.surrogate_escape,
+            marks: old.marks[..k].to_vec(),
+        },
+    };
+    let end = scan.elements(resume)?;
+    if let Some(next) = scan.close_field(key.clone(), span.start, end)? {
+        scan.fields(next, array.as_bytes())?;
+    }
+    Ok(scan.out)
+}
+
+/// How many leading bytes `a` and `b` share.
+pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 4096;
+    let n = a.len().min(b.len());
+    let mut start = 0;
+    while start + BLOCK <= n && a[start..start + BLOCK] == b[start..start + BLOCK] {
+        start += BLOCK;
+    }
+    start
+        + a[start..n]
+            .iter()
+            .zip(&b[start..n])
+            .take_while(|(x, y)| x == y)
+            .count()
 }
 
 /// Which fields and elements of `new` differ from `old` (see [`BodyDiff`]).
@@ -145,12 +225,17 @@ impl Scanner<'_> {
     /// The top-level object.
     fn object(&mut self, array: &[u8]) -> Result<(), ScanError> {
         self.out.depth = 1;
-        let mut i = self.expect(self.ws(0), b'{')?;
+        let i = self.expect(self.ws(0), b'{')?;
         self.out.structural += 1;
-        i = self.ws(i);
+        let i = self.ws(i);
         if self.b.get(i) == Some(&b'}') {
             return self.end(i + 1);
         }
+        self.fields(i, array)
+    }
+
+    /// The object's fields from the key at `i` to its end.
+    fn fields(&mut self, mut i: usize, array: &[u8]) -> Result<(), ScanError> {
         loop {
             let key_start = i;
             let key_end = self.string(i)?;
@@ -172,16 +257,30 @@ impl Scanner<'_> {
             } else {
                 self.value(i, 1)?
             };
-            self.out.fields.push((key, Span { start, end: i }));
-            i = self.ws(i);
-            match self.b.get(i) {
-                Some(b',') => {
-                    self.out.structural += 1;
-                    i = self.ws(i + 1);
-                }
-                Some(b'}') => return self.end(i + 1),
-                _ => return Err(ScanError::Syntax(i)),
+            match self.close_field(key, start, i)? {
+                Some(next) => i = next,
+                None => return Ok(()),
             }
+        }
+    }
+
+    /// Record the field `key` whose value spans `start..i`; returns where the next key
+    /// starts, or None at the end of the object (and of the body).
+    fn close_field(
+        &mut self,
+        key: String,
+        start: usize,
+        i: usize,
+    ) -> Result<Option<usize>, ScanError> {
+        self.out.fields.push((key, Span { start, end: i }));
+        let i = self.ws(i);
+        match self.b.get(i) {
+            Some(b',') => {
+                self.out.structural += 1;
+                Ok(Some(self.ws(i + 1)))
+            }
+            Some(b'}') => self.end(i + 1).map(|()| None),
+            _ => Err(ScanError::Syntax(i)),
         }
     }
 
@@ -198,12 +297,22 @@ impl Scanner<'_> {
     fn array(&mut self, i: usize) -> Result<usize, ScanError> {
         self.out.structural += 1;
         self.out.depth = self.out.depth.max(2);
-        let mut i = self.ws(i + 1);
+        let i = self.ws(i + 1);
         if self.b.get(i) == Some(&b']') {
             return Ok(i + 1);
         }
+        self.elements(i)
+    }
+
+    /// The array's elements from the one at `i`; returns the offset after the array.
+    fn elements(&mut self, mut i: usize) -> Result<usize, ScanError> {
         loop {
             let start = i;
+            self.out.marks.push(Mark {
+                depth: self.out.depth,
+                structural: self.out.structural,
+                surrogate_escape: self.out.surrogate_escape,
+            });
             i = self.value(i, 2)?;
             self.out.elements.push(Span { start, end: i });
             i = self.ws(i);
@@ -406,5 +515,136 @@ mod tests {
         assert_eq!(names, ["system", "x"]);
         assert_eq!(d.first_changed, 2);
         assert_eq!(diff(new, &b, new, &b).first_changed, 4);
+    }
+    /// A small deterministic generator (xorshift) for the differential tests.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// One array element: nested values, escapes (surrogate ones included), non-ASCII text
+    /// and whitespace, sometimes broken.
+    fn element(rng: &mut Rng, depth: usize) -> String {
+        let pieces = [
+            r#""a""#,
+            r#""\ud83d\ude00""#,
+            r#""é ] } \" ,""#,
+            "12",
+            "true",
+            " ",
+            "\n",
+            r#""x\\""#,
+        ];
+        match rng.below(if depth > 2 { 4 } else { 7 }) {
+            0..=2 => pieces[rng.below(pieces.len())].to_owned(),
+            3 => format!("{}{}", pieces[rng.below(3)], pieces[5 + rng.below(2)]),
+            4 => {
+                let n = rng.below(4);
+                let inner: Vec<String> = (0..n)
+                    .map(|i| format!(r#""k{i}": {}"#, element(rng, depth + 1)))
+                    .collect();
+                format!("{{{}}}", inner.join(", "))
+            }
+            5 => {
+                let n = rng.below(4);
+                let inner: Vec<String> = (0..n).map(|_| element(rng, depth + 1)).collect();
+                format!("[{}]", inner.join(","))
+            }
+            _ => ["{", "]", r#""open"#, "\u{ff}"][rng.below(4)].to_owned(),
+        }
+    }
+
+    fn body(rng: &mut Rng, elements: &[String]) -> String {
+        let before = [r#""model": "m", "#, r#""system": [1, {"a": "b"}], "#, ""];
+        let after = [r#", "tools": [{"name": "t"}]"#, r#", "x": 0"#, ""];
+        format!(
+            "{{{}\"messages\": [{}]{}}}",
+            before[rng.below(3)],
+            elements.join(if rng.below(4) == 0 { " ,\n" } else { "," }),
+            after[rng.below(3)]
+        )
+    }
+
+    #[test]
+    fn index_after_equals_a_full_index() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut resumed_ok = 0;
+        for _ in 0..3000 {
+            let mut elements: Vec<String> =
+                (0..rng.below(6)).map(|_| element(&mut rng, 1)).collect();
+            let old = body(&mut rng, &elements);
+            // The next body: the same elements with some appended, the tail changed or cut,
+            // or another field changed.
+            match rng.below(4) {
+                0 => elements.truncate(rng.below(elements.len() + 1)),
+                1 => {
+                    if let Some(last) = elements.last_mut() {
+                        *last = element(&mut rng, 1);
+                    }
+                }
+                _ => {}
+            }
+            for _ in 0..rng.below(4) {
+                elements.push(element(&mut rng, 1));
+            }
+            let new = body(&mut rng, &elements);
+            let Ok(old_index) = index(old.as_bytes(), "messages") else {
+                continue;
+            };
+            for array in ["messages", "system"] {
+                let full = index(new.as_bytes(), array);
+                let resumed = index_after(old.as_bytes(), &old_index, new.as_bytes(), array);
+                resumed_ok += usize::from(
+                    array == "messages" && old_index.elements.len() > 1 && full.is_ok(),
+                );
+                assert_eq!(resumed, full, "{old:?} -> {new:?} ({array})");
+            }
+        }
+        // Enough of them valid, with elements to resume from, for the test to say something.
+        assert!(resumed_ok > 300, "{resumed_ok}");
+    }
+
+    #[test]
+    fn index_after_resumes_inside_the_shared_bytes() {
+        let old = r#"{"messages": [{"a": "\ud800"}, [[1]], "x"], "tools": []}"#;
+        let new =
+            r#"{"messages": [{"a": "\ud800"}, [[1]], "xy", {"b": [2]}], "tools": [], "z": 1}"#;
+        let a = index(old.as_bytes(), "messages").unwrap();
+        let b = index_after(old.as_bytes(), &a, new.as_bytes(), "messages").unwrap();
+        assert_eq!(b, index(new.as_bytes(), "messages").unwrap());
+        assert_eq!(b.marks.len(), b.elements.len());
+        assert!(b.surrogate_escape);
+        assert_eq!(b.depth, 4);
+        // Broken past the shared bytes: refused as a full index refuses it.
+        let broken = r#"{"messages": [{"a": "\ud800"}, [[1]], "x", {]}"#;
+        let c = index_after(old.as_bytes(), &a, broken.as_bytes(), "messages");
+        assert_eq!(c, index(broken.as_bytes(), "messages"));
+        assert!(c.is_err());
+        let not_utf8 = b"{\"messages\": [{\"a\": \"\\ud800\"}, [[1]], \"\xff\"]}";
+        assert_eq!(
+            index_after(old.as_bytes(), &a, not_utf8, "messages"),
+            Err(ScanError::NotUtf8)
+        );
+    }
+
+    #[test]
+    fn common_prefix_counts_shared_bytes() {
+        let a = vec![7u8; 10_000];
+        let mut b = a.clone();
+        assert_eq!(common_prefix(&a, &b), 10_000);
+        b[9_000] = 1;
+        assert_eq!(common_prefix(&a, &b), 9_000);
+        assert_eq!(common_prefix(&a[..5], &b), 5);
+        assert_eq!(common_prefix(b"", &b), 0);
     }
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -27,6 +28,7 @@ from tokentrail.adapter.protocols.responses import OpenAIResponses
 from tokentrail.adapter.request.memo import KnownRequest, RequestMemo
 from tokentrail.adapter.request.parse import parse_body, parse_reusing
 from tokentrail.adapter.request.translate import translate_reusing
+from tokentrail.core.backend import load_backend
 from tokentrail.core.reference import body as reference
 from tokentrail.errors import BodyShapeError, RequestError
 from tokentrail.sim.harness import Behaviour, HarnessSim, SessionSpec, simulate
@@ -99,6 +101,8 @@ def test_the_core_index_is_the_reference_index(
     assert (core is None) == (ref is None)
     if core is not None:
         _same_index(core, ref)
+        for start in (0, 1, len(core), len(core) + 2):
+            assert core.elements_from(start) == ref.elements_from(start) == core.elements[start:]
         for key, start, end in core.fields:
             assert json.loads(raw[start:end]) == body[key]
         if core.array_field is not None:
@@ -106,6 +110,86 @@ def test_the_core_index_is_the_reference_index(
     else:
         # Only keys written with escapes are refused in a well-formed body.
         assert any("\\" in json.dumps(k) for k in body)
+
+
+# How the session's next body differs from its previous one: messages appended, the last
+# ones changed or cut, a top-level field changed, bytes after the messages broken.
+edits = st.sampled_from(["append", "replace_last", "cut", "field", "break_tail", "same"])
+
+
+def _edited(body: dict[str, Any], edit: str, extra: list[Any]) -> dict[str, Any]:
+    new = dict(body)
+    messages = list(new.get("messages", []))
+    if edit == "append":
+        messages += extra
+    elif edit == "replace_last" and messages:
+        messages[-1:] = extra[:1]
+    elif edit == "cut":
+        messages = messages[: len(messages) // 2]
+    elif edit == "field":
+        new["system"] = extra
+    if "messages" in new or edit in ("append", "replace_last"):
+        new["messages"] = messages
+    return new
+
+
+def _index_or_none(raw: bytes, previous: tuple[bytes, Any] | None = None) -> Any:
+    try:
+        return _core.index_body(raw, "messages", previous)
+    except BodyShapeError as exc:
+        return str(exc)
+
+
+@given(bodies, edits, st.lists(values, max_size=3), layouts, st.booleans())
+def test_an_index_resumed_from_the_previous_body_is_a_full_index(
+    body: dict[str, Any], edit: str, extra: list[Any], layout: dict[str, Any], broken: bool
+) -> None:
+    old = json.dumps(body, **layout).encode()
+    new = json.dumps(_edited(body, edit, extra), **layout).encode()
+    if broken or edit == "break_tail":
+        new = new[:-1] + b",]}" if broken else new[: len(new) * 3 // 4]
+    before = _index_or_none(old)
+    if isinstance(before, str):
+        return
+    full, resumed = _index_or_none(new), _index_or_none(new, (old, before))
+    if isinstance(full, str):
+        assert resumed == full  # refused alike, with the same reason
+    else:
+        _same_index(resumed, full)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _resumed_indexes_are_checked() -> Iterator[None]:
+    """Every index these tests' requests resume from a previous body is also made whole and
+    compared: the fast path is held to the slow one on every request sent here."""
+    core = load_backend()
+    fast = core.index_body
+    if fast is not _core.index_body:
+        yield
+        return
+
+    def checked(raw: bytes, array: str, previous: Any = None) -> Any:
+        try:
+            whole = fast(raw, array)
+        except BodyShapeError as exc:
+            with pytest.raises(BodyShapeError) as again:
+                fast(raw, array, previous)
+            assert str(again.value) == str(exc)
+            raise
+        index = fast(raw, array, previous)
+        for name in ("fields", "array_field", "elements", "depth", "structural"):
+            assert getattr(index, name) == getattr(whole, name)
+        assert index.surrogate_escape == whole.surrogate_escape
+        RESUMED.append(previous is not None)
+        return index
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(core, "index_body", checked)
+        yield
+
+
+# Whether each index the tests made had a previous body to resume from.
+RESUMED: list[bool] = []
 
 
 @given(bodies, st.data())
@@ -256,6 +340,7 @@ def test_a_resumed_translation_equals_a_full_one(
     assert len(bodies) >= 8
     known: KnownRequest | None = None
     resumed = 0
+    RESUMED.clear()
     for raw in bodies:
         parsed = parse_reusing(raw, protocol, known, DEPTH)
         translated = translate_reusing(
@@ -276,6 +361,8 @@ def test_a_resumed_translation_equals_a_full_one(
         known = KnownRequest(protocol.name, raw, parsed.index, parsed.body, translated)
     # Most requests resume the one before (a compaction or a sub-agent starts over).
     assert resumed >= len(bodies) // 2
+    # Every request after the first had its index resumed from the one before (and checked).
+    assert RESUMED == [False] + [True] * (len(bodies) - 1)
 
 
 @pytest.mark.parametrize("protocol", ["anthropic", "openai", "responses"])

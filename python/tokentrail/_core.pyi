@@ -338,6 +338,8 @@ class BodyIndex:
     @property
     def elements(self) -> list[tuple[int, int]]:
         """`(start, end)` of each element of the array field."""
+    def elements_from(self, start: int) -> list[tuple[int, int]]:
+        """`(start, end)` of each element of the array field from the `start`-th on."""
     @property
     def depth(self) -> int:
         """The deepest nesting of objects and arrays; the body itself is 1."""
@@ -349,9 +351,13 @@ class BodyIndex:
         """Whether a string holds a `\\uD800`..`\\uDFFF` escape."""
     def __len__(self) -> int: ...
 
-def index_body(body: bytes, array: str) -> BodyIndex:
-    """Index `body`; `array` names the field whose elements get spans. Raises
-    `BodyShapeError` when the index does not take the body (the caller parses it whole)."""
+def index_body(
+    body: bytes, array: str, previous: tuple[bytes, BodyIndex] | None = None
+) -> BodyIndex:
+    """Index `body`; `array` names the field whose elements get spans. `previous`: the
+    session's previous body and its index, taken for the bytes both share (the same result
+    as without it). Raises `BodyShapeError` when the index does not take the body (the
+    caller parses it whole)."""
 
 def diff_bodies(
     old_body: bytes, old: BodyIndex, new_body: bytes, new: BodyIndex

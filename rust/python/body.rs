@@ -1,5 +1,6 @@
 //! The binding of the body index: `tokentrail._core.index_body`, `diff_bodies`, `BodyIndex`.
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 
 use super::BodyShapeError;
 use crate::body::{self, BodyIndex};
@@ -32,6 +33,16 @@ impl PyBodyIndex {
         self.0.elements.iter().map(|s| (s.start, s.end)).collect()
     }
 
+    /// `(start, end)` of each element of the array field from the `start`-th on (what a
+    /// caller that reuses the earlier ones reads: no tuple made for those).
+    fn elements_from(&self, start: usize) -> Vec<(usize, usize)> {
+        let from = start.min(self.0.elements.len());
+        self.0.elements[from..]
+            .iter()
+            .map(|s| (s.start, s.end))
+            .collect()
+    }
+
     #[getter]
     fn depth(&self) -> usize {
         self.0.depth
@@ -52,11 +63,25 @@ impl PyBodyIndex {
     }
 }
 
-/// Index `body`; `array` names the field whose elements get spans. `BodyShapeError` when the
-/// index does not take the body.
+/// Index `body`; `array` names the field whose elements get spans. `previous`: the
+/// session's previous body and its index, taken for the bytes both share (the same result
+/// as without it). `BodyShapeError` when the index does not take the body.
 #[pyfunction]
-pub(super) fn index_body(py: Python<'_>, body: &[u8], array: &str) -> PyResult<PyBodyIndex> {
-    py.detach(|| body::index(body, array))
+#[pyo3(signature = (body, array, previous = None))]
+pub(super) fn index_body(
+    py: Python<'_>,
+    body: &[u8],
+    array: &str,
+    previous: Option<(PyBackedBytes, Bound<'_, PyBodyIndex>)>,
+) -> PyResult<PyBodyIndex> {
+    let result = match &previous {
+        Some((old_body, old)) => {
+            let (old_body, old): (&[u8], &BodyIndex) = (old_body, &old.get().0);
+            py.detach(|| body::index_after(old_body, old, body, array))
+        }
+        None => py.detach(|| body::index(body, array)),
+    };
+    result
         .map(PyBodyIndex)
         .map_err(|err| BodyShapeError::new_err(err.to_string()))
 }

@@ -174,14 +174,16 @@ def parse_reusing(
     """`raw` parsed, reusing `previous`'s values for what kept its bytes; `RequestError` for
     what `parse_body` refuses."""
     array = proto.array_field if isinstance(proto, ResumableProtocol) else "messages"
+    if previous is not None and previous.protocol != proto.name:
+        previous = None
     try:
-        index = load_backend().index_body(raw, array)
+        # The previous body's index holds for the bytes both share: only the rest is scanned.
+        after = None if previous is None else (previous.raw, previous.index)
+        index = load_backend().index_body(raw, array, after)
     except BodyShapeError:
         return Parsed(parse_body(raw, max_depth))
     if index.surrogate_escape or index.depth > max_depth or index.structural > STEPWISE_ABOVE:
         return Parsed(parse_body(raw, max_depth))
-    if previous is not None and previous.protocol != proto.name:
-        previous = None
     try:
         if previous is None:
             body = decode_lifting(raw, _DECODER.decode)
@@ -202,7 +204,7 @@ def _parse_changed(raw: bytes, index: _core.BodyIndex, previous: KnownRequest) -
     body: dict[str, Any] = {}
     for pos, (key, start, end) in enumerate(fields):
         if pos == array_at:
-            body[key] = _elements(raw, index.elements, previous, key, first_changed)
+            body[key] = _elements(raw, index, previous, key, first_changed)
         elif key in changed:
             body[key] = decode_lifting(raw, _DECODER.decode, start, end)
         else:
@@ -214,7 +216,7 @@ def _parse_changed(raw: bytes, index: _core.BodyIndex, previous: KnownRequest) -
 
 def _elements(
     raw: bytes,
-    spans: Sequence[tuple[int, int]],
+    index: _core.BodyIndex,
     previous: KnownRequest,
     key: str,
     first_changed: int,
@@ -224,5 +226,5 @@ def _elements(
     if len(kept) < first_changed:
         kept = []
         first_changed = 0
-    new = spans[first_changed:]
+    new = index.elements_from(first_changed)
     return kept + [decode_lifting(raw, _DECODER.decode, start, end) for start, end in new]

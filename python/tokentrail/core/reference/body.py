@@ -30,9 +30,17 @@ class BodyIndex:
     def __len__(self) -> int:
         return len(self.elements)
 
+    def elements_from(self, start: int) -> list[tuple[int, int]]:
+        return self.elements[start:]
 
-def index_body(body: bytes, array: str) -> BodyIndex:
-    """Index `body`; `BodyShapeError` when the scan does not take it."""
+
+def index_body(
+    body: bytes, array: str, previous: tuple[bytes, BodyIndex] | None = None
+) -> BodyIndex:
+    """Index `body`; `BodyShapeError` when the scan does not take it. `previous` (the
+    session's previous body and its index) is what the core resumes from; the reference
+    scans the whole body, to the same result."""
+    del previous
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:

@@ -120,9 +120,27 @@ class Base(Generic[Item]):
     """One conversation branch a later turn may continue: its latest turn."""
 
     seq: int
-    tokens: TokenArray  # prompt + output ids
+    # Its prompt and output ids, kept as given (the writer's are the pipeline's own arrays):
+    # a branch's tokens are the prompt then the output, never joined into a copy.
+    prompt: TokenArray
+    output: TokenArray
     # The writer keeps message digests, a reader the messages themselves.
     messages: list[Item]
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def shared(self, ids: TokenArray) -> int:
+        """How many leading ids of `ids` are this branch's prompt then output."""
+        n = prefix_len(self.prompt, ids)
+        if n == len(self.prompt) and len(ids) > n and len(self.output):
+            n += prefix_len(self.output, ids[n:])
+        return n
+
+    def head(self, n: int) -> list[TokenArray]:
+        """Its first `n` tokens, as parts (for one concatenation with what follows)."""
+        cut = len(self.prompt)
+        return [self.prompt[:n]] if n <= cut else [self.prompt, self.output[: n - cut]]
 
 
 @dataclass
@@ -140,7 +158,7 @@ class Bases(Generic[Item]):
     def token_base(self, prompt: TokenArray) -> tuple[int, int, list[int]]:
         """(base seq, shared prefix) of the branch sharing the longest prefix, and every
         branch's shared prefix (for `add`)."""
-        shared = [prefix_len(b.tokens, prompt) for b in self.items]
+        shared = [b.shared(prompt) for b in self.items]
         best, at = 0, 0
         for base, n in zip(self.items, shared, strict=True):
             if n > at or (n == at and n):
@@ -158,12 +176,14 @@ class Bases(Generic[Item]):
 
     def digested(self: Bases[Message]) -> Bases[Digest]:
         """A reader's branches as a writer keeps them: messages as digests."""
-        return Bases([Base(b.seq, b.tokens, list(map(digest, b.messages))) for b in self.items])
+        return Bases(
+            [Base(b.seq, b.prompt, b.output, list(map(digest, b.messages))) for b in self.items]
+        )
 
     def add(self, base: Base[Item], shared: list[int]) -> None:
         """A new turn: it replaces the branches its prompt contains; the oldest go beyond
         `MAX_BASES`. `shared` is each branch's prefix with the new prompt."""
-        kept = [b for b, n in zip(self.items, shared, strict=True) if n < len(b.tokens)]
+        kept = [b for b, n in zip(self.items, shared, strict=True) if n < len(b)]
         self.items = [*kept, base][-MAX_BASES:]
 
 
@@ -331,14 +351,14 @@ class TurnDecoder:
         base_messages = self.bases.get(data["mbase"]).messages if data["mbase"] else []
         translated = [*base_messages[: data["keep"]], *data["new"]]
         if data["tbase"]:
-            held = self.bases.get(data["tbase"]).tokens
-            prompt = np.concatenate([held[: data["prefix"]], decoded.tail])
+            held = self.bases.get(data["tbase"]).head(data["prefix"])
+            prompt = np.concatenate([*held, decoded.tail])
         else:
             prompt = decoded.tail
         ref = data["tools"]
         tools = None if ref is None else tools_of(ref)
         _, _, shared = self.bases.token_base(prompt)
-        self.bases.add(Base(seq, np.concatenate([prompt, decoded.output]), translated), shared)
+        self.bases.add(Base(seq, prompt, decoded.output, translated), shared)
         self.tools_ref = ref
         return JournaledTurn(
             sid=self.sid,

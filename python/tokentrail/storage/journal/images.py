@@ -14,7 +14,7 @@ from __future__ import annotations
 import binascii
 import sqlite3
 import zlib
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,8 +92,10 @@ class StoredImages:
         """`split_images` against what is stored."""
         return split_images(metadata, self.digests)
 
-    def insert(self, db: sqlite3.Connection, images: Iterable[StoredImage]) -> None:
+    def insert(self, db: sqlite3.Connection, images: Sequence[StoredImage]) -> None:
         """Within the caller's transaction (a concurrent turn may have stored one already)."""
+        if not images:
+            return  # no statement for a turn without new images (most turns)
         db.executemany(_INSERT, [i.row() for i in images])
         # SQLite keeps its own copy of a bound blob in the cached statement until the next
         # binding: the last image's bytes would stay in memory for good. Bound again with

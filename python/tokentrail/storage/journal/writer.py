@@ -362,7 +362,7 @@ class Journal:
             if blob is not None:
                 self._tool_lists.pop(blob[0], None)  # it never reached `blobs`
             raise
-        writer.bases.add(Base(n, np.concatenate([prompt, output]), digests), shared)
+        writer.bases.add(Base(n, prompt, output, digests), shared)
         writer.tools = ref
         writer.seen, writer.seen_digests, writer.seen_tools = tuple(translated), digests, tools
         return n
