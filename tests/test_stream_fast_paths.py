@@ -224,6 +224,7 @@ def capture_run(
     capture = StreamCapture(req, lambda i, lp: runs.append((list(i), list(lp))))
     if not fast:
         capture.fast.take = lambda event: False  # type: ignore[method-assign]
+        capture.fast.take_incremental_run = lambda events: False  # type: ignore[method-assign]
     engine = SGLangEngine("http://127.0.0.1:9")
 
     def decode(event: Any) -> Any:

@@ -27,6 +27,9 @@ from tokentrail.text.tokenizer import LoadedTokenizer
 
 __all__ = ["CallDelta", "StreamDecoder", "StreamDeltas", "StreamParser"]
 
+# How many of the tokens already decoded `StreamDecoder` decodes again with the next run.
+CONTEXT_TOKENS = 4
+
 
 class StreamDecoder:
     """Text deltas of a turn's ids as they arrive; all of them together equal
@@ -55,7 +58,10 @@ class StreamDecoder:
         text = self.tokenizer.decode(self.ids[self.prefix : end])
         if text.endswith("\ufffd") or not text.startswith(before):
             return ""  # a character not complete yet
-        self.prefix, self.read = self.read, end
+        # The next window starts a few tokens back, however long this run was: context
+        # enough for a token whose text depends on the one before, and a decode of a run is
+        # not paid twice (once as its text, once as the next one's context).
+        self.prefix, self.read = max(self.read, end - CONTEXT_TOKENS), end
         return text[len(before) :]
 
     def finish(self) -> str:
