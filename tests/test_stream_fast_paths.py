@@ -366,3 +366,59 @@ def test_a_pause_after_each_run_gathers_the_events_that_arrive_meanwhile() -> No
     assert sum(held) == 60
     # Events written 1 ms apart, a run taken at most every 30 ms: far fewer runs than events.
     assert len(held) <= 20
+
+
+def test_the_pauses_grow_while_the_stream_keeps_coming_and_start_again_after_a_stall() -> None:
+    """The first run is never held; each pause after a run is `COALESCE_GROWTH` times the
+    last, up to the cap; a wait for the engine as long as the cap (a stall) starts them again
+    from the first, so what follows it reaches the harness as promptly as a turn's start."""
+    import aiohttp
+
+    events = [json.dumps({"i": i}).encode() for i in range(40)]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, event in enumerate(events):
+            await resp.write(b"data: " + event + b"\n\n")
+            await asyncio.sleep(0.6 if i == 29 else 0.01)  # a stall after the 30th
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    pauses: list[float] = []
+    original = _Body.hold
+
+    async def hold(self: _Body, seconds: float) -> None:
+        pauses.append(seconds)
+        await original(self, seconds)
+
+    async def go() -> list[bytes]:
+        app = web.Application()
+        app.router.add_get("/s", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"http://{host}:{port}/s") as resp:
+                    runs = sse_events(resp, 1 << 20, 0.02, 0.1)
+                    return [bytes(e) async for run in runs for e in run]
+        finally:
+            await runner.cleanup()
+
+    _Body.hold = hold  # type: ignore[method-assign]
+    try:
+        got = asyncio.run(go())
+    finally:
+        _Body.hold = original  # type: ignore[method-assign]
+    assert got == events
+    # 20 ms, x1.5 each, capped at 100 ms; the stall (600 ms, longer than the cap) sets the
+    # pause back to 20 ms for the run after it.
+    stall = next(i for i in range(1, len(pauses)) if pauses[i] < pauses[i - 1])
+    assert 5 <= stall and len(pauses) < 20  # far fewer runs than the 40 events
+    ramp = [min(0.1, 0.02 * 1.5**k) for k in range(len(pauses))]
+    assert pauses[:stall] == pytest.approx(ramp[:stall])  # 20, 30, 45, 67.5, 100, 100 ms
+    assert pauses[stall:] == pytest.approx(ramp[: len(pauses) - stall])
