@@ -76,10 +76,16 @@ Event = bytes | memoryview
 # while the stream keeps coming: a short reply still reaches the harness in several deltas
 # (runs after 0, 20, 50, 95 ms), a long one costs a few runs a second, not fifty. Where the
 # engine sent nothing for `COALESCE_MAX_S` (a stall), the pauses start again from the first,
-# so the tokens after it go out as promptly as a turn's first ones.
+# so the tokens after it go out as promptly as a turn's first ones. A run of `FULL_RUN_BYTES`
+# or more that a longer pause did not make larger (by `FULL_RUN_GAIN`) sets the pause back to
+# the first too: the socket's buffer was full, the engine's writes waited on it while it was
+# not read (SGLang's default stream repeats every token so far in every event, tens of KB
+# each), and a longer pause would only slow the stream down.
 COALESCE_S = 0.02
 COALESCE_GROWTH = 1.5
 COALESCE_MAX_S = 0.2
+FULL_RUN_BYTES = 64 * 1024
+FULL_RUN_GAIN = 1.2
 # The chunks of one read are split as one buffer where they average up to this size (a copy
 # of small events costs less than a pass per event); a cumulative stream's large events are
 # split chunk by chunk, uncopied.
@@ -97,7 +103,8 @@ async def sse_events(
     the adapter reads hands over many at once, and they are taken as one run). After each run
     the connection is not read for a pause, so the next run holds what arrived meanwhile: the
     first `coalesce_s` (0: none), each next one `COALESCE_GROWTH` times longer up to
-    `coalesce_max_s`, from the first again after a wait of `coalesce_max_s` for the engine.
+    `coalesce_max_s`, from the first again after a wait of `coalesce_max_s` for the engine or
+    a full socket buffer (a run of `FULL_RUN_BYTES` that did not grow with the pause).
 
     Lines end with LF or CRLF; an event's `data:` lines are joined with LF (the SSE rule);
     comments (`:`) and other fields are skipped. Raises `EventTooLong` for an event over
@@ -106,14 +113,18 @@ async def sse_events(
     body = _Body(resp)
     loop = asyncio.get_running_loop()
     pause = coalesce_s
+    last = 0  # the size of the run before the last pause
     while True:
         asked = loop.time()
         chunks = await body.read()
         if not chunks:
             break
-        if loop.time() - asked >= coalesce_max_s:
-            pause = coalesce_s  # the engine stalled: what follows goes out promptly again
-        if len(chunks) > 1 and sum(map(len, chunks)) <= JOIN_BYTES * len(chunks):
+        size = sum(map(len, chunks))
+        if loop.time() - asked >= coalesce_max_s or (
+            FULL_RUN_BYTES <= size < last * FULL_RUN_GAIN
+        ):
+            pause = coalesce_s  # the engine stalled, or waits on this socket
+        if len(chunks) > 1 and size <= JOIN_BYTES * len(chunks):
             chunks = [b"".join(chunks)]  # small events: one pass over them, not one a chunk
         batch: list[Event] = []
         for chunk in chunks:
@@ -124,6 +135,7 @@ async def sse_events(
         if batch:
             yield batch
             if pause:
+                last = size
                 await body.hold(pause)
                 pause = min(coalesce_max_s, pause * COALESCE_GROWTH)
     event = parser.end()
