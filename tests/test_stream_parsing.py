@@ -17,8 +17,8 @@ from support import fixtures
 from tokentrail.adapter.protocols import protocols
 from tokentrail.adapter.protocols.base import fill_call_ids
 from tokentrail.adapter.protocols.outcome import Outcome
-from tokentrail.text.parsing import format_output, parse_output
 from tokentrail.text import stream_parsing
+from tokentrail.text.parsing import format_output, parse_output
 from tokentrail.text.stream_parsing import StreamDecoder, StreamParser
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 
