@@ -120,14 +120,15 @@ async def sse_events(
         if not chunks:
             break
         size = sum(map(len, chunks))
-        if loop.time() - asked >= coalesce_max_s or (FULL_RUN_BYTES <= size < last * FULL_RUN_GAIN):
+        if loop.time() - asked >= coalesce_max_s or (
+            FULL_RUN_BYTES <= size < last * FULL_RUN_GAIN
+        ):
             pause = coalesce_s  # the engine stalled, or waits on this socket
-        many = len(chunks) > 1 and size <= JOIN_BYTES * len(chunks)
-        if many:
+        if len(chunks) > 1 and size <= JOIN_BYTES * len(chunks):
             chunks = [b"".join(chunks)]  # small events: one pass over them, not one a chunk
         batch: list[Event] = []
         for chunk in chunks:
-            if parser.feed(chunk, batch, many):
+            if parser.feed(chunk, batch):
                 if batch:
                     yield batch
                 return
@@ -153,14 +154,12 @@ class _Events:
         self.data: list[bytes] = []  # the general reader's lines of the event it is in
         self.size = 0
 
-    def feed(self, chunk: bytes, out: list[Event], many: bool = False) -> bool:
-        """Append the events completed by `chunk` to `out`; True at `[DONE]`. `many`: the
-        chunk is likely to hold many small events (they are cut out at once where they can
-        be)."""
+    def feed(self, chunk: bytes, out: list[Event]) -> bool:
+        """Append the events completed by `chunk` to `out`; True at `[DONE]`."""
         buf = self.rest + chunk if self.rest else chunk
         if self.data or b"\r" in buf:
             return self._lines(buf, out)
-        pos, n = self._many(buf, out) if many else 0, len(buf)
+        pos, n = 0, len(buf)
         view = memoryview(buf)
         while True:
             # A single `data:` line and a blank one; the search is for LF alone (memchr:
@@ -195,28 +194,6 @@ class _Events:
             rest, self.rest = self.rest, b""
             return self._lines(rest, out)
         return False
-
-    def _many(self, buf: bytes, out: list[Event]) -> int:
-        """Where `buf` is nothing but `data: ` lines each followed by a blank line (no CR, no
-        `[DONE]`, none over the bound) up to a rest, its events cut out in one split, not one
-        search an event; the offset of the rest (0: `buf` is of another shape, for the reader
-        of one event at a time)."""
-        if not buf.startswith(b"data: ") or b"data: [DONE]" in buf:
-            return 0
-        parts = buf.split(b"\n\n")
-        rest = parts.pop()
-        if not parts:
-            return 0
-        # Every LF is one of the blank lines' pairs (no other line, no third LF in a row) but
-        # in the rest, and every part but the first follows a pair as `data: ` does.
-        if buf.count(b"\n") != 2 * len(parts) + rest.count(b"\n") or buf.count(
-            b"\n\ndata: "
-        ) != len(parts) - 1 + rest.startswith(b"data: "):
-            return 0
-        if len(buf) >= self.max and max(map(len, parts)) - 5 > self.max:
-            return 0  # an event over the bound: the one-at-a-time reader refuses it
-        out.extend([part[6:] for part in parts])
-        return len(buf) - len(rest)
 
     def _lines(self, buf: bytes, out: list[Event]) -> bool:
         """The general reader: complete lines of `buf`, what follows the last LF kept."""
