@@ -140,8 +140,7 @@ def test_anthropic_stream_goes_out_as_sampled_and_equals_the_whole_reply(tokeniz
     assert final.stop_reason == "tool_use"
     assert [b.model_dump() for b in whole.content] == blocks
     assert final.id == whole.id and final.usage.output_tokens == whole.usage.output_tokens
-    # In many deltas as sampled (runs taken after pauses of 20, 30, 45, ... ms), not at the end.
-    assert kinds.count("content_block_delta") >= 6
+    assert kinds.count("content_block_delta") > 10
 
 
 def recorded(tokenizer, wire: str, stream: bool) -> dict[str, Any]:

@@ -369,19 +369,20 @@ def test_a_pause_after_each_run_gathers_the_events_that_arrive_meanwhile() -> No
 
 
 def test_the_pauses_grow_while_the_stream_keeps_coming_and_start_again_after_a_stall() -> None:
-    """The first run is never held; each pause after a run is `COALESCE_GROWTH` times the
-    last, up to the cap; a wait for the engine as long as the cap (a stall) starts them again
-    from the first, so what follows it reaches the harness as promptly as a turn's start."""
+    """The first run is never held; for the stream's first `COALESCE_STEADY_S` the pause is
+    the first, then each is `COALESCE_GROWTH` times the last, up to the cap; a wait for the
+    engine as long as the cap (a stall) starts them again from the first, so what follows it
+    reaches the harness as promptly as a turn's start."""
     import aiohttp
 
-    events = [json.dumps({"i": i}).encode() for i in range(40)]
+    events = [json.dumps({"i": i}).encode() for i in range(70)]
 
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i, event in enumerate(events):
             await resp.write(b"data: " + event + b"\n\n")
-            await asyncio.sleep(0.6 if i == 29 else 0.01)  # a stall after the 30th
+            await asyncio.sleep(0.6 if i == 49 else 0.01)  # a stall after the 50th
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -415,10 +416,13 @@ def test_the_pauses_grow_while_the_stream_keeps_coming_and_start_again_after_a_s
     finally:
         _Body.hold = original  # type: ignore[method-assign]
     assert got == events
-    # 20 ms, x1.5 each, capped at 100 ms; the stall (600 ms, longer than the cap) sets the
-    # pause back to 20 ms for the run after it.
+    first, cap = 0.02, 0.1
+    # Each pause the last, or grown by half (capped), or the first again (after the stall).
+    for a, b in zip(pauses, pauses[1:], strict=False):
+        assert b == pytest.approx(a) or b == pytest.approx(min(cap, a * 1.5)) or b == first
     stall = next(i for i in range(1, len(pauses)) if pauses[i] < pauses[i - 1])
-    assert 5 <= stall and len(pauses) < 20  # far fewer runs than the 40 events
-    ramp = [min(0.1, 0.02 * 1.5**k) for k in range(len(pauses))]
-    assert pauses[:stall] == pytest.approx(ramp[:stall])  # 20, 30, 45, 67.5, 100, 100 ms
-    assert pauses[stall:] == pytest.approx(ramp[: len(pauses) - stall])
+    before, after = pauses[:stall], pauses[stall:]
+    # The stream's first 100 ms at 20 ms; the 30, 45, 67.5 ms and the cap before the stall.
+    assert before[:3] == pytest.approx([first] * 3) and before[-1] == pytest.approx(cap)
+    assert after[:2] == pytest.approx([first] * 2)  # the steady start again
+    assert len(pauses) < 30  # a run every 10 ms was taken far fewer times than 70
