@@ -193,9 +193,9 @@ class Stages:
 
         original_events = engines_http.sse_events
 
-        async def events(resp: Any, limit: int, coalesce_s: float) -> AsyncIterator[list[Any]]:
+        async def events(resp: Any, limit: int, *pauses: float) -> AsyncIterator[list[Any]]:
             first = True
-            async for run in original_events(resp, limit, coalesce_s):
+            async for run in original_events(resp, limit, *pauses):
                 if first:
                     stages.first_event.append(time.perf_counter())
                     first = False

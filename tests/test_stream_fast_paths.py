@@ -224,6 +224,7 @@ def capture_run(
     capture = StreamCapture(req, lambda i, lp: runs.append((list(i), list(lp))))
     if not fast:
         capture.fast.take = lambda event: False  # type: ignore[method-assign]
+        capture.fast.take_incremental_run = lambda events: False  # type: ignore[method-assign]
     engine = SGLangEngine("http://127.0.0.1:9")
 
     def decode(event: Any) -> Any:
@@ -365,3 +366,63 @@ def test_a_pause_after_each_run_gathers_the_events_that_arrive_meanwhile() -> No
     assert sum(held) == 60
     # Events written 1 ms apart, a run taken at most every 30 ms: far fewer runs than events.
     assert len(held) <= 20
+
+
+def test_the_pauses_grow_while_the_stream_keeps_coming_and_start_again_after_a_stall() -> None:
+    """The first run is never held; for the stream's first `COALESCE_STEADY_S` the pause is
+    the first, then each is `COALESCE_GROWTH` times the last, up to the cap; a wait for the
+    engine as long as the cap (a stall) starts them again from the first, so what follows it
+    reaches the harness as promptly as a turn's start."""
+    import aiohttp
+
+    events = [json.dumps({"i": i}).encode() for i in range(70)]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, event in enumerate(events):
+            await resp.write(b"data: " + event + b"\n\n")
+            await asyncio.sleep(0.6 if i == 49 else 0.01)  # a stall after the 50th
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    pauses: list[float] = []
+    original = _Body.hold
+
+    async def hold(self: _Body, seconds: float) -> None:
+        pauses.append(seconds)
+        await original(self, seconds)
+
+    async def go() -> list[bytes]:
+        app = web.Application()
+        app.router.add_get("/s", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"http://{host}:{port}/s") as resp:
+                    runs = sse_events(resp, 1 << 20, 0.02, 0.1)
+                    return [bytes(e) async for run in runs for e in run]
+        finally:
+            await runner.cleanup()
+
+    _Body.hold = hold  # type: ignore[method-assign]
+    try:
+        got = asyncio.run(go())
+    finally:
+        _Body.hold = original  # type: ignore[method-assign]
+    assert got == events
+    first, cap = 0.02, 0.1
+    # Each pause the last, or grown by half (capped), or the first again (after the stall).
+    for a, b in zip(pauses, pauses[1:], strict=False):
+        assert b == pytest.approx(a) or b == pytest.approx(min(cap, a * 1.5)) or b == first
+    stall = next(i for i in range(1, len(pauses)) if pauses[i] < pauses[i - 1])
+    before, after = pauses[:stall], pauses[stall:]
+    # The stream's first 100 ms at 20 ms; the 30, 45, 67.5 ms and the cap before the stall.
+    assert before[:3] == pytest.approx([first] * 3) and before[-1] == pytest.approx(cap)
+    assert after[:2] == pytest.approx([first] * 2)  # the steady start again
+    assert len(pauses) < 30  # a run every 10 ms was taken far fewer times than 70

@@ -17,6 +17,7 @@ from support import fixtures
 from tokentrail.adapter.protocols import protocols
 from tokentrail.adapter.protocols.base import fill_call_ids
 from tokentrail.adapter.protocols.outcome import Outcome
+from tokentrail.text import stream_parsing
 from tokentrail.text.parsing import format_output, parse_output
 from tokentrail.text.stream_parsing import StreamDecoder, StreamParser
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
@@ -383,6 +384,32 @@ def test_decoding_run_by_run_equals_decoding_the_turn(qwen3, text: str, data) ->
     got += decoder.finish()
     assert got == qwen3.decode_turn(ids)
     json.dumps(got)  # whole characters only
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.text(max_size=80) | st.sampled_from(["日本語のテキスト😀" * 4, "é\u0301 ☃ 𝄞 " * 6]),
+    st.data(),
+    st.integers(1, 4),
+    st.integers(0, 6),
+)
+def test_decoding_with_short_windows_equals_decoding_the_turn(
+    qwen3, text: str, data, context: int, window: int
+) -> None:
+    """The decoder's window restarted every few tokens, a few (at least one) back: the same
+    text as the whole, characters split across tokens and runs included."""
+    ids = qwen3.encode(text) + list(qwen3.end_token_ids)[:1]
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(ids)), max_size=20))))
+    saved = stream_parsing.CONTEXT_TOKENS, stream_parsing.WINDOW_TOKENS
+    stream_parsing.CONTEXT_TOKENS, stream_parsing.WINDOW_TOKENS = context, max(window, context)
+    try:
+        decoder = StreamDecoder(qwen3)
+        bounds = [0, *cuts, len(ids)]
+        got = "".join(decoder.feed(ids[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
+        got += decoder.finish()
+    finally:
+        stream_parsing.CONTEXT_TOKENS, stream_parsing.WINDOW_TOKENS = saved
+    assert got == qwen3.decode_turn(ids)
 
 
 # -- what a harness assembles from a live stream ------------------------------------------------

@@ -25,7 +25,14 @@ from tokentrail.engines.base import (
     SESSION_HEADER,
     GenerateRequest,
 )
-from tokentrail.engines.streaming import COALESCE_S, Event, EventTooLong, RunCapture, sse_events
+from tokentrail.engines.streaming import (
+    COALESCE_MAX_S,
+    COALESCE_S,
+    Event,
+    EventTooLong,
+    RunCapture,
+    sse_events,
+)
 from tokentrail.engines.wire_json import loads_in_pieces
 from tokentrail.engines.wire_rows import lift_base64
 from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError, engine_error
@@ -91,8 +98,10 @@ class HTTPEngine:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.connect_timeout = CONNECT_TIMEOUT_S
-        # How long a stream's socket is left unread after each run (`streaming.COALESCE_S`).
+        # How long a stream's socket is left unread after its first run, and at most after any
+        # (`streaming.COALESCE_S`, `COALESCE_MAX_S`).
         self.stream_coalesce_s = COALESCE_S
+        self.stream_coalesce_max_s = COALESCE_MAX_S
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Strong references to fire-and-forget aborts, so they are not collected mid-flight.
@@ -241,7 +250,10 @@ class HTTPEngine:
                     raise engine_error(f"{self.name} at {url}: {message}", status)
                 first = True
                 try:
-                    async for run in sse_events(resp, max_event_bytes, self.stream_coalesce_s):
+                    runs = sse_events(
+                        resp, max_event_bytes, self.stream_coalesce_s, self.stream_coalesce_max_s
+                    )
+                    async for run in runs:
                         if first:
                             # The first event alone, then let what it woke (a streamed reply's
                             # writer) run before the events that arrived with it are taken:

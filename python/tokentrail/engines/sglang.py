@@ -211,6 +211,9 @@ class StreamCapture:
         cumulative) and hand their tokens to the sink in one call."""
         if self.cumulative:
             events = events[-1:]
+        elif len(events) > 1 and self.fast.take_incremental_run(events):
+            self.flush()
+            return
         for event in events:
             if not self.fast.take(event):
                 self.take(decode(event))

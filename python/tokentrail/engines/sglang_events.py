@@ -12,6 +12,7 @@ entries and errors, by a differential test).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate, chain
 from typing import Any, Protocol
 
 import msgspec
@@ -61,6 +62,7 @@ class Capture(Protocol):
     entries: list[Any]
     ids: list[int]
     cumulative: bool
+    limit: int
 
     def add(self, last: Any, ids: list[int], logprobs: list[float]) -> None: ...
 
@@ -120,6 +122,53 @@ class FastEvents:
         cap.cumulative = cap.cumulative or cumulative
         self.entries_head = raw[:-1] if n == total and raw.endswith(b"]") else None
         cap.add(event, ids, [entry[0] for entry in new])
+        return True
+
+    def take_incremental_run(self, events: Sequence[Event]) -> bool:
+        """Take a run of events that each add only new tokens (an incremental stream, or one
+        not yet known to be cumulative) together, as one event: True where every event is of
+        that kind (typed entries, plain ids, no error, counts that add up, the run within the
+        token limit), else False with the capture untouched, for `take` to read them one at a
+        time."""
+        cap = self.capture
+        if cap.cumulative:
+            return False
+        decode = _TYPED.decode
+        try:
+            typed = [decode(event) for event in events]
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+        # Each event's entries count must take the tokens so far to its `completion_tokens`
+        # (`have + n == total`: where the reference takes `entries` as new ones; for the first
+        # event both of its branches agree); any other count is the reference's to judge. The
+        # checks go over the whole run at once (a pass each, not a loop of them a token).
+        metas = [event.meta_info for event in typed]
+        runs = [meta.output_token_logprobs for meta in metas]
+        totals = list(accumulate(map(len, runs), initial=len(cap.entries)))
+        if totals[1:] != [meta.completion_tokens for meta in metas] or any(
+            len(event.error) for event in typed
+        ):
+            return False
+        new = list(chain.from_iterable(runs))
+        ids = [entry[1] for entry in new]
+        # `output_ids`, where given, are the event's own new ids.
+        outs = [event.output_ids for event in typed]
+        if None not in outs:
+            sizes = list(map(len, outs))  # type: ignore[arg-type]
+            if sizes != list(map(len, runs)) or list(chain.from_iterable(outs)) != ids:  # type: ignore[arg-type]
+                return False
+        else:
+            at = 0
+            for out, run in zip(outs, runs, strict=True):
+                if out is not None and out != ids[at : at + len(run)]:
+                    return False
+                at += len(run)
+        if len(cap.ids) + len(ids) > cap.limit:
+            return False  # the reference names the event that went over
+        cap.entries.extend(new)
+        cap.ids.extend(ids)
+        self.forget()
+        cap.add(events[-1], ids, [entry[0] for entry in new])
         return True
 
     def _take_typed(self, event: Event) -> bool:

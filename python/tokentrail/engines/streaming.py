@@ -19,7 +19,10 @@ import aiohttp
 from tokentrail.engines.base import GenerateRequest, Generation
 
 __all__ = [
+    "COALESCE_GROWTH",
+    "COALESCE_MAX_S",
     "COALESCE_S",
+    "COALESCE_STEADY_S",
     "SSE_DONE",
     "Event",
     "RunCapture",
@@ -65,15 +68,27 @@ class EventTooLong(Exception):
 # stream's skipped events are never copied), else the joined lines.
 Event = bytes | memoryview
 
-# After a run is taken, the engine's socket is left unread this long, so that the events
-# sampled meanwhile arrive in one read and go on as one run: an engine sends each token's
-# event as its own write (TCP segment, HTTP chunk), and without a pause each is read, parsed,
-# handed to the sink and written to the harness alone (about 0.5 ms of CPU a run on a loaded
-# 2-core box). The first event is never held; after it a harness hears at most 50 deltas a
-# second, each token at most this much later than it would have. (50 ms would take a 2,000
-# token turn from about 4x the CPU of a whole one to about 3x, but leaves a short reply only
-# one or two deltas before its end.)
+# After a run is taken, the engine's socket is left unread a while, so that the events sampled
+# meanwhile arrive in one read and go on as one run: an engine sends each token's event as its
+# own write (TCP segment, HTTP chunk), and without a pause each is read, parsed, handed to the
+# sink and written to the harness alone (about 0.3-0.5 ms of CPU a run on a loaded 2-core box,
+# a third of it the wake-up itself). The first event is never held; for the first
+# `COALESCE_STEADY_S` of a stream the pause is `COALESCE_S` (a short reply reaches the harness
+# in several deltas, as the real Codex test asks), then each next one is `COALESCE_GROWTH`
+# times the last, up to `COALESCE_MAX_S`, while the stream keeps coming: a long reply costs a
+# few runs a second, not fifty. Where the engine sent nothing for `COALESCE_MAX_S` (a stall),
+# the pauses start again from the first, so the tokens after it go out as promptly as a turn's
+# first ones. A run of `FULL_RUN_BYTES` or more that a longer pause did not make larger (by
+# `FULL_RUN_GAIN`) sets the pause back to the first too: the socket's buffer was full, the
+# engine's writes waited on it while it was not read (SGLang's default stream repeats every
+# token so far in every event, tens of KB each), and a longer pause would only slow the stream
+# down.
 COALESCE_S = 0.02
+COALESCE_STEADY_S = 0.1
+COALESCE_GROWTH = 1.5
+COALESCE_MAX_S = 0.2
+FULL_RUN_BYTES = 64 * 1024
+FULL_RUN_GAIN = 1.2
 # The chunks of one read are split as one buffer where they average up to this size (a copy
 # of small events costs less than a pass per event); a cumulative stream's large events are
 # split chunk by chunk, uncopied.
@@ -81,23 +96,41 @@ JOIN_BYTES = 4096
 
 
 async def sse_events(
-    resp: aiohttp.ClientResponse, max_event_bytes: int, coalesce_s: float = 0.0
+    resp: aiohttp.ClientResponse,
+    max_event_bytes: int,
+    coalesce_s: float = 0.0,
+    coalesce_max_s: float = COALESCE_MAX_S,
 ) -> AsyncIterator[list[Event]]:
     """The `data` of each event in `resp`'s body, up to `[DONE]` (not included) or the end:
     every complete event of one read together, in order (an engine that samples faster than
     the adapter reads hands over many at once, and they are taken as one run). After each run
-    the connection is not read for `coalesce_s`, so the next run holds what arrived meanwhile.
+    the connection is not read for a pause, so the next run holds what arrived meanwhile:
+    `coalesce_s` (0: none) for the stream's first `COALESCE_STEADY_S`, then each next one
+    `COALESCE_GROWTH` times longer up to `coalesce_max_s`; from the first again after a wait of
+    `coalesce_max_s` for the engine (then `COALESCE_STEADY_S` at the first again) or a full
+    socket buffer (a run of `FULL_RUN_BYTES` that did not grow with the pause).
 
     Lines end with LF or CRLF; an event's `data:` lines are joined with LF (the SSE rule);
     comments (`:`) and other fields are skipped. Raises `EventTooLong` for an event over
     `max_event_bytes`."""
     parser = _Events(max_event_bytes)
     body = _Body(resp)
+    loop = asyncio.get_running_loop()
+    pause = coalesce_s
+    last = 0  # the size of the run before the last pause
+    steady = 0.0  # when the pauses may start to grow
     while True:
+        asked = loop.time()
         chunks = await body.read()
         if not chunks:
             break
-        if len(chunks) > 1 and sum(map(len, chunks)) <= JOIN_BYTES * len(chunks):
+        size = sum(map(len, chunks))
+        now = loop.time()
+        if not steady or now - asked >= coalesce_max_s:
+            pause, steady = coalesce_s, now + COALESCE_STEADY_S  # a start, or after a stall
+        elif FULL_RUN_BYTES <= size < last * FULL_RUN_GAIN:
+            pause = coalesce_s  # the engine waits on this socket
+        if len(chunks) > 1 and size <= JOIN_BYTES * len(chunks):
             chunks = [b"".join(chunks)]  # small events: one pass over them, not one a chunk
         batch: list[Event] = []
         for chunk in chunks:
@@ -107,8 +140,11 @@ async def sse_events(
                 return
         if batch:
             yield batch
-            if coalesce_s:
-                await body.hold(coalesce_s)
+            if pause:
+                last = size
+                await body.hold(pause)
+                if loop.time() >= steady:
+                    pause = min(coalesce_max_s, pause * COALESCE_GROWTH)
     event = parser.end()
     if event is not None and event != SSE_DONE:
         yield [event]

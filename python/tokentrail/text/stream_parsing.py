@@ -27,6 +27,14 @@ from tokentrail.text.tokenizer import LoadedTokenizer
 
 __all__ = ["CallDelta", "StreamDecoder", "StreamDeltas", "StreamParser"]
 
+# `StreamDecoder` decodes each run with the tokens before it back to the start of its window
+# (context for a token whose text depends on the one before: byte-level pieces), and keeps the
+# text of the window so far, so that a run costs one decode (`tokenizers` pays tens of us a
+# call on a cold cache, whatever its length). A window past `WINDOW_TOKENS` starts again
+# `CONTEXT_TOKENS` back.
+CONTEXT_TOKENS = 4
+WINDOW_TOKENS = 48
+
 
 class StreamDecoder:
     """Text deltas of a turn's ids as they arrive; all of them together equal
@@ -36,9 +44,11 @@ class StreamDecoder:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
         # Decoded up to `read` (ids); `prefix` starts the window decoded with it, so a token
-        # whose text depends on the one before (byte-level pieces) decodes as in the whole.
+        # whose text depends on the one before (byte-level pieces) decodes as in the whole;
+        # `before` is the text of the window up to `read`.
         self.prefix = 0
         self.read = 0
+        self.before = ""
 
     def feed(self, ids: Sequence[int]) -> str:
         self.ids.extend(int(t) for t in ids)
@@ -46,16 +56,19 @@ class StreamDecoder:
         # End-of-turn tokens at the end may close the turn (`decode_turn` drops them): wait.
         while end > self.read and self.ids[end - 1] in self.tokenizer.end_token_ids:
             end -= 1
-        return self._advance(end)
+        return self._advance(end, finished=False)
 
-    def _advance(self, end: int) -> str:
+    def _advance(self, end: int, finished: bool) -> str:
         if end <= self.read:
             return ""
-        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        if self.read - self.prefix > WINDOW_TOKENS:
+            self.prefix = self.read - CONTEXT_TOKENS
+            self.before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        before = self.before
         text = self.tokenizer.decode(self.ids[self.prefix : end])
-        if text.endswith("\ufffd") or not text.startswith(before):
+        if not finished and (text.endswith("\ufffd") or not text.startswith(before)):
             return ""  # a character not complete yet
-        self.prefix, self.read = self.read, end
+        self.read, self.before = end, text
         return text[len(before) :]
 
     def finish(self) -> str:
@@ -63,12 +76,7 @@ class StreamDecoder:
         end = len(self.ids)
         while end > self.read and self.ids[end - 1] in self.tokenizer.end_token_ids:
             end -= 1
-        if end <= self.read:
-            return ""
-        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
-        text = self.tokenizer.decode(self.ids[self.prefix : end])
-        self.prefix, self.read = self.read, end
-        return text[len(before) :]
+        return self._advance(end, finished=True)
 
 
 @dataclass
