@@ -358,3 +358,9 @@ def diff_bodies(
 ) -> tuple[list[int], int]:
     """The positions in `new.fields` whose values differ from `old`'s, and the first element
     of the array that differs."""
+
+def number_array(text: bytes) -> tuple[int, list[int | float | bool | None]] | None:
+    """`(width, values)` of the JSON array whose text between its brackets is `text`: width 0
+    for an array of scalars, else rows of `width` scalars each, their values flat. None when
+    it is anything else (a string, a nested array, unequal rows, `NaN`, an integer past 64
+    bits, broken syntax): the caller parses it itself. Parsed with the GIL released."""
