@@ -179,12 +179,22 @@ mod tests {
 
     #[test]
     fn scalars_and_rows() {
-        assert_eq!(parse(b" 1, -2 ,3.5e1 "), flat(0, &[Int(1), Int(-2), Float(35.0)]));
+        assert_eq!(
+            parse(b" 1, -2 ,3.5e1 "),
+            flat(0, &[Int(1), Int(-2), Float(35.0)])
+        );
         assert_eq!(
             parse(b"[-0.25, 7, null], [ -1e-3 ,8,true]"),
             flat(
                 3,
-                &[Float(-0.25), Int(7), Null, Float(-0.001), Int(8), Bool(true)]
+                &[
+                    Float(-0.25),
+                    Int(7),
+                    Null,
+                    Float(-0.001),
+                    Int(8),
+                    Bool(true)
+                ]
             )
         );
         assert_eq!(parse(b"false"), flat(0, &[Bool(false)]));

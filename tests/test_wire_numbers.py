@@ -81,9 +81,9 @@ def broken(draw: st.DrawFn) -> bytes:
 def same(a: object, b: object) -> bool:
     """Equal, with each value's type (1 is not 1.0 is not True) and -0.0 and NaN told apart."""
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) and isinstance(b, float):
         return (math.isnan(a) and math.isnan(b)) or (a == b and repr(a) == repr(b))
     return type(a) is type(b) and a == b
@@ -127,9 +127,11 @@ def test_a_long_answer_s_entries_come_back_as_rows_from_the_core(monkeypatch) ->
     fast = wire_json.loads_in_pieces(raw, piece_bytes=1024)
     rows = fast["meta_info"]["output_token_logprobs"]
     assert isinstance(rows, wire_json.Rows) and rows.width == 3
-    assert rows == slow["meta_info"]["output_token_logprobs"] == json.loads(raw)[
-        "meta_info"
-    ]["output_token_logprobs"]
+    assert (
+        rows
+        == slow["meta_info"]["output_token_logprobs"]
+        == json.loads(raw)["meta_info"]["output_token_logprobs"]
+    )
 
 
 # -- C-level checks of ids and logprobs ---------------------------------------------------------

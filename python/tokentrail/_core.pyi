@@ -31,6 +31,7 @@ __all__ = [
     "diff_bodies",
     "index_body",
     "linearize",
+    "number_array",
     "pack",
 ]
 
