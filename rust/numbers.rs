@@ -72,6 +72,41 @@ pub fn parse(text: &[u8]) -> Option<Flat> {
     Some(Flat { width, values })
 }
 
+/// The one kind every value of a column has (of the array, for scalars), or `Mixed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Column {
+    Int,
+    Float,
+    Bool,
+    Null,
+    Mixed,
+}
+
+impl Column {
+    fn of(value: &Scalar) -> Column {
+        match value {
+            Scalar::Int(_) => Column::Int,
+            Scalar::Float(_) => Column::Float,
+            Scalar::Bool(_) => Column::Bool,
+            Scalar::Null => Column::Null,
+        }
+    }
+}
+
+/// The kind of each of `flat`'s columns (one for an array of scalars); none for no values.
+pub fn columns(flat: &Flat) -> Vec<Column> {
+    let width = flat.width.max(1);
+    let mut out: Vec<Column> = flat.values.iter().take(width).map(Column::of).collect();
+    for row in flat.values.chunks(width).skip(1) {
+        for (kind, value) in out.iter_mut().zip(row) {
+            if *kind != Column::Mixed && *kind != Column::of(value) {
+                *kind = Column::Mixed;
+            }
+        }
+    }
+    out
+}
+
 struct Cursor<'a> {
     s: &'a [u8],
     at: usize,
@@ -199,6 +234,15 @@ mod tests {
         );
         assert_eq!(parse(b"false"), flat(0, &[Bool(false)]));
         assert_eq!(parse(b"  "), flat(0, &[]));
+    }
+
+    #[test]
+    fn the_kind_of_each_column() {
+        let rows = parse(b"[-0.5, 7, null], [-1.0, 8, null], [0, 9, true]").unwrap();
+        let kinds = [Column::Mixed, Column::Int, Column::Mixed];
+        assert_eq!(columns(&rows), kinds);
+        assert_eq!(columns(&parse(b"1.5, 2.0").unwrap()), [Column::Float]);
+        assert_eq!(columns(&parse(b"").unwrap()), []);
     }
 
     #[test]

@@ -99,11 +99,16 @@ def test_what_the_core_reads_is_what_json_loads_reads(text: str) -> None:
     got = _core.number_array(text.encode())
     if got is None:
         return
-    width, values = got
+    width, values, types = got
     parsed = json.loads(f"[{text}]")
     expected = [v for row in parsed for v in row] if width else parsed
     assert same(values, expected)
     assert all(len(row) == width for row in parsed) if width else True
+    step = max(width, 1)
+    for k, kind in enumerate(types):
+        column = {type(v) for v in values[k::step]}
+        assert kind is (column.pop() if len(column) == 1 else None)
+    assert len(types) == min(step, len(values))
 
 
 @given(st.lists(array_texts(), min_size=1, max_size=3), st.integers(8, 64))
@@ -127,6 +132,8 @@ def test_a_long_answer_s_entries_come_back_as_rows_from_the_core(monkeypatch) ->
     fast = wire_json.loads_in_pieces(raw, piece_bytes=1024)
     rows = fast["meta_info"]["output_token_logprobs"]
     assert isinstance(rows, wire_json.Rows) and rows.width == 3
+    assert rows.types == [float, int, type(None)]
+    assert slow["meta_info"]["output_token_logprobs"].types is None
     assert (
         rows
         == slow["meta_info"]["output_token_logprobs"]
@@ -195,9 +202,13 @@ def slow_entries(entries: list) -> tuple[list[int], list[float]]:
 
 @given(st.lists(ENTRY, max_size=12))
 def test_sglang_entries_read_flat_as_they_read_one_by_one(entries: list) -> None:
-    flat = wire_json.Rows(3, [v for e in entries for v in e])
-    got, expected = outcome(_entries, flat), outcome(slow_entries, entries)
-    assert same(got, expected) if isinstance(got, tuple) else got == expected
+    values = [v for e in entries for v in e]
+    expected = outcome(slow_entries, entries)
+    kinds = [{type(v) for v in values[k::3]} for k in range(3 if values else 0)]
+    types = [k.pop() if len(k) == 1 else None for k in kinds]
+    for rows in (wire_json.Rows(3, values), wire_json.Rows(3, values, types)):
+        got = outcome(_entries, rows)
+        assert same(got, expected) if isinstance(got, tuple) else got == expected
 
 
 @given(
@@ -233,4 +244,5 @@ def test_a_generation_is_checked_as_the_per_token_checks_did(ids: list, lps: lis
 @pytest.mark.parametrize("size", [0, 1, 70_000])
 def test_a_long_array_of_ids_is_one_call_of_the_core(size: int) -> None:
     text = ",".join(str(k % 151_000) for k in range(size)).encode()
-    assert _core.number_array(text) == (0, [k % 151_000 for k in range(size)])
+    types = [int] if size else []
+    assert _core.number_array(text) == (0, [k % 151_000 for k in range(size)], types)

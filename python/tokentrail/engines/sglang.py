@@ -293,6 +293,8 @@ def _entries(entries: list[Any] | Rows) -> tuple[list[int], list[float]]:
     if isinstance(entries, Rows) and entries.width >= 2:
         # Read flat, by column: no list per entry is made.
         values, tokens = entries.column(0), entries.column(1)
+        if entries.types is not None and tuple(entries.types[:2]) == (float, int):
+            return tokens, values  # as the core read them: floats, and ids
         if only_types(tokens, INTS) and only_types(values, NUMBERS):
             return tokens, list(map(float, values))
     ids: list[int] = []

@@ -48,13 +48,18 @@ class _NotPieces(Exception):
 class Rows(Sequence[list[Any]]):
     """An array of rows of `width` scalars each, held flat in `values`. It reads as the list of
     lists `json.loads` makes (indexing, iterating, `==`), each row made when asked for;
-    `column(k)` is the `k`-th value of every row, without making any row."""
+    `column(k)` is the `k`-th value of every row, without making any row. `types`, when
+    known (the Rust core's reading), is the one type of every value of each column (None
+    where they differ)."""
 
-    __slots__ = ("values", "width")
+    __slots__ = ("types", "values", "width")
 
-    def __init__(self, width: int, values: list[Any]) -> None:
+    def __init__(
+        self, width: int, values: list[Any], types: Sequence[type | None] | None = None
+    ) -> None:
         self.width = width
         self.values = values
+        self.types = types
 
     def column(self, k: int) -> list[Any]:
         return self.values[k :: self.width]
@@ -146,8 +151,8 @@ def _array(text: bytes, piece_bytes: int) -> list[Any] | Rows:
     if core.backend is Backend.RUST:
         flat = core.number_array(text)
         if flat is not None:
-            width, values = flat
-            return Rows(width, values) if width else values
+            width, values, types = flat
+            return Rows(width, values, types) if width else values
     return _array_in_pieces(text, piece_bytes)
 
 

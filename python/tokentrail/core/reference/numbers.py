@@ -19,9 +19,12 @@ def _refuse(_: str) -> object:
     raise ValueError("not a number JSON allows")
 
 
-def number_array(text: bytes) -> tuple[int, list[int | float | bool | None]] | None:
-    """`(width, values)` of the array whose text between its brackets is `text` (width 0: an
-    array of scalars; else rows of `width` scalars, flat), or None when it is anything else."""
+def number_array(
+    text: bytes,
+) -> tuple[int, list[int | float | bool | None], list[type | None]] | None:
+    """`(width, values, types)` of the array whose text between its brackets is `text` (width
+    0: an array of scalars; else rows of `width` scalars, flat; `types`: the one type of every
+    value of each column, None where they differ), or None when it is anything else."""
     try:
         items = json.loads(b"[" + text + b"]", parse_constant=_refuse)
     except (ValueError, RecursionError):
@@ -43,4 +46,6 @@ def number_array(text: bytes) -> tuple[int, list[int | float | bool | None]] | N
             return None
         if type(value) is int and not -_INT64 <= value < _INT64:
             return None
-    return width, values
+    step = max(width, 1)
+    types = [set(map(type, values[k::step])) for k in range(min(step, len(values)))]
+    return width, values, [kinds.pop() if len(kinds) == 1 else None for kinds in types]
