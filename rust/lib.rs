@@ -13,6 +13,7 @@ pub mod drift;
 pub mod error;
 pub mod fast;
 pub mod linearize;
+pub mod numbers;
 pub mod pack;
 pub mod prefix;
 pub mod pretokenize;

@@ -31,6 +31,7 @@ __all__ = [
     "diff_bodies",
     "index_body",
     "linearize",
+    "number_array",
     "pack",
 ]
 
@@ -364,3 +365,13 @@ def diff_bodies(
 ) -> tuple[list[int], int]:
     """The positions in `new.fields` whose values differ from `old`'s, and the first element
     of the array that differs."""
+
+def number_array(
+    text: bytes,
+) -> tuple[int, list[int | float | bool | None], list[type | None]] | None:
+    """`(width, values, types)` of the JSON array whose text between its brackets is `text`:
+    width 0 for an array of scalars, else rows of `width` scalars each, their values flat;
+    `types`: the one type of every value of each column (of the array, for scalars), None
+    where they differ. None when it is anything else (a string, a nested array, unequal rows,
+    `NaN`, an integer past 64 bits, broken syntax): the caller parses it itself. Parsed with
+    the GIL released."""

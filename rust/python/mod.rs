@@ -14,6 +14,7 @@ use crate::tape::Status;
 mod body;
 mod builder;
 mod convert;
+mod numbers;
 mod pack;
 mod records;
 mod rows;
@@ -53,6 +54,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(builder::common_prefix_len, m)?)?;
     m.add_function(wrap_pyfunction!(builder::linearize, m)?)?;
     m.add_function(wrap_pyfunction!(pack::pack_samples, m)?)?;
+    m.add_function(wrap_pyfunction!(numbers::number_array, m)?)?;
     Ok(())
 }
 

@@ -39,6 +39,7 @@ class Core:
         self.pack = impl.pack
         self.index_body = impl.index_body
         self.diff_bodies = impl.diff_bodies
+        self.number_array = impl.number_array
 
     def __repr__(self) -> str:
         return f"Core({self.backend.value!r})"

@@ -3,7 +3,7 @@ validation and the exporters all refuse a bad id with the same named error."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,16 @@ RowArray = npt.NDArray[np.integer]
 _MAX_TOKEN_ID = 2**32 - 1
 
 
+def only_types(items: Iterable[object], types: frozenset[type]) -> bool:
+    """Whether every item's type is exactly one of `types`: one pass in C (`map(type, ..)`),
+    where a generator over a long turn's ids would run the interpreter once per token."""
+    return set(map(type, items)) <= types
+
+
+INTS = frozenset({int})
+NUMBERS = frozenset({int, float})
+
+
 def as_token_array(ids: object, what: str) -> TokenArray:
     """Check a token sequence and return it as a `uint32` array (no copy when it already is)."""
     if isinstance(ids, np.ndarray):
@@ -37,6 +47,16 @@ def as_token_array(ids: object, what: str) -> TokenArray:
         return ids.astype(np.uint32)
     if not isinstance(ids, list | tuple):
         raise TokenIdError(f"{what}: expected a list of ints, got {type(ids).__name__}")
+    if only_types(ids, INTS):
+        # Plain ints (a turn's ids as parsed): checked in C; a bad one is named below.
+        try:
+            array = np.asarray(ids, dtype=np.int64)
+        except OverflowError:
+            array = None
+        if array is not None and not (
+            array.size and (int(array.min()) < 0 or int(array.max()) > _MAX_TOKEN_ID)
+        ):
+            return array.astype(np.uint32)
     for pos, x in enumerate(ids):
         if isinstance(x, bool) or not isinstance(x, int | np.integer):
             raise TokenIdError(f"{what}[{pos}]: expected an int, got {type(x).__name__}")

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tokentrail.core.ids import INTS, NUMBERS, only_types
 from tokentrail.core.routing import ReplayRows, checked_rows, weight_spans
 from tokentrail.engines.base import GenerateRequest, Generation, token_list
 from tokentrail.engines.bound import answer_limit
@@ -295,8 +296,10 @@ def _entries(entries: list[Any] | Rows) -> tuple[list[int], list[float]]:
     if isinstance(entries, Rows) and entries.width >= 2:
         # Read flat, by column: no list per entry is made.
         values, tokens = entries.column(0), entries.column(1)
-        if all(type(t) is int for t in tokens) and all(isinstance(x, int | float) for x in values):
-            return tokens, [float(x) for x in values]
+        if entries.types is not None and tuple(entries.types[:2]) == (float, int):
+            return tokens, values  # as the core read them: floats, and ids
+        if only_types(tokens, INTS) and only_types(values, NUMBERS):
+            return tokens, list(map(float, values))
     ids: list[int] = []
     logprobs: list[float] = []
     for entry in entries:

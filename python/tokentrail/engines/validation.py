@@ -13,6 +13,7 @@ from collections.abc import Collection
 
 import numpy as np
 
+from tokentrail.core.ids import INTS, NUMBERS, only_types
 from tokentrail.engines.base import FINISH_REASONS, Generation
 from tokentrail.errors import EngineOutputError
 from tokentrail.kinds import EngineFault
@@ -87,9 +88,13 @@ def _as_array(values: object, dtype: type[np.generic]) -> np.ndarray | None:
         return values.astype(dtype, copy=False)
     items = list(values)  # type: ignore[call-overload]
     if dtype is np.int64:
-        ok = all(type(t) is int or isinstance(t, np.integer) for t in items)
+        ok = only_types(items, INTS) or all(
+            type(t) is int or isinstance(t, np.integer) for t in items
+        )
     else:
-        ok = all(type(t) in (int, float) or isinstance(t, np.floating | np.integer) for t in items)
+        ok = only_types(items, NUMBERS) or all(
+            type(t) in (int, float) or isinstance(t, np.floating | np.integer) for t in items
+        )
     if not ok:
         return None
     try:

@@ -7,7 +7,9 @@ GIL, and the event loop waiting for it, for a tenth of a second; and SGLang's en
 list per token, each a container the garbage collector walks (40 such answers in flight made
 every full collection take half a second). `loads_in_pieces` parses each long array of numbers
 a piece at a time, and an array of equally long rows of numbers into `Rows`: the values flat in
-one list, a row made only when asked for. The rest of the answer, small once they are out, is
+one list, a row made only when asked for. The Rust core reads such an array whole with the
+GIL let go (`number_array`); an array it does not take, or every array with the Python
+backend, is parsed here a piece at a time. The rest of the answer, small once they are out, is
 parsed in one call. An array is split only between its elements, and any piece that does not
 parse sends the whole answer to `json.loads`, which names what is wrong.
 """
@@ -19,6 +21,9 @@ import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, overload
+
+from tokentrail.core.backend import load_backend
+from tokentrail.kinds import Backend
 
 __all__ = ["PIECE_BYTES", "Rows", "loads_in_pieces", "put_back"]
 
@@ -43,13 +48,18 @@ class _NotPieces(Exception):
 class Rows(Sequence[list[Any]]):
     """An array of rows of `width` scalars each, held flat in `values`. It reads as the list of
     lists `json.loads` makes (indexing, iterating, `==`), each row made when asked for;
-    `column(k)` is the `k`-th value of every row, without making any row."""
+    `column(k)` is the `k`-th value of every row, without making any row. `types`, when
+    known (the Rust core's reading), is the one type of every value of each column (None
+    where they differ)."""
 
-    __slots__ = ("values", "width")
+    __slots__ = ("types", "values", "width")
 
-    def __init__(self, width: int, values: list[Any]) -> None:
+    def __init__(
+        self, width: int, values: list[Any], types: Sequence[type | None] | None = None
+    ) -> None:
         self.width = width
         self.values = values
+        self.types = types
 
     def column(self, k: int) -> list[Any]:
         return self.values[k :: self.width]
@@ -134,7 +144,20 @@ def _array_values(raw: bytes | bytearray) -> Iterator[int]:
 
 def _array(text: bytes, piece_bytes: int) -> list[Any] | Rows:
     """The elements of the array whose text between its brackets is `text`: a `Rows` when
-    every element is a row of as many scalars as the first."""
+    every element is a row of as many scalars as the first. The Rust core reads an array of
+    numbers, or of rows of them, with the interpreter let go; the rest (and every array, with
+    the Python backend) is parsed here a piece at a time."""
+    core = load_backend()
+    if core.backend is Backend.RUST:
+        flat = core.number_array(text)
+        if flat is not None:
+            width, values, types = flat
+            return Rows(width, values, types) if width else values
+    return _array_in_pieces(text, piece_bytes)
+
+
+def _array_in_pieces(text: bytes, piece_bytes: int) -> list[Any] | Rows:
+    """`_array`, in Python: `piece_bytes` at a time."""
     nested = _NESTED.match(text) is not None
     width = _row_width(text) if nested else None
     row = None if width is None else _row_pattern(width)

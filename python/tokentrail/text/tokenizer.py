@@ -164,7 +164,7 @@ class LoadedTokenizer:
     def decode_turn(self, output_ids: Iterable[int]) -> str:
         """Text of a sampled turn without the end-of-turn tokens that close it (the engine's
         stop, not part of the message)."""
-        ids = [int(x) for x in output_ids]
+        ids = list(map(int, output_ids))
         end = len(ids)
         while end and ids[end - 1] in self.end_token_ids:
             end -= 1

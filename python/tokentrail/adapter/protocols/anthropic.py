@@ -24,7 +24,7 @@ from tokentrail.adapter.protocols.registry import register_protocol
 from tokentrail.adapter.protocols.resume import Fold, ResumableProtocol, Translated
 from tokentrail.adapter.protocols.sampling import sampling_keys
 from tokentrail.adapter.protocols.server_blocks import is_server_block, server_block_text
-from tokentrail.adapter.protocols.sse import pieces
+from tokentrail.adapter.protocols.sse import pieces, text_frames
 from tokentrail.adapter.protocols.tool_results import ToolResults
 from tokentrail.adapter.protocols.tools import (
     DeclaredTools,
@@ -278,6 +278,19 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
+def _delta(index: int, delta: dict[str, Any]) -> bytes:
+    return _sse(
+        "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+    )
+
+
+def _deltas(index: int, kind: str, field: str, text: str, empty: bool = True) -> Iterator[bytes]:
+    """The `content_block_delta` frames of `text` in pieces (one empty piece for empty text,
+    unless not `empty`)."""
+    texts = pieces(text) or ([""] if empty else [])
+    return text_frames(lambda piece: _delta(index, {"type": kind, field: piece}), texts)
+
+
 def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
     """The SSE frames of a finished response, as the Messages API streams them.
 
@@ -290,32 +303,28 @@ def stream_events(response: dict[str, Any]) -> Iterator[bytes]:
     for index, block in enumerate(response["content"]):
         kind = block["type"]
         head: dict[str, Any]
-        # Made one at a time as they are written: a long reply is thousands of deltas, each
-        # a dict the garbage collector would walk while they all wait in a list.
-        deltas: Iterator[dict[str, Any]]
+        # Written by `text_frames`: a long reply is thousands of deltas, each frame made
+        # around its text, with no dict per delta.
+        deltas: Iterator[bytes]
         if kind == "text":
             head = {"type": "text", "text": ""}
-            deltas = ({"type": "text_delta", "text": p} for p in pieces(block["text"]) or [""])
+            deltas = _deltas(index, "text_delta", "text", block["text"])
         elif kind == "thinking":
             head = {"type": "thinking", "thinking": "", "signature": ""}
             signature = {"type": "signature_delta", "signature": block.get("signature", "")}
-            thinking = pieces(block["thinking"]) or [""]
             deltas = chain(
-                ({"type": "thinking_delta", "thinking": p} for p in thinking), [signature]
+                _deltas(index, "thinking_delta", "thinking", block["thinking"]),
+                [_delta(index, signature)],
             )
         else:
             head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             payload = json.dumps(block["input"], ensure_ascii=False)
-            deltas = ({"type": "input_json_delta", "partial_json": p} for p in pieces(payload))
+            deltas = _deltas(index, "input_json_delta", "partial_json", payload, empty=False)
         yield _sse(
             "content_block_start",
             {"type": "content_block_start", "index": index, "content_block": head},
         )
-        for delta in deltas:
-            yield _sse(
-                "content_block_delta",
-                {"type": "content_block_delta", "index": index, "delta": delta},
-            )
+        yield from deltas
         yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
     yield _sse(
         "message_delta",

@@ -23,6 +23,7 @@ from tokentrail.core.reference.linearize import (
     linearize,
     token_list,
 )
+from tokentrail.core.reference.numbers import number_array
 from tokentrail.core.reference.pack import Packed, pack
 from tokentrail.core.reference.store import TurnStore
 from tokentrail.core.reference.tape import REPLAY_STATUS
@@ -48,6 +49,7 @@ __all__ = [
     "diff_bodies",
     "index_body",
     "linearize",
+    "number_array",
     "pack",
     "token_list",
 ]
