@@ -197,6 +197,30 @@ def test_stream_switch_makes_generate_stream(client_cls: type) -> None:
         assert body["return_token_ids"] is True and body["logprobs"] == 0
 
 
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_cumulative_sglang_stream_is_said_once_with_the_flag_that_fixes_it(
+    incremental: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids, logprobs = sampled(30, seed=6)
+
+    async def go() -> list[Generation]:
+        async with FakeSGLang(reply_of(ids, logprobs), incremental=incremental) as srv:
+            engine = SGLangEngine(srv.url, stream=True)
+            gens = [await engine.generate(request(f"r{i}")) for i in range(3)]
+            await engine.close()
+            return gens
+
+    with caplog.at_level("WARNING", logger="tokentrail.engines.sglang"):
+        gens = asyncio.run(go())
+    assert all(gen.output_ids == ids for gen in gens)
+    said = [r.getMessage() for r in caplog.records if "streams cumulatively" in r.getMessage()]
+    if incremental:
+        assert said == []
+    else:
+        assert len(said) == 1, said
+        assert "--incremental-streaming-output" in said[0]
+
+
 def run_stream(fake: Any, client_cls: type, req: GenerateRequest) -> Any:
     async def go() -> Any:
         async with fake as srv:

@@ -74,6 +74,8 @@ class SGLangEngine(HTTPEngine):
         self.tokenizer = tokenizer
         # Whether `generate` streams from the engine (`generate_streaming` always does).
         self.stream = stream
+        # Whether a cumulative stream was met (and said, once per engine).
+        self.said_cumulative = False
 
     def request_body(self, req: GenerateRequest) -> dict[str, Any]:
         s = req.sampling
@@ -165,6 +167,15 @@ class SGLangEngine(HTTPEngine):
             raise
         elapsed = time.perf_counter() - start
         final = capture.final()
+        if capture.cumulative and not self.said_cumulative:
+            self.said_cumulative = True
+            logger.warning(
+                "sglang at %s streams cumulatively (its default): every event repeats every "
+                "token so far, so reading a turn costs time quadratic in its length (a "
+                "2,000-token turn is about 40 MB of events); start SGLang with "
+                "--incremental-streaming-output",
+                self.base_url,
+            )
         if req.replay.asks_rows() or parse_off_loop(req):
             return await asyncio.to_thread(parse_generate_response, final, req, elapsed)
         return parse_generate_response(final, req, elapsed)
