@@ -178,10 +178,11 @@ async def sse_events(
             pause, steady = coalesce_s, now + COALESCE_STEADY_S  # a start, or after a stall
         elif FULL_RUN_BYTES <= size < last * FULL_RUN_GAIN:
             pause = coalesce_s  # the engine waits on this socket
+        batch: Sequence[Event] | None = None
         if len(chunks) > 1 and size <= JOIN_BYTES * len(chunks):
             chunks = [b"".join(chunks)]  # small events: one pass over them, not one a chunk
-        # One run of single-line events is left unsplit; else the events one by one.
-        batch: Sequence[Event] | None = parser.run(chunks[0]) if len(chunks) == 1 else None
+            # Where they are all single-line events, they are left unsplit as one run.
+            batch = parser.run(chunks[0])
         if batch is None:
             events: list[Event] = []
             for chunk in chunks:
