@@ -3,12 +3,16 @@
 - `streaming._Events` (single-line events cut out by offsets) against the line-by-line SSE
   reader it replaced, over streams of every event shape (multi-line data, comments, other
   fields, CRLF, blank lines, `[DONE]`, events at and over the bound) cut into reads anywhere:
-  the same events, the same refusal.
+  the same events, the same refusal; a read of single-line events kept unsplit as a `Run`
+  (and its slices) among them.
 - `sglang_events.FastEvents` (msgspec-typed events, a cumulative event read past what was
   taken) against `StreamCapture.take` on generated SGLang streams (cumulative and incremental,
   every entry and `output_ids` shape, counts that do not add up, error events) taken in runs
   of any size: the same tokens handed to the sink in the same runs, the same answer, the same
-  error.
+  error. An incremental run read as a `Run` and decoded in one call (one JSON array) against
+  the same events decoded one by one and against the reference reader and capture, on SSE
+  bodies with keepalive comments, `data:` with no space, blank lines, `[DONE]` before the
+  end, CRLF, events cut short or cut in two.
 - The body reader over a real socket: aiohttp's buffer taken whole (the installed aiohttp is
   the one it was written against), the same events as `readany`.
 """
