@@ -9,8 +9,8 @@
   taken) against `StreamCapture.take` on generated SGLang streams (cumulative and incremental,
   every entry and `output_ids` shape, counts that do not add up, error events) taken in runs
   of any size: the same tokens handed to the sink in the same runs, the same answer, the same
-  error. An incremental run read as a `Run` and decoded in one call (one JSON array) against
-  the same events decoded one by one and against the reference reader and capture, on SSE
+  error. Reads taken as `Run`s (unsplit) against the same events cut out one by one and
+  against the reference reader and capture, on SSE
   bodies with keepalive comments, `data:` with no space, blank lines, `[DONE]` before the
   end, CRLF, events cut short or cut in two.
 - The body reader over a real socket: aiohttp's buffer taken whole (the installed aiohttp is
@@ -207,7 +207,7 @@ def test_a_run_of_single_line_events_is_kept_unsplit() -> None:
     parser = _Events(1 << 20)
     run = parser.run(b'data: {"a":1}\n\ndata: {"a":2}\n\ndata: {"a"')
     assert isinstance(run, Run) and len(run) == 2 and run._events is None
-    assert run.array() == b'[{"a":1},\n{"a":2}]'
+    assert [bytes(e) for e in run] == [b'{"a":1}', b'{"a":2}']
     assert parser.run(b":3}\n\ndata: [DONE]\n\n") is None  # `[DONE]`: event by event
     out: list[Any] = []
     assert parser.feed(b":3}\n\ndata: [DONE]\n\n", out)
@@ -411,10 +411,8 @@ def capture_sse(body: bytes, cuts: list[int], how: str) -> tuple[Any, ...]:
         capture.fast.take = lambda event: False  # type: ignore[method-assign]
         capture.fast.take_incremental_run = lambda events: False  # type: ignore[method-assign]
     engine = SGLangEngine("http://127.0.0.1:9")
-    arrays = 0
     try:
         for run in runs:
-            arrays += isinstance(run, Run) and len(run) > 1
             capture.take_run(run, lambda e: engine._event_json("url", e))
         gen = parse_generate_response(capture.final(), req, 0.0)
     except EngineError as exc:
@@ -430,45 +428,18 @@ def capture_sse(body: bytes, cuts: list[int], how: str) -> tuple[Any, ...]:
     step=st.integers(1, 3),
     cuts=st.lists(st.integers(0, 8000), max_size=6),
 )
-def test_runs_read_whole_equal_events_one_by_one_and_the_reference(
+def test_runs_read_unsplit_equal_events_one_by_one_and_the_reference(
     seed: int, cumulative: bool, n: int, step: int, cuts: list[int]
 ) -> None:
-    """A run of an incremental stream's events decoded in one call (one JSON array) against
-    the same events decoded one by one and against the reference reader and capture, on
-    generated SGLang streams framed with what an engine may send among its events."""
+    """Reads of single-line events taken as `Run`s against the same events cut out one by
+    one and against the reference reader and capture, on generated SGLang streams framed
+    with what an engine may send among its events."""
     rng = random.Random(seed)
     body = sse_body(rng, sglang_events(rng, cumulative, n, step))
     cuts = sorted(c for c in cuts if c <= len(body))
     reference = capture_sse(body, cuts, "reference")
     assert capture_sse(body, cuts, "events") == reference
     assert capture_sse(body, cuts, "run") == reference
-
-
-def test_a_run_is_decoded_in_one_call_and_a_joined_event_is_not_taken() -> None:
-    """A run of whole events is taken as one array; where one event's JSON is cut in two
-    events (the halves joined by the array's comma would be JSON again), it is not."""
-    events = sglang_events(random.Random(3), False, 30, 1, odd=False)
-    req = GenerateRequest(
-        input_ids=[1], sampling=SamplingParams(max_new_tokens=64), session_id="s", request_id="r"
-    )
-    body = b"".join(b"data: " + e + b"\n\n" for e in events)
-    run = _Events(1 << 20).run(body)
-    assert run is not None and len(run) == 30
-    capture = StreamCapture(req, lambda i, lp: None)
-    assert capture.fast.take_incremental_array(run)
-    assert capture.ids == [json.loads(e)["output_ids"][0] for e in events]
-    assert run._events is None  # never split
-    # The fifth event cut in two, the next one joined to its second half: as many events as
-    # before, and the array's elements as many, but the first of them spans two events.
-    cut = events[5].index(b',"completion_tokens"')
-    pieces = [*events[:5], events[5][:cut], events[5][cut + 1 :] + b"," + events[6], *events[7:]]
-    joined = b"".join(b"data: " + e + b"\n\n" for e in pieces)
-    run = _Events(1 << 20).run(joined)
-    assert run is not None and len(run) == 30
-    assert len(json.loads(run.array())) == 30
-    capture = StreamCapture(req, lambda i, lp: None)
-    assert not capture.fast.take_incremental_array(run)
-    assert capture.ids == []
 
 
 def test_a_cumulative_stream_is_read_past_what_was_taken() -> None:

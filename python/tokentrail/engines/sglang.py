@@ -25,7 +25,7 @@ from tokentrail.engines.bound import answer_limit
 from tokentrail.engines.http import HTTPEngine, base_url, parse_off_loop
 from tokentrail.engines.registry import register_engine
 from tokentrail.engines.sglang_events import FastEvents
-from tokentrail.engines.streaming import Event, Run, TokenSink
+from tokentrail.engines.streaming import Event, TokenSink
 from tokentrail.engines.wire_json import Rows
 from tokentrail.engines.wire_rows import Base64, decode_int32_base64
 from tokentrail.errors import EngineError, EngineOutputError
@@ -212,10 +212,7 @@ class StreamCapture:
         cumulative) and hand their tokens to the sink in one call."""
         if self.cumulative:
             events = events[-1:]
-        elif len(events) > 1 and (
-            (isinstance(events, Run) and self.fast.take_incremental_array(events))
-            or self.fast.take_incremental_run(events)
-        ):
+        elif len(events) > 1 and self.fast.take_incremental_run(events):
             self.flush()
             return
         for event in events:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from tokentrail.engines.streaming import Event, Run
+from tokentrail.engines.streaming import Event
 
 __all__ = ["FastEvents"]
 
@@ -55,7 +55,6 @@ _TYPED = msgspec.json.Decoder(_Typed)
 _ENTRIES = msgspec.json.Decoder(list[tuple[float, int, Any]])
 _IDS = msgspec.json.Decoder(list[int])
 _WHOLE = msgspec.json.Decoder()
-_RUN = msgspec.json.Decoder(list[_Typed])
 # A run's fields read in C, a pass each.
 _META = attrgetter("meta_info")
 _ENTRIES_OF = attrgetter("output_token_logprobs")
@@ -64,7 +63,6 @@ _ERROR = attrgetter("error")
 _OUT = attrgetter("output_ids")
 _LOGPROB = itemgetter(0)
 _ID = itemgetter(1)
-_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 class Capture(Protocol):
@@ -149,25 +147,6 @@ class FastEvents:
         except (msgspec.DecodeError, msgspec.ValidationError):
             return False
         return self._take_run(typed, events[-1])
-
-    def take_incremental_array(self, run: Run) -> bool:
-        """`take_incremental_run` with the whole run decoded in one call, as one JSON array
-        (`Run.array`); False (the capture untouched) where the run is not such an array of
-        one event per element, for `take_incremental_run` to try."""
-        if self.capture.cumulative:
-            return False
-        array = run.array()
-        try:
-            # Each element exactly one event's data: the elements as many as the events, and
-            # none holding an LF (only the separators hold one; a JSON string cannot), so
-            # each separator lies between two elements, not inside one.
-            raws = _RAWS.decode(array)
-            if len(raws) != len(run) or b"\n" in b"".join(raws):
-                return False
-            typed = _RUN.decode(array)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return False
-        return self._take_run(typed, run[-1:][0])
 
     def _take_run(self, typed: list[_Typed], last: Event) -> bool:
         """The checks and takes of `take_incremental_run` over the decoded events."""

@@ -64,8 +64,8 @@ class RunCapture(Protocol):
 class Run(Sequence[bytes]):
     """The events of one read where each is a single `data: ` line and a blank one, and
     nothing else is there (no comment, other field, CR or `[DONE]`): kept as the bytes read,
-    split into events only where they are asked for one by one. An engine client that reads
-    a run of them whole (one JSON array, `array`) never splits it."""
+    split in one call where its events are asked for (not cut out one at a time), and not
+    at all where only its first, its last or all but its first are."""
 
     __slots__ = ("_events", "body", "size")
 
@@ -97,12 +97,6 @@ class Run(Sequence[bytes]):
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self.events())
-
-    def array(self) -> bytes:
-        """The events as one JSON array, where each is one JSON value: `[e1,\ne2,...]` (a
-        JSON value holds no raw LF in a string, so an LF found in an element means that
-        element took in more than one event's data)."""
-        return b"[" + self.body[6:-2].replace(RUN_SEP, b",\n") + b"]"
 
 
 RUN_SEP = b"\n\ndata: "
