@@ -3,12 +3,16 @@
 - `streaming._Events` (single-line events cut out by offsets) against the line-by-line SSE
   reader it replaced, over streams of every event shape (multi-line data, comments, other
   fields, CRLF, blank lines, `[DONE]`, events at and over the bound) cut into reads anywhere:
-  the same events, the same refusal.
+  the same events, the same refusal; a read of single-line events kept unsplit as a `Run`
+  (and its slices) among them.
 - `sglang_events.FastEvents` (msgspec-typed events, a cumulative event read past what was
   taken) against `StreamCapture.take` on generated SGLang streams (cumulative and incremental,
   every entry and `output_ids` shape, counts that do not add up, error events) taken in runs
   of any size: the same tokens handed to the sink in the same runs, the same answer, the same
-  error.
+  error. Reads taken as `Run`s (unsplit) against the same events cut out one by one and
+  against the reference reader and capture, on SSE
+  bodies with keepalive comments, `data:` with no space, blank lines, `[DONE]` before the
+  end, CRLF, events cut short or cut in two.
 - The body reader over a real socket: aiohttp's buffer taken whole (the installed aiohttp is
   the one it was written against), the same events as `readany`.
 """
@@ -28,7 +32,14 @@ from hypothesis import strategies as st
 
 from tokentrail.engines import GenerateRequest, SamplingParams
 from tokentrail.engines.sglang import SGLangEngine, StreamCapture, parse_generate_response
-from tokentrail.engines.streaming import SSE_DONE, EventTooLong, _Body, _Events, sse_events
+from tokentrail.engines.streaming import (
+    SSE_DONE,
+    EventTooLong,
+    Run,
+    _Body,
+    _Events,
+    sse_events,
+)
 from tokentrail.errors import EngineError
 
 # --- the SSE reader ------------------------------------------------------------------------
@@ -86,9 +97,16 @@ def reference_events(chunks: list[bytes], max_event_bytes: int) -> list[list[byt
 
 
 def fast_events(chunks: list[bytes], max_event_bytes: int) -> list[list[bytes]]:
+    """`_Events` as `sse_events` drives it: a read whole as a `Run` where it is one, else
+    event by event."""
     parser = _Events(max_event_bytes)
     runs: list[list[bytes]] = []
     for chunk in chunks:
+        run = parser.run(chunk)
+        if run is not None:
+            events = run_events(run)
+            runs.append(events)
+            continue
         batch: list[Any] = []
         done = parser.feed(chunk, batch)
         if batch:
@@ -99,6 +117,18 @@ def fast_events(chunks: list[bytes], max_event_bytes: int) -> list[list[bytes]]:
     if event is not None and event != SSE_DONE:
         runs.append([event])
     return runs
+
+
+def run_events(run: Run) -> list[bytes]:
+    """A `Run`'s events, its slices held to those of the split list."""
+    events = [bytes(e) for e in run]
+    fresh = Run(run.body, len(run))  # not yet split: the slices cut it themselves
+    assert len(fresh) == len(events)
+    assert list(fresh[:1]) == events[:1]
+    assert list(Run(run.body, len(run))[1:]) == events[1:]
+    assert list(Run(run.body, len(run))[-1:]) == events[-1:]
+    assert fresh[-1] == events[-1]
+    return events
 
 
 def outcome(read: Callable[[], list[list[bytes]]]) -> Any:
@@ -131,6 +161,59 @@ def sse_stream(draw: Any) -> tuple[bytes, list[int]]:
         out += draw(_line) + draw(st.sampled_from([b"", nl]))
     cuts = sorted(draw(st.lists(st.integers(0, max(0, len(out))), max_size=8)))
     return out, cuts
+
+
+_json_payload = st.binary(max_size=30).map(
+    lambda b: b'{"a":"' + b.replace(b"\n", b"").replace(b"\r", b"").replace(b'"', b"") + b'"}'
+)
+
+
+@st.composite
+def data_stream(draw: Any) -> tuple[bytes, list[int]]:
+    """Mostly what an engine sends (`data: {json}` and a blank line, an event a write), now
+    and then something else among them: a keepalive comment, `data:` with no space or two,
+    a blank line more, an empty event, `[DONE]` before the end, CRLF line ends."""
+    crlf = draw(st.integers(0, 9)) == 0
+    nl = b"\r\n" if crlf else b"\n"
+    odd = st.sampled_from(
+        [b": keepalive", b"data:{}", b"data:  {}", b"", b"data: ", b"data: [DONE]", b"event: x"]
+    )
+    out = b""
+    for _ in range(draw(st.integers(0, 30))):
+        if draw(st.integers(0, 14)) == 0:
+            out += draw(odd) + nl + nl
+        else:
+            out += b"data: " + draw(_json_payload) + nl + nl
+    if draw(st.booleans()):
+        out += b"data: [DONE]" + nl + nl
+    cuts = sorted(draw(st.lists(st.integers(0, max(0, len(out))), max_size=5)))
+    return out, cuts
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=data_stream(), bound=st.sampled_from([12, 40, 1 << 20]))
+def test_the_run_reader_equals_the_line_reader(stream: tuple[bytes, list[int]], bound: int) -> None:
+    """Reads that are runs of single-line events (kept unsplit) and reads with anything
+    else in them: the same events in the same runs as the line reader, the same refusal."""
+    body, cuts = stream
+    edges = [0, *cuts, len(body)]
+    chunks = [body[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    assert outcome(lambda: fast_events(chunks, bound)) == outcome(
+        lambda: reference_events(chunks, bound)
+    )
+
+
+def test_a_run_of_single_line_events_is_kept_unsplit() -> None:
+    parser = _Events(1 << 20)
+    run = parser.run(b'data: {"a":1}\n\ndata: {"a":2}\n\ndata: {"a"')
+    assert isinstance(run, Run) and len(run) == 2 and run._events is None
+    assert [bytes(e) for e in run] == [b'{"a":1}', b'{"a":2}']
+    assert parser.run(b":3}\n\ndata: [DONE]\n\n") is None  # `[DONE]`: event by event
+    out: list[Any] = []
+    assert parser.feed(b":3}\n\ndata: [DONE]\n\n", out)
+    assert [bytes(e) for e in out] == [b'{"a":3}']
+    for odd in (b": ping\n\n", b"data:{}\n\n", b"data: {}\r\n\r\n", b"\ndata: {}\n\n"):
+        assert _Events(1 << 20).run(b"data: {}\n\n" + odd) is None
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -258,6 +341,105 @@ def test_fast_sglang_events_equal_the_reference(
     fast = capture_run(events, cuts, True, max_new)
     slow = capture_run(events, cuts, False, max_new)
     assert fast == slow
+
+
+def sse_body(rng: random.Random, events: list[bytes]) -> bytes:
+    """`events` framed as an engine sends them, with now and then what one may send among
+    them: a keepalive comment, `data:` with no space, a blank line more, an event's JSON cut
+    in two (at a comma, so the two halves join into JSON again) or cut short, `[DONE]` before
+    the end; CRLF line ends for a whole stream."""
+    nl = b"\r\n" if rng.random() < 0.1 else b"\n"
+    odd = rng.random() < 0.5
+
+    def chance(p: float) -> bool:
+        return odd and rng.random() < p
+
+    out = b""
+    for event in events:
+        if chance(0.02):
+            out += b": keepalive" + nl + nl
+        if chance(0.02):
+            out += nl
+        if chance(0.005):
+            out += b"data: [DONE]" + nl + nl
+        if chance(0.05) and b"," in event:
+            cut = rng.choice([at for at, byte in enumerate(event) if byte == ord(",")])
+            out += b"data: " + event[:cut] + nl + nl + b"data: " + event[cut + 1 :] + nl + nl
+            continue
+        if chance(0.02):
+            event = event[: rng.randrange(len(event))]
+        out += (b"data:" if chance(0.02) else b"data: ") + event + nl + nl
+    return out + b"data: [DONE]" + nl + nl
+
+
+def capture_sse(body: bytes, cuts: list[int], how: str) -> tuple[Any, ...]:
+    """What a capture makes of the SSE `body` read in the chunks `cuts` marks: `run` as
+    `sse_events` reads them (a read of single-line events whole, as a `Run`) into the fast
+    capture, `events` event by event into the fast capture, `reference` by the line reader
+    into the reference capture."""
+    edges = [0, *cuts, len(body)]
+    chunks = [body[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    runs: list[Any] = []
+    if how == "reference":
+        runs = reference_events(chunks, 1 << 20)
+    else:
+        parser = _Events(1 << 20)
+        for chunk in chunks:
+            run = parser.run(chunk) if how == "run" else None
+            if run is not None:
+                runs.append(run)
+                continue
+            batch: list[Any] = []
+            done = parser.feed(chunk, batch)
+            if batch:
+                runs.append(batch)
+            if done:
+                break
+        else:
+            event = parser.end()
+            if event is not None and event != SSE_DONE:
+                runs.append([event])
+    req = GenerateRequest(
+        input_ids=[1, 2, 3, 4, 5],
+        sampling=SamplingParams(max_new_tokens=4096),
+        session_id="s",
+        request_id="r",
+    )
+    sunk: list[tuple[list[int], list[float]]] = []
+    capture = StreamCapture(req, lambda i, lp: sunk.append((list(i), list(lp))))
+    if how == "reference":
+        capture.fast.take = lambda event: False  # type: ignore[method-assign]
+        capture.fast.take_incremental_run = lambda events: False  # type: ignore[method-assign]
+    engine = SGLangEngine("http://127.0.0.1:9")
+    try:
+        for run in runs:
+            capture.take_run(run, lambda e: engine._event_json("url", e))
+        gen = parse_generate_response(capture.final(), req, 0.0)
+    except EngineError as exc:
+        return ("error", type(exc), str(exc), sunk)
+    return (gen.output_ids, gen.logprobs, gen.finish_reason, sunk, capture.cumulative)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32),
+    cumulative=st.sampled_from([False, False, False, True]),
+    n=st.integers(1, 80),
+    step=st.integers(1, 3),
+    cuts=st.lists(st.integers(0, 8000), max_size=6),
+)
+def test_runs_read_unsplit_equal_events_one_by_one_and_the_reference(
+    seed: int, cumulative: bool, n: int, step: int, cuts: list[int]
+) -> None:
+    """Reads of single-line events taken as `Run`s against the same events cut out one by
+    one and against the reference reader and capture, on generated SGLang streams framed
+    with what an engine may send among its events."""
+    rng = random.Random(seed)
+    body = sse_body(rng, sglang_events(rng, cumulative, n, step))
+    cuts = sorted(c for c in cuts if c <= len(body))
+    reference = capture_sse(body, cuts, "reference")
+    assert capture_sse(body, cuts, "events") == reference
+    assert capture_sse(body, cuts, "run") == reference
 
 
 def test_a_cumulative_stream_is_read_past_what_was_taken() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate, chain
+from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
 import msgspec
@@ -54,6 +55,14 @@ _TYPED = msgspec.json.Decoder(_Typed)
 _ENTRIES = msgspec.json.Decoder(list[tuple[float, int, Any]])
 _IDS = msgspec.json.Decoder(list[int])
 _WHOLE = msgspec.json.Decoder()
+# A run's fields read in C, a pass each.
+_META = attrgetter("meta_info")
+_ENTRIES_OF = attrgetter("output_token_logprobs")
+_TOTAL = attrgetter("completion_tokens")
+_ERROR = attrgetter("error")
+_OUT = attrgetter("output_ids")
+_LOGPROB = itemgetter(0)
+_ID = itemgetter(1)
 
 
 class Capture(Protocol):
@@ -130,32 +139,34 @@ class FastEvents:
         that kind (typed entries, plain ids, no error, counts that add up, the run within the
         token limit), else False with the capture untouched, for `take` to read them one at a
         time."""
-        cap = self.capture
-        if cap.cumulative:
+        if self.capture.cumulative:
             return False
         decode = _TYPED.decode
         try:
             typed = [decode(event) for event in events]
         except (msgspec.DecodeError, msgspec.ValidationError):
             return False
+        return self._take_run(typed, events[-1])
+
+    def _take_run(self, typed: list[_Typed], last: Event) -> bool:
+        """The checks and takes of `take_incremental_run` over the decoded events."""
+        cap = self.capture
         # Each event's entries count must take the tokens so far to its `completion_tokens`
         # (`have + n == total`: where the reference takes `entries` as new ones; for the first
         # event both of its branches agree); any other count is the reference's to judge. The
         # checks go over the whole run at once (a pass each, not a loop of them a token).
-        metas = [event.meta_info for event in typed]
-        runs = [meta.output_token_logprobs for meta in metas]
-        totals = list(accumulate(map(len, runs), initial=len(cap.entries)))
-        if totals[1:] != [meta.completion_tokens for meta in metas] or any(
-            len(event.error) for event in typed
-        ):
+        metas = list(map(_META, typed))
+        runs = list(map(_ENTRIES_OF, metas))
+        sizes = list(map(len, runs))
+        totals = list(accumulate(sizes, initial=len(cap.entries)))
+        if totals[1:] != list(map(_TOTAL, metas)) or any(map(len, map(_ERROR, typed))):
             return False
         new = list(chain.from_iterable(runs))
-        ids = [entry[1] for entry in new]
+        ids = list(map(_ID, new))
         # `output_ids`, where given, are the event's own new ids.
-        outs = [event.output_ids for event in typed]
+        outs = list(map(_OUT, typed))
         if None not in outs:
-            sizes = list(map(len, outs))  # type: ignore[arg-type]
-            if sizes != list(map(len, runs)) or list(chain.from_iterable(outs)) != ids:  # type: ignore[arg-type]
+            if list(map(len, outs)) != sizes or list(chain.from_iterable(outs)) != ids:
                 return False
         else:
             at = 0
@@ -168,7 +179,7 @@ class FastEvents:
         cap.entries.extend(new)
         cap.ids.extend(ids)
         self.forget()
-        cap.add(events[-1], ids, [entry[0] for entry in new])
+        cap.add(last, ids, list(map(_LOGPROB, new)))
         return True
 
     def _take_typed(self, event: Event) -> bool:

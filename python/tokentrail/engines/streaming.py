@@ -11,7 +11,7 @@ whole output so far in every event).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
@@ -25,6 +25,7 @@ __all__ = [
     "COALESCE_STEADY_S",
     "SSE_DONE",
     "Event",
+    "Run",
     "RunCapture",
     "StreamingEngine",
     "TokenSink",
@@ -58,6 +59,47 @@ class RunCapture(Protocol):
         """Take `events` (their `data`, in order; `decode` reads one as the client reads
         JSON, an error event raising) and hand their tokens to the sink in one call."""
         ...
+
+
+class Run(Sequence[bytes]):
+    """The events of one read where each is a single `data: ` line and a blank one, and
+    nothing else is there (no comment, other field, CR or `[DONE]`): kept as the bytes read,
+    split in one call where its events are asked for (not cut out one at a time), and not
+    at all where only its first, its last or all but its first are."""
+
+    __slots__ = ("_events", "body", "size")
+
+    def __init__(self, body: bytes, size: int) -> None:
+        # `data: ` + the events' data joined by `\n\ndata: ` + `\n\n`.
+        self.body = body
+        self.size = size
+        self._events: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def events(self) -> list[bytes]:
+        if self._events is None:
+            self._events = self.body[6:-2].split(RUN_SEP)
+        return self._events
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice) and index.step is None and self._events is None:
+            # The slices an engine client takes (the first event, the rest, the last) without
+            # splitting the whole run.
+            if index == slice(None, 1) and self.size > 1:
+                return [self.body[6 : self.body.find(RUN_SEP)]]
+            if index == slice(1, None) and self.size > 1:
+                return Run(self.body[self.body.find(RUN_SEP) + 2 :], self.size - 1)
+            if index == slice(-1, None) and self.size > 1:
+                return [self.body[self.body.rfind(RUN_SEP) + len(RUN_SEP) : -2]]
+        return self.events()[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.events())
+
+
+RUN_SEP = b"\n\ndata: "
 
 
 class EventTooLong(Exception):
@@ -100,7 +142,7 @@ async def sse_events(
     max_event_bytes: int,
     coalesce_s: float = 0.0,
     coalesce_max_s: float = COALESCE_MAX_S,
-) -> AsyncIterator[list[Event]]:
+) -> AsyncIterator[Sequence[Event]]:
     """The `data` of each event in `resp`'s body, up to `[DONE]` (not included) or the end:
     every complete event of one read together, in order (an engine that samples faster than
     the adapter reads hands over many at once, and they are taken as one run). After each run
@@ -130,14 +172,19 @@ async def sse_events(
             pause, steady = coalesce_s, now + COALESCE_STEADY_S  # a start, or after a stall
         elif FULL_RUN_BYTES <= size < last * FULL_RUN_GAIN:
             pause = coalesce_s  # the engine waits on this socket
+        batch: Sequence[Event] | None = None
         if len(chunks) > 1 and size <= JOIN_BYTES * len(chunks):
             chunks = [b"".join(chunks)]  # small events: one pass over them, not one a chunk
-        batch: list[Event] = []
-        for chunk in chunks:
-            if parser.feed(chunk, batch):
-                if batch:
-                    yield batch
-                return
+            # Where they are all single-line events, they are left unsplit as one run.
+            batch = parser.run(chunks[0])
+        if batch is None:
+            events: list[Event] = []
+            for chunk in chunks:
+                if parser.feed(chunk, events):
+                    if events:
+                        yield events
+                    return
+            batch = events
         if batch:
             yield batch
             if pause:
@@ -201,6 +248,29 @@ class _Events:
             rest, self.rest = self.rest, b""
             return self._lines(rest, out)
         return False
+
+    def run(self, chunk: bytes) -> Run | None:
+        """The complete events of `chunk` as a `Run` where they are all of its shape (the
+        rest kept for the next read), else None with nothing taken, for `feed`."""
+        if self.data:
+            return None
+        buf = self.rest + chunk if self.rest else chunk
+        end = buf.rfind(b"\n\n") + 2
+        if end < 2 or not buf.startswith(b"data: ") or len(buf) - end > self.max or b"\r" in buf:
+            return None  # (with a CR, what is kept for the next read may end an event)
+        body = buf[:end] if end < len(buf) else buf
+        seps = body.count(RUN_SEP)
+        # Every LF is one of the separators' or the last two; no event is over the bound
+        # (the body's length bounds each); `[DONE]` and CR go the general way.
+        if (
+            body.count(b"\n") != 2 * seps + 2
+            or len(body) - 8 > self.max
+            or body.startswith(b"data: [DONE]\n")
+            or b"\n\ndata: [DONE]\n" in body
+        ):
+            return None
+        self.rest = buf[end:]
+        return Run(body, seps + 1)
 
     def _lines(self, buf: bytes, out: list[Event]) -> bool:
         """The general reader: complete lines of `buf`, what follows the last LF kept."""
