@@ -460,6 +460,7 @@ def build_ledger(
         v: {"generated": generated.get(v, 0), "trained": trained.get(v, 0)}
         for v in sorted({*generated, *trained})
     }
+    lin_trained, lin_realigned, lin_truncated = lin.trained, lin.realigned, lin.truncated
     for node in nodes:
         turn = node.turn
         if turn is not None:
@@ -469,7 +470,7 @@ def build_ledger(
             disconnected = tags.client_disconnected
             superseded = is_superseded(node)
             constrained = constrained_masked.get(k, 0)
-            trained_k = 0 if excluded or disconnected else lin.trained.get(k, 0) - constrained
+            trained_k = 0 if excluded or disconnected else lin_trained.get(k, 0) - constrained
             masked: dict[MaskReason, int]
             if excluded:
                 masked = {MaskReason.EXCLUDED: turn.output_len}
@@ -477,8 +478,8 @@ def build_ledger(
                 masked = {MaskReason.CLIENT_DISCONNECTED: turn.output_len}
             else:
                 masked = {
-                    MaskReason.REALIGNED: lin.realigned.get(k, 0),
-                    MaskReason.TRUNCATED: lin.truncated.get(k, 0),
+                    MaskReason.REALIGNED: lin_realigned.get(k, 0),
+                    MaskReason.TRUNCATED: lin_truncated.get(k, 0),
                     MaskReason.CONSTRAINED: constrained,
                 }
             if superseded and mask_superseded and not excluded and not disconnected:
@@ -493,7 +494,11 @@ def build_ledger(
             row.constrained = turn.output_len if tags.constrained else 0
             row.length_truncated = turn.finish_reason == FinishReason.LENGTH
             row.weight_versions = [span.version for span in turn.weight_versions]
-            row.retried, row.discarded = len(turn.discarded), discarded_by_version(turn.discarded)
+            if turn.discarded:
+                row.retried, row.discarded = (
+                    len(turn.discarded),
+                    discarded_by_version(turn.discarded),
+                )
             rows.append(row)
         for demoted in node.demoted:
             row = turn_fate(
