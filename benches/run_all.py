@@ -105,14 +105,16 @@ def machine(load: float | None = None) -> str:
 
 
 def commit() -> str:
-    """The commit measured, `+dirty` when the tree had changes."""
+    """The commit measured, `+dirty` when the tree had changes (the data files this run or
+    an earlier one wrote under `docs/benchmarks/` aside: they change nothing measured)."""
 
     def git(*args: str) -> str:
         out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True)
         return out.stdout.strip()
 
     head = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/benchmarks")
+    return head + ("+dirty" if changed else "")
 
 
 def data_file(
