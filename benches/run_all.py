@@ -113,7 +113,14 @@ def commit() -> str:
         return out.stdout.strip()
 
     head = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/benchmarks")
+    changed = git(
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ":(top)",
+        ":(top,exclude)docs/benchmarks",
+    )
     return head + ("+dirty" if changed else "")
 
 
