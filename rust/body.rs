@@ -19,6 +19,8 @@ use std::fmt;
 
 use memchr::memchr2;
 
+use crate::prefix::common_prefix_bytes;
+
 /// A byte range `start..end` of a body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
@@ -116,7 +118,7 @@ pub fn index_after(
     if key.as_bytes() != array.as_bytes() || old.marks.len() != old.elements.len() {
         return index(body, array);
     }
-    let shared = common_prefix(old_body, body);
+    let shared = common_prefix_bytes(old_body, body);
     // The first element starting at or past the shared bytes: the scan reads the byte an
     // element starts at (to stop skipping whitespace), so that byte must be shared too.
     let k = old.elements.partition_point(|e| e.start < shared);
@@ -146,22 +148,6 @@ pub fn index_after(
         scan.fields(next, array.as_bytes())?;
     }
     Ok(scan.out)
-}
-
-/// How many leading bytes `a` and `b` share.
-pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    const BLOCK: usize = 4096;
-    let n = a.len().min(b.len());
-    let mut start = 0;
-    while start + BLOCK <= n && a[start..start + BLOCK] == b[start..start + BLOCK] {
-        start += BLOCK;
-    }
-    start
-        + a[start..n]
-            .iter()
-            .zip(&b[start..n])
-            .take_while(|(x, y)| x == y)
-            .count()
 }
 
 /// Which fields and elements of `new` differ from `old` (see [`BodyDiff`]).
@@ -641,10 +627,10 @@ mod tests {
     fn common_prefix_counts_shared_bytes() {
         let a = vec![7u8; 10_000];
         let mut b = a.clone();
-        assert_eq!(common_prefix(&a, &b), 10_000);
+        assert_eq!(common_prefix_bytes(&a, &b), 10_000);
         b[9_000] = 1;
-        assert_eq!(common_prefix(&a, &b), 9_000);
-        assert_eq!(common_prefix(&a[..5], &b), 5);
-        assert_eq!(common_prefix(b"", &b), 0);
+        assert_eq!(common_prefix_bytes(&a, &b), 9_000);
+        assert_eq!(common_prefix_bytes(&a[..5], &b), 5);
+        assert_eq!(common_prefix_bytes(b"", &b), 0);
     }
 }

@@ -32,9 +32,44 @@ pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
             .count()
 }
 
+/// Bytes skipped per step while two byte strings agree (one `memcmp` each), then the
+/// smaller step inside the block that differs.
+const BYTE_BLOCKS: [usize; 2] = [4096, 64];
+
+/// Length of the longest common prefix of two byte strings.
+pub fn common_prefix_bytes(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut start = 0;
+    for block in BYTE_BLOCKS {
+        while start + block <= n && a[start..start + block] == b[start..start + block] {
+            start += block;
+        }
+    }
+    start
+        + a[start..n]
+            .iter()
+            .zip(&b[start..n])
+            .take_while(|(x, y)| x == y)
+            .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_prefix_agrees_with_a_byte_by_byte_count_across_the_block_sizes() {
+        let a: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for cut in [0, 1, 63, 64, 65, 4095, 4096, 4097, 4160, 9_999] {
+            let mut b = a.clone();
+            b[cut] ^= 1;
+            let naive = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            assert_eq!(common_prefix_bytes(&a, &b), naive);
+            assert_eq!(common_prefix_bytes(&a[..cut], &b), cut);
+        }
+        assert_eq!(common_prefix_bytes(&a, &a), a.len());
+        assert_eq!(common_prefix_bytes(b"", &a), 0);
+    }
 
     fn naive(a: &[u32], b: &[u32]) -> usize {
         a.iter().zip(b).take_while(|(x, y)| x == y).count()

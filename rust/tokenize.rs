@@ -23,6 +23,7 @@ use tokenizers::{AddedToken, Tokenizer};
 
 use crate::error::Error;
 use crate::fast::{FastEncoder, Found};
+use crate::prefix::common_prefix_bytes;
 
 /// A tokenizer that remembers, per session, the last prompt it encoded, and encodes the next
 /// one from the last safe boundary the two share. Every result equals a full encode
@@ -143,7 +144,7 @@ impl IncrementalTokenizer {
             self.reused_ids += state.ids.len() as u64;
             return Ok(self.keep(session, state));
         }
-        let common = common_prefix_len(state.text.as_bytes(), text.as_bytes());
+        let common = common_prefix_bytes(state.text.as_bytes(), text.as_bytes());
         let kept = state.boundaries.partition_point(|b| b.byte <= common);
         let resume = match kept {
             0 => Boundary { byte: 0, ids: 0 },
@@ -245,24 +246,6 @@ impl IncrementalTokenizer {
 
 fn encode_error(err: tokenizers::Error) -> Error {
     Error::Tokenizer(format!("cannot encode the text: {err}"))
-}
-
-/// Bytes skipped per step while the texts agree: one `memcmp` per block.
-const BLOCK: usize = 256;
-
-/// Length of the longest common prefix of two byte strings.
-fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
-    let n = a.len().min(b.len());
-    let mut start = 0;
-    while start + BLOCK <= n && a[start..start + BLOCK] == b[start..start + BLOCK] {
-        start += BLOCK;
-    }
-    start
-        + a[start..n]
-            .iter()
-            .zip(&b[start..n])
-            .take_while(|(x, y)| x == y)
-            .count()
 }
 
 /// Why a boundary right after an added token might not split `tokenizer`'s encodings there,

@@ -404,7 +404,7 @@ fn byte_prefix() {
     let long = vec![7u8; 1000];
     let mut other = long.clone();
     other[700] = 8;
-    assert_eq!(common_prefix_len(&long, &other), 700);
-    assert_eq!(common_prefix_len(&long, &long[..300]), 300);
-    assert_eq!(common_prefix_len(b"", b"abc"), 0);
+    assert_eq!(common_prefix_bytes(&long, &other), 700);
+    assert_eq!(common_prefix_bytes(&long, &long[..300]), 300);
+    assert_eq!(common_prefix_bytes(b"", b"abc"), 0);
 }
