@@ -150,6 +150,19 @@ _line = st.one_of(
 _block = st.lists(_line, min_size=1, max_size=3)
 
 
+def cut(body: bytes, cuts: list[int]) -> list[bytes]:
+    """`body` as the reads that end at `cuts` (empty reads left out)."""
+    edges = [0, *cuts, len(body)]
+    return [body[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
+
+
+def assert_reads_like_the_line_reader(body: bytes, cuts: list[int], bound: int) -> None:
+    chunks = cut(body, cuts)
+    assert outcome(lambda: fast_events(chunks, bound)) == outcome(
+        lambda: reference_events(chunks, bound)
+    )
+
+
 @st.composite
 def sse_stream(draw: Any) -> tuple[bytes, list[int]]:
     crlf = draw(st.booleans()) and draw(st.booleans())
@@ -195,12 +208,7 @@ def data_stream(draw: Any) -> tuple[bytes, list[int]]:
 def test_the_run_reader_equals_the_line_reader(stream: tuple[bytes, list[int]], bound: int) -> None:
     """Reads that are runs of single-line events (kept unsplit) and reads with anything
     else in them: the same events in the same runs as the line reader, the same refusal."""
-    body, cuts = stream
-    edges = [0, *cuts, len(body)]
-    chunks = [body[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
-    assert outcome(lambda: fast_events(chunks, bound)) == outcome(
-        lambda: reference_events(chunks, bound)
-    )
+    assert_reads_like_the_line_reader(*stream, bound)
 
 
 def test_a_run_of_single_line_events_is_kept_unsplit() -> None:
@@ -221,12 +229,7 @@ def test_a_run_of_single_line_events_is_kept_unsplit() -> None:
 def test_the_event_reader_equals_the_line_reader(
     stream: tuple[bytes, list[int]], bound: int
 ) -> None:
-    body, cuts = stream
-    edges = [0, *cuts, len(body)]
-    chunks = [body[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
-    assert outcome(lambda: fast_events(chunks, bound)) == outcome(
-        lambda: reference_events(chunks, bound)
-    )
+    assert_reads_like_the_line_reader(*stream, bound)
 
 
 def test_a_cumulative_streams_events_are_views_of_what_was_read() -> None:
@@ -377,8 +380,7 @@ def capture_sse(body: bytes, cuts: list[int], how: str) -> tuple[Any, ...]:
     `sse_events` reads them (a read of single-line events whole, as a `Run`) into the fast
     capture, `events` event by event into the fast capture, `reference` by the line reader
     into the reference capture."""
-    edges = [0, *cuts, len(body)]
-    chunks = [body[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    chunks = cut(body, cuts)
     runs: list[Any] = []
     if how == "reference":
         runs = reference_events(chunks, 1 << 20)
