@@ -38,7 +38,11 @@ PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
 # Long enough that a push lands mid-turn on two busy cores (the tiny model samples a few
 # hundred tokens a second), short enough to sample twice in a few seconds.
 MAX_TOKENS = 600
+# The turn the bare abort cuts: it only runs this long when the abort misses it.
+LONG_TURN = 4096
 GENERATED = "vllm:generation_tokens_total"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +74,20 @@ def post(url: str, path: str, body: Any) -> tuple[int, Any]:
         return resp.status, json.loads(resp.read())
 
 
-def when_sampling(vllm: VLLMServer, before: float, tokens: int = 24) -> None:
-    """Until vLLM generated `tokens` more than `before` (a turn is in flight)."""
+def when_idle(vllm: VLLMServer) -> float:
+    """Until the shared server runs and queues nothing (a request an earlier test left behind
+    would make `when_sampling` see tokens that are not this turn's); its generated count then."""
     deadline = time.monotonic() + 120
-    while vllm.metric(GENERATED) < before + tokens:
+    while vllm.metric(RUNNING) + vllm.metric(WAITING) > 0:
+        assert time.monotonic() < deadline, "vLLM stayed busy"
+        time.sleep(0.05)
+    return vllm.metric(GENERATED)
+
+
+def when_sampling(vllm: VLLMServer, before: float, tokens: int = 24) -> None:
+    """Until this turn runs in vLLM and it generated `tokens` more than `before`."""
+    deadline = time.monotonic() + 120
+    while vllm.metric(RUNNING) < 1 or vllm.metric(GENERATED) < before + tokens:
         assert time.monotonic() < deadline, "vLLM generated nothing"
         time.sleep(0.01)
 
@@ -84,10 +98,10 @@ def test_vllm_answers_an_aborted_turn_with_what_it_sampled_as_the_stand_in_does(
     body = {
         "model": str(vllm.model_dir),
         "token_ids": PROMPT,
-        "sampling_params": {"max_tokens": MAX_TOKENS, "logprobs": 0, "ignore_eos": True},
+        "sampling_params": {"max_tokens": LONG_TURN, "logprobs": 0, "ignore_eos": True},
     }
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        before = vllm.metric(GENERATED)
+        before = when_idle(vllm)
         answer = pool.submit(post, vllm.url, "/inference/v1/generate", body)
         when_sampling(vllm, before)
         assert post(vllm.url, "/pause?mode=abort", {}) == (200, {"status": "paused"})
@@ -98,7 +112,7 @@ def test_vllm_answers_an_aborted_turn_with_what_it_sampled_as_the_stand_in_does(
     (choice,) = real["choices"]
     assert status == 200 and choice["finish_reason"] == "abort"
     sampled = len(choice["token_ids"])
-    assert 0 < sampled < MAX_TOKENS
+    assert 0 < sampled < LONG_TURN
     assert len(choice["logprobs"]["content"]) == sampled
     assert choice["weight_versions"] == [{"version": "default", "start": 0, "end": sampled}]
 
@@ -142,7 +156,7 @@ def test_a_push_with_mode_abort_mid_turn_is_retried_under_the_new_weights(
 
         try:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                before = vllm.metric(GENERATED)
+                before = when_idle(vllm)
                 answer = pool.submit(ask)
                 when_sampling(vllm, before)
                 push = weights.push(new_weights, "1", mode=PauseMode.ABORT)
