@@ -18,6 +18,7 @@ pub mod pack;
 pub mod prefix;
 pub mod pretokenize;
 mod python;
+pub mod sglang_run;
 pub mod store;
 pub mod tape;
 pub mod tokenize;

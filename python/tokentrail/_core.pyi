@@ -33,6 +33,7 @@ __all__ = [
     "linearize",
     "number_array",
     "pack",
+    "sglang_run",
 ]
 
 _TokenIds: TypeAlias = Sequence[int | np.integer] | npt.NDArray[np.integer]
@@ -375,3 +376,11 @@ def number_array(
     where they differ. None when it is anything else (a string, a nested array, unequal rows,
     `NaN`, an integer past 64 bits, broken syntax): the caller parses it itself. Parsed with
     the GIL released."""
+
+def sglang_run(
+    body: bytes, have: int
+) -> tuple[list[tuple[float, int, str | None]], list[int], list[float]] | None:
+    """`(entries, ids, logprobs)` of the run of SGLang stream events whose bytes are `body`
+    (`data: ` + the events joined by `\\n\\ndata: ` + `\\n\\n`), after `have` tokens taken,
+    or None where an event is not of the plain shape (`rust/sglang_run.rs`) or the counts do
+    not add up. Parsed with the GIL released."""

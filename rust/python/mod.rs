@@ -18,6 +18,7 @@ mod numbers;
 mod pack;
 mod records;
 mod rows;
+mod sglang_run;
 mod store;
 mod tokenize;
 
@@ -55,6 +56,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(builder::linearize, m)?)?;
     m.add_function(wrap_pyfunction!(pack::pack_samples, m)?)?;
     m.add_function(wrap_pyfunction!(numbers::number_array, m)?)?;
+    m.add_function(wrap_pyfunction!(sglang_run::sglang_run, m)?)?;
     Ok(())
 }
 

@@ -40,6 +40,7 @@ class Core:
         self.index_body = impl.index_body
         self.diff_bodies = impl.diff_bodies
         self.number_array = impl.number_array
+        self.sglang_run = impl.sglang_run
 
     def __repr__(self) -> str:
         return f"Core({self.backend.value!r})"

@@ -1,6 +1,8 @@
-"""SGLang's stream events read fast: typed by msgspec (ids and logprobs checked in C, no dict
-per event), and of a cumulative event (SGLang's default stream repeats every token so far in
-every event) only what follows the entries already taken is decoded: its `output_ids` and
+"""SGLang's stream events read fast. A run of events that each add only new tokens (the bytes
+of one read) is read at once by the core (`core.sglang_run`: Rust, the GIL let go, no object
+per event); one event at a time, they are typed by msgspec (ids and logprobs checked in C, no
+dict per event); and of a cumulative event (SGLang's default stream repeats every token so far
+in every event) only what follows the entries already taken is decoded: its `output_ids` and
 `output_token_logprobs` are taken as raw JSON, and where they begin with the bytes of the last
 event taken, only the rest is read.
 
@@ -12,13 +14,12 @@ entries and errors, by a differential test).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import accumulate, chain
-from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
 import msgspec
 
-from tokentrail.engines.streaming import Event
+from tokentrail.core.backend import load_backend
+from tokentrail.engines.streaming import RUN_END, RUN_OPEN, RUN_SEP, Event, Run
 
 __all__ = ["FastEvents"]
 
@@ -55,14 +56,6 @@ _TYPED = msgspec.json.Decoder(_Typed)
 _ENTRIES = msgspec.json.Decoder(list[tuple[float, int, Any]])
 _IDS = msgspec.json.Decoder(list[int])
 _WHOLE = msgspec.json.Decoder()
-# A run's fields read in C, a pass each.
-_META = attrgetter("meta_info")
-_ENTRIES_OF = attrgetter("output_token_logprobs")
-_TOTAL = attrgetter("completion_tokens")
-_ERROR = attrgetter("error")
-_OUT = attrgetter("output_ids")
-_LOGPROB = itemgetter(0)
-_ID = itemgetter(1)
 
 
 class Capture(Protocol):
@@ -136,50 +129,24 @@ class FastEvents:
     def take_incremental_run(self, events: Sequence[Event]) -> bool:
         """Take a run of events that each add only new tokens (an incremental stream, or one
         not yet known to be cumulative) together, as one event: True where every event is of
-        that kind (typed entries, plain ids, no error, counts that add up, the run within the
-        token limit), else False with the capture untouched, for `take` to read them one at a
-        time."""
-        if self.capture.cumulative:
-            return False
-        decode = _TYPED.decode
-        try:
-            typed = [decode(event) for event in events]
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return False
-        return self._take_run(typed, events[-1])
-
-    def _take_run(self, typed: list[_Typed], last: Event) -> bool:
-        """The checks and takes of `take_incremental_run` over the decoded events."""
+        that kind (the plain shape `core.sglang_run` reads, counts that add up, the run within
+        the token limit), else False with the capture untouched, for `take` to read them one
+        at a time."""
         cap = self.capture
-        # Each event's entries count must take the tokens so far to its `completion_tokens`
-        # (`have + n == total`: where the reference takes `entries` as new ones; for the first
-        # event both of its branches agree); any other count is the reference's to judge. The
-        # checks go over the whole run at once (a pass each, not a loop of them a token).
-        metas = list(map(_META, typed))
-        runs = list(map(_ENTRIES_OF, metas))
-        sizes = list(map(len, runs))
-        totals = list(accumulate(sizes, initial=len(cap.entries)))
-        if totals[1:] != list(map(_TOTAL, metas)) or any(map(len, map(_ERROR, typed))):
+        if cap.cumulative:
             return False
-        new = list(chain.from_iterable(runs))
-        ids = list(map(_ID, new))
-        # `output_ids`, where given, are the event's own new ids.
-        outs = list(map(_OUT, typed))
-        if None not in outs:
-            if list(map(len, outs)) != sizes or list(chain.from_iterable(outs)) != ids:
-                return False
-        else:
-            at = 0
-            for out, run in zip(outs, runs, strict=True):
-                if out is not None and out != ids[at : at + len(run)]:
-                    return False
-                at += len(run)
+        # The bytes read, as they came (a `Run`), else the events joined as they would have.
+        body = events.body if isinstance(events, Run) else RUN_OPEN + RUN_SEP.join(events) + RUN_END
+        taken = load_backend().sglang_run(body, len(cap.entries))
+        if taken is None:
+            return False
+        entries, ids, logprobs = taken
         if len(cap.ids) + len(ids) > cap.limit:
             return False  # the reference names the event that went over
-        cap.entries.extend(new)
+        cap.entries.extend(entries)
         cap.ids.extend(ids)
         self.forget()
-        cap.add(last, ids, list(map(_LOGPROB, new)))
+        cap.add(events[-1:][0], ids, logprobs)  # (a `Run` cuts out its last event alone)
         return True
 
     def _take_typed(self, event: Event) -> bool:

@@ -80,7 +80,7 @@ class Run(Sequence[bytes]):
 
     def events(self) -> list[bytes]:
         if self._events is None:
-            self._events = self.body[6:-2].split(RUN_SEP)
+            self._events = self.body[len(RUN_OPEN) : -len(RUN_END)].split(RUN_SEP)
         return self._events
 
     def __getitem__(self, index: Any) -> Any:
@@ -99,7 +99,8 @@ class Run(Sequence[bytes]):
         return iter(self.events())
 
 
-RUN_SEP = b"\n\ndata: "
+# A `Run`'s body: `RUN_OPEN` + the events' data joined by `RUN_SEP` + `RUN_END`.
+RUN_OPEN, RUN_SEP, RUN_END = b"data: ", b"\n\ndata: ", b"\n\n"
 
 
 class EventTooLong(Exception):

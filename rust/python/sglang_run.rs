@@ -1,0 +1,43 @@
+//! The binding of an SGLang stream run read at once: `tokentrail._core.sglang_run`.
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::sglang_run::take;
+
+/// What `sglang_run` gives back: the entries `(logprob, id, text)`, the ids, the logprobs.
+type Run<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>);
+
+/// The tokens of the run of SGLang stream events whose bytes are `body` (`data: ` + the events
+/// joined by `\n\ndata: ` + `\n\n`), after `have` tokens taken: `(entries, ids, logprobs)`,
+/// or None where an event is not of the plain shape or the counts do not add up. Parsed with
+/// the GIL released.
+#[pyfunction]
+pub(super) fn sglang_run<'py>(
+    py: Python<'py>,
+    body: &[u8],
+    have: usize,
+) -> PyResult<Option<Run<'py>>> {
+    let Some(taken) = py.detach(|| take(body, have)) else {
+        return Ok(None);
+    };
+    let entries = PyList::empty(py);
+    for ((logprob, id), text) in taken.logprobs.iter().zip(&taken.ids).zip(&taken.texts) {
+        let text = match text {
+            Some(text) => text.into_pyobject(py)?.into_any(),
+            None => py.None().into_bound(py),
+        };
+        entries.append(PyTuple::new(
+            py,
+            [
+                logprob.into_pyobject(py)?.into_any(),
+                id.into_pyobject(py)?.into_any(),
+                text,
+            ],
+        )?)?;
+    }
+    Ok(Some((
+        entries,
+        PyList::new(py, &taken.ids)?,
+        PyList::new(py, &taken.logprobs)?,
+    )))
+}
