@@ -6,8 +6,9 @@
   the same events, the same refusal; a read of single-line events kept unsplit as a `Run`
   (and its slices) among them.
 - `sglang_events.FastEvents` (a run read at once by the core, msgspec-typed events, a
-  cumulative event read past what was taken) against `StreamCapture.take` on generated SGLang streams (cumulative and incremental,
-  every entry and `output_ids` shape, counts that do not add up, error events) taken in runs
+  cumulative event read past what was taken) against `StreamCapture.take` on generated SGLang
+  streams (cumulative and incremental, every entry and `output_ids` shape, counts that do not
+  add up, error events) taken in runs
   of any size: the same tokens handed to the sink in the same runs, the same answer, the same
   error. Reads taken as `Run`s (unsplit) against the same events cut out one by one and
   against the reference reader and capture, on SSE
