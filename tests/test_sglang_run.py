@@ -158,3 +158,14 @@ def test_each_way_off_the_plain_shape_is_left_to_the_per_event_reader(fault: str
     assert _core.sglang_run(f"data: {bad}\n\n".encode(), 0) is None
     assert reference.sglang_run(f"data: {bad}\n\n".encode(), 0) is None
     assert _core.sglang_run(f"data: {event}\n\n".encode(), 0) is not None
+
+
+def test_a_run_longer_than_a_chunk_of_entries_is_read_whole() -> None:
+    # The core makes the entries 16,384 at a time, letting the interpreter go in between.
+    n = 40_000
+    event = {"meta_info": {"output_token_logprobs": [], "completion_tokens": n}}
+    event["meta_info"]["output_token_logprobs"] = [[-(i % 7) / 8, i, None] for i in range(n)]
+    body = f"data: {json.dumps(event)}\n\n".encode()
+    got = _core.sglang_run(body, 0)
+    assert got is not None and same(got, reference.sglang_run(body, 0))
+    assert got[1] == list(range(n))

@@ -4,13 +4,17 @@ use pyo3::types::{PyList, PyTuple};
 
 use crate::sglang_run::take;
 
+/// Entries made per hold of the interpreter: a waiting thread (the event loop) gets it back
+/// in between, well within the switch interval.
+const CHUNK: usize = 16 * 1024;
+
 /// What `sglang_run` gives back: the entries `(logprob, id, text)`, the ids, the logprobs.
 type Run<'py> = (Bound<'py, PyList>, Bound<'py, PyList>, Bound<'py, PyList>);
 
 /// The tokens of the run of SGLang stream events whose bytes are `body` (`data: ` + the events
 /// joined by `\n\ndata: ` + `\n\n`), after `have` tokens taken: `(entries, ids, logprobs)`,
 /// or None where an event is not of the plain shape or the counts do not add up. Parsed with
-/// the GIL released.
+/// the GIL released; the entries are made a chunk at a time.
 #[pyfunction]
 pub(super) fn sglang_run<'py>(
     py: Python<'py>,
@@ -21,7 +25,11 @@ pub(super) fn sglang_run<'py>(
         return Ok(None);
     };
     let entries = PyList::empty(py);
-    for ((logprob, id), text) in taken.logprobs.iter().zip(&taken.ids).zip(&taken.texts) {
+    let rows = taken.logprobs.iter().zip(&taken.ids).zip(&taken.texts);
+    for (n, ((logprob, id), text)) in rows.enumerate() {
+        if n > 0 && n % CHUNK == 0 {
+            py.detach(|| ());
+        }
         let text = match text {
             Some(text) => text.into_pyobject(py)?.into_any(),
             None => py.None().into_bound(py),
