@@ -6,8 +6,8 @@ Generated runs: events of the plain shape (other keys around them, keys in any o
 every notation, texts with escapes, `output_ids` given, null or absent) and each of the ways an
 event leaves it (a count that does not add up, an `error` key, `output_ids` that are not the
 event's ids, a text that is a number, an id that is a float, a short row, a key given twice,
-`meta_info` not an object, `NaN`, an id past 64 bits, a lone surrogate), and the same broken a
-byte at a time.
+`meta_info` not an object, `NaN`, an id past 64 bits, a lone surrogate, an id written `-0`),
+and the same broken a byte at a time.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ FAULTS = [
     "nan",
     "huge id",
     "surrogate",
+    "minus zero id",
 ]
 
 
@@ -53,6 +54,7 @@ def events(draw: st.DrawFn, have: int, faulty: bool) -> tuple[str, int]:
     rows = []
     for token in ids:
         lp = float_text(draw(st.floats(-1e4, 0.0)), draw(st.integers(0, 2)))
+        lp = draw(st.sampled_from([lp, lp, lp, "-0", "0"]))  # integers in a float's place
         rows.append(f"[{draw(SPACE)}{lp},{token},{dumps(draw(TEXTS))}]")
     meta = {
         "output_token_logprobs": "[" + ",".join(rows) + "]",
@@ -86,6 +88,8 @@ def events(draw: st.DrawFn, have: int, faulty: bool) -> tuple[str, int]:
         rows[0] = rows[0].replace(f",{ids[0]},", f",{2**64 + ids[0]},")
     elif fault == "surrogate" and rows:
         rows[0] = rows[0].rsplit(",", 1)[0] + ',"\\ud800"]'
+    elif fault == "minus zero id" and rows:
+        rows[0] = rows[0].replace(f",{ids[0]},", ",-0,")
     meta["output_token_logprobs"] = "[" + ",".join(rows) + "]"
     keys = list(meta)
     keys = draw(st.permutations(keys))
@@ -130,7 +134,9 @@ def test_a_plain_run_is_taken_as_json_loads_reads_it_event_by_event(run: tuple[b
     body, have = run
     got = _core.sglang_run(body, have)
     assert got is not None
-    loaded = [json.loads(e) for e in body[6:-2].split(b"\n\ndata: ")]
+    # (A logprob written `-0` is -0.0, where `json.loads` makes it the int 0.)
+    minus_zero = {"parse_int": lambda s: -0.0 if s == "-0" else int(s)}
+    loaded = [json.loads(e, **minus_zero) for e in body[6:-2].split(b"\n\ndata: ")]
     entries = [tuple(r) for e in loaded for r in e["meta_info"]["output_token_logprobs"]]
     assert same(got[0], [(float(lp), t, x) for lp, t, x in entries])
     assert got[1] == [t for _, t, _ in entries]
@@ -154,6 +160,7 @@ def test_each_way_off_the_plain_shape_is_left_to_the_per_event_reader(fault: str
         "nan": event.replace("-0.5", "NaN"),
         "huge id": event.replace(" 5,", f" {2**64},"),
         "surrogate": event.replace("null", '"\\ud800"'),
+        "minus zero id": event.replace(" 5,", " -0,"),
     }[fault]
     assert _core.sglang_run(f"data: {bad}\n\n".encode(), 0) is None
     assert reference.sglang_run(f"data: {bad}\n\n".encode(), 0) is None

@@ -9,6 +9,10 @@ absent, `null` or an array of such integers; no `error` key; no key of these giv
 Other keys are skipped. The run is taken where every event is, each event's count takes the
 tokens so far to its `completion_tokens`, and each `output_ids` given is that event's own ids;
 anything else is None, and the caller reads the events one at a time.
+
+One difference is left: a skipped value nested deeper than the interpreter's recursion limit
+(about a thousand levels) is past `json.loads`, so here the run is None, where the core (whose
+skipping does not recurse) reads it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,11 @@ def _refuse(_: str) -> object:
     raise _Refused  # NaN, Infinity: not JSON
 
 
+def _integer(text: str) -> int | float:
+    # `-0` is the float -0.0, as the core's JSON reader reads it: a logprob, not an id or count.
+    return -0.0 if text == "-0" else int(text)
+
+
 def _int(value: Any) -> int:
     if type(value) is not int or not -_INT64 <= value < _INT64:
         raise _Refused
@@ -72,7 +81,7 @@ def _text(value: Any) -> str | None:
 
 
 def _event(text: str) -> tuple[list[tuple[float, int, str | None]], int, list[int] | None]:
-    event = json.loads(text, object_pairs_hook=_object, parse_constant=_refuse)
+    event = json.loads(text, object_pairs_hook=_object, parse_constant=_refuse, parse_int=_integer)
     if type(event) is not _Object or "error" in event or event.twice & _EVENT_KEYS:
         raise _Refused
     meta = event["meta_info"]
