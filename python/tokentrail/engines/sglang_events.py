@@ -74,6 +74,7 @@ class FastEvents:
 
     def __init__(self, capture: Capture) -> None:
         self.capture = capture
+        self.core = load_backend()
         # The raw `output_token_logprobs` / `output_ids` of the last event taken less their
         # closing `]`, where they held every entry (id) so far; else None.
         self.entries_head: bytes | None = None
@@ -137,7 +138,7 @@ class FastEvents:
             return False
         # The bytes read, as they came (a `Run`), else the events joined as they would have.
         body = events.body if isinstance(events, Run) else RUN_OPEN + RUN_SEP.join(events) + RUN_END
-        taken = load_backend().sglang_run(body, len(cap.entries))
+        taken = self.core.sglang_run(body, len(cap.entries))
         if taken is None:
             return False
         entries, ids, logprobs = taken
