@@ -65,7 +65,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("journal_images.py", ["--turns", "4"]),
     ("real_model.py", ["--models", "qwen3", "--context", "4000"]),
     ("streaming.py:first_byte", ["--turns", "10"]),
-    ("streaming.py:cpu", ["--lengths", "500", "--cpu-turns", "2"]),
+    ("streaming.py:cpu", ["--lengths", "500", "--cpu-turns", "2", "--rounds", "2"]),
     (
         "keepalive_stall.py",
         ["--stall", "12", "--idle", "10", "--keepalive", "2", "--control-keepalive", "40"],

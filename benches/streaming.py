@@ -21,10 +21,13 @@ an event (its default `--stream-interval`), cumulative (SGLang's default) or inc
   the protocol's delta), which load inflates less than wall time;
 - CPU: this process's CPU time (adapter and client together) per turn of L tokens, streamed
   (engine stream and live reply) against whole (the engine answer read whole, the reply's
-  SSE written once the turn is done), the stand-in (its own process) not counted.
+  SSE written once the turn is done), the stand-in (its own process) not counted: `--rounds`
+  rounds of `--cpu-turns` turns each way, whole and streamed alternating (which goes first
+  alternates too), so that what the machine's load does to one side it does to the other;
+  the medians, their ratio, and the range of the rounds' own ratios.
 
     python benches/streaming.py [--turns 300] [--lengths 500,2000] [--token-delay 0]
-        [--cpu-only | --first-byte-only]
+        [--cpu-turns 10] [--rounds 5] [--cpu-only | --first-byte-only]
 """
 
 from __future__ import annotations
@@ -312,7 +315,8 @@ def pct(values: list[float], p: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=300)
-    parser.add_argument("--cpu-turns", type=int, default=20)
+    parser.add_argument("--cpu-turns", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--lengths", default="500,2000")
     parser.add_argument("--first-tokens", type=int, default=64)
     parser.add_argument("--token-delay", type=float, default=0.0)
@@ -347,19 +351,28 @@ def main() -> None:
         print(f"machine: {machine()}")
         return
     print(
-        f"CPU per turn, adapter and client (ms, process CPU over {args.cpu_turns} turns), "
-        "streamed as sampled vs generated whole"
+        f"CPU per turn, adapter and client (ms, process CPU per turn over {args.cpu_turns} turns; "
+        f"median of {args.rounds} rounds, whole and streamed alternating), streamed as sampled "
+        "vs generated whole"
     )
-    print("| tokens | SGLang stream | whole | streamed | streamed / whole |")
-    print("|---:|---|---:|---:|---:|")
+    print("| tokens | SGLang stream | whole | streamed | streamed / whole | rounds' ratios |")
+    print("|---:|---|---:|---:|---:|---|")
     for n in (int(x) for x in args.lengths.split(",")):
         ids = reply_ids(n)
         for incremental in (False, True):
+            wholes, lives = [], []
             with StandIn(ids, incremental) as url:
-                _, whole = asyncio.run(run_turns(url, False, args.cpu_turns))
-                _, live = asyncio.run(run_turns(url, True, args.cpu_turns))
+                for k in range(args.rounds):
+                    for live in (False, True) if k % 2 == 0 else (True, False):
+                        _, cpu = asyncio.run(run_turns(url, live, args.cpu_turns))
+                        (lives if live else wholes).append(cpu * 1000)
+            whole, live = statistics.median(wholes), statistics.median(lives)
+            ratios = sorted(b / a for a, b in zip(wholes, lives, strict=True))
             mode = "incremental" if incremental else "cumulative (default)"
-            print(f"| {n} | {mode} | {whole * 1000:.1f} | {live * 1000:.1f} | {live / whole:.2f} |")
+            print(
+                f"| {n} | {mode} | {whole:.1f} | {live:.1f} | {live / whole:.2f} | "
+                f"{ratios[0]:.2f}-{ratios[-1]:.2f} |"
+            )
     print()
     print(f"machine: {machine()}")
 
