@@ -5,9 +5,9 @@ taken; anything off the plain shape is left to the per-event reader.
 Generated runs: events of the plain shape (other keys around them, keys in any order, floats in
 every notation, texts with escapes, `output_ids` given, null or absent) and each of the ways an
 event leaves it (a count that does not add up, an `error` key, `output_ids` that are not the
-event's ids, a text that is a number, an id that is a float, a short row, a key given twice,
-`meta_info` not an object, `NaN`, an id past 64 bits, a lone surrogate, an id written `-0`),
-and the same broken a byte at a time.
+event's ids, a text that is a number, an id that is a float, a short row, a count given twice,
+`meta_info` not an object, `NaN`, an id past 64 bits, a lone surrogate, an id written `-0`,
+`output_ids` given twice), and the same broken a byte at a time.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ FAULTS = [
     "huge id",
     "surrogate",
     "minus zero id",
+    "ids twice",
 ]
 
 
@@ -100,7 +101,10 @@ def events(draw: st.DrawFn, have: int, faulty: bool) -> tuple[str, int]:
         meta_text = f"[{meta['output_token_logprobs']},{have + n}]"
     top["meta_info"] = meta_text
     order = draw(st.permutations(list(top)))
-    text = draw(SPACE) + "{" + ",".join(f'"{k}": {top[k]}' for k in order) + "}" + draw(SPACE)
+    obj = "{" + ",".join(f'"{k}": {top[k]}' for k in order) + "}"
+    if fault == "ids twice":
+        obj = obj[:-1] + f',"output_ids": {dumps(ids)}}}'
+    text = draw(SPACE) + obj + draw(SPACE)
     return text, n
 
 
@@ -161,6 +165,7 @@ def test_each_way_off_the_plain_shape_is_left_to_the_per_event_reader(fault: str
         "huge id": event.replace(" 5,", f" {2**64},"),
         "surrogate": event.replace("null", '"\\ud800"'),
         "minus zero id": event.replace(" 5,", " -0,"),
+        "ids twice": event[:-1] + ', "output_ids": [5], "output_ids": [5]}',
     }[fault]
     assert _core.sglang_run(f"data: {bad}\n\n".encode(), 0) is None
     assert reference.sglang_run(f"data: {bad}\n\n".encode(), 0) is None
