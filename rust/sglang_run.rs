@@ -17,28 +17,19 @@ use memchr::memmem;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
-/// The tokens of a run taken: each entry's logprob, id and text, in order.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Taken {
-    pub logprobs: Vec<f64>,
-    pub ids: Vec<i64>,
-    pub texts: Vec<Option<String>>,
-}
+/// One token of a run: its logprob, id and text (`output_token_logprobs`' row).
+pub type Entry = (f64, i64, Option<String>);
 
 const OPEN: &[u8] = b"data: ";
 const SEP: &[u8] = b"\n\ndata: ";
 const CLOSE: &[u8] = b"\n\n";
 
 /// The run whose bytes are `body`, following `have` tokens already taken; `None` where any
-/// event is not of the plain shape or the counts do not add up.
-pub fn take(body: &[u8], have: usize) -> Option<Taken> {
+/// event is not of the plain shape or the counts do not add up; else its entries, in order.
+pub fn take(body: &[u8], have: usize) -> Option<Vec<Entry>> {
     let inner = body.strip_prefix(OPEN)?.strip_suffix(CLOSE)?;
     let text = std::str::from_utf8(inner).ok()?;
-    let mut taken = Taken {
-        logprobs: Vec::new(),
-        ids: Vec::new(),
-        texts: Vec::new(),
-    };
+    let mut taken = Vec::new();
     let mut total = i64::try_from(have).ok()?;
     let mut start = 0;
     let cuts = memmem::find_iter(inner, SEP).chain(std::iter::once(inner.len()));
@@ -58,11 +49,7 @@ pub fn take(body: &[u8], have: usize) -> Option<Taken> {
                 return None;
             }
         }
-        for (logprob, id, text) in entries {
-            taken.logprobs.push(logprob);
-            taken.ids.push(id);
-            taken.texts.push(text);
-        }
+        taken.extend(entries);
     }
     Some(taken)
 }
@@ -73,7 +60,7 @@ struct Event {
 }
 
 struct Meta {
-    entries: Vec<(f64, i64, Option<String>)>,
+    entries: Vec<Entry>,
     completion_tokens: i64,
 }
 
@@ -195,9 +182,8 @@ mod tests {
             r#"{"meta_info":{"completion_tokens":5,"output_token_logprobs":[[-1,6,"x"],[0.25,7,null]]},"output_ids":null}"#,
         ]);
         let taken = take(&body, 2).unwrap();
-        assert_eq!(taken.ids, vec![5, 6, 7]);
-        assert_eq!(taken.logprobs, vec![-0.5, -1.0, 0.25]);
-        assert_eq!(taken.texts, vec![None, Some("x".to_string()), None]);
+        let x = Some("x".to_string());
+        assert_eq!(taken, vec![(-0.5, 5, None), (-1.0, 6, x), (0.25, 7, None)]);
     }
 
     #[test]

@@ -24,28 +24,21 @@ pub(super) fn sglang_run<'py>(
     let Some(taken) = py.detach(|| take(body, have)) else {
         return Ok(None);
     };
-    let entries = PyList::empty(py);
-    let rows = taken.logprobs.iter().zip(&taken.ids).zip(&taken.texts);
-    for (n, ((logprob, id), text)) in rows.enumerate() {
+    // Each id and logprob is one object, in its entry and in its column.
+    let (entries, ids, logprobs) = (PyList::empty(py), PyList::empty(py), PyList::empty(py));
+    for (n, (logprob, id, text)) in taken.into_iter().enumerate() {
         if n > 0 && n % CHUNK == 0 {
             py.detach(|| ());
         }
+        let logprob = logprob.into_pyobject(py)?.into_any();
+        let id = id.into_pyobject(py)?.into_any();
         let text = match text {
             Some(text) => text.into_pyobject(py)?.into_any(),
             None => py.None().into_bound(py),
         };
-        entries.append(PyTuple::new(
-            py,
-            [
-                logprob.into_pyobject(py)?.into_any(),
-                id.into_pyobject(py)?.into_any(),
-                text,
-            ],
-        )?)?;
+        logprobs.append(&logprob)?;
+        ids.append(&id)?;
+        entries.append(PyTuple::new(py, [logprob, id, text])?)?;
     }
-    Ok(Some((
-        entries,
-        PyList::new(py, &taken.ids)?,
-        PyList::new(py, &taken.logprobs)?,
-    )))
+    Ok(Some((entries, ids, logprobs)))
 }
