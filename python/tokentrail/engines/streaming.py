@@ -88,11 +88,13 @@ class Run(Sequence[bytes]):
             # The slices an engine client takes (the first event, the rest, the last) without
             # splitting the whole run.
             if index == slice(None, 1) and self.size > 1:
-                return [self.body[6 : self.body.find(RUN_SEP)]]
+                return [self.body[len(RUN_OPEN) : self.body.find(RUN_SEP)]]
             if index == slice(1, None) and self.size > 1:
-                return Run(self.body[self.body.find(RUN_SEP) + 2 :], self.size - 1)
+                # The rest starts at the separator's `data: `: a run's body of its own.
+                rest = self.body.find(RUN_SEP) + len(RUN_SEP) - len(RUN_OPEN)
+                return Run(self.body[rest:], self.size - 1)
             if index == slice(-1, None) and self.size > 1:
-                return [self.body[self.body.rfind(RUN_SEP) + len(RUN_SEP) : -2]]
+                return [self.body[self.body.rfind(RUN_SEP) + len(RUN_SEP) : -len(RUN_END)]]
         return self.events()[index]
 
     def __iter__(self) -> Iterator[bytes]:
