@@ -269,7 +269,7 @@ struct Merges {
 
 /// GPT-2's mapping of bytes to printable chars, which `ByteLevel` writes tokens in: the bytes
 /// of a token's chars, or `None` when a char stands for no byte.
-fn byte_level_decoder() -> impl Fn(&str) -> Option<Vec<u8>> {
+pub(crate) fn byte_level_decoder() -> impl Fn(&str) -> Option<Vec<u8>> {
     let mut by_char = AHashMap::with_capacity(256);
     let mut shifted = 0;
     for byte in 0..=255u8 {

@@ -9,6 +9,7 @@ pub mod body;
 pub mod bpe;
 pub mod builder;
 pub mod counts;
+pub mod detokenize;
 pub mod drift;
 pub mod error;
 pub mod fast;

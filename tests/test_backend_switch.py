@@ -150,6 +150,7 @@ def instances(core: ModuleType, tokenizer_json: str) -> dict[str, Any]:
         "Packed": core.pack([[1, 2]], [[1]], [[0.0]], [1], [1.0]),
         "TurnStore": core.TurnStore(),
         "IncrementalTokenizer": core.IncrementalTokenizer(tokenizer_json),
+        "Detokenizer": core.Detokenizer(tokenizer_json),
         "BodyIndex": core.index_body(b'{"messages": []}', "messages"),
     }
 

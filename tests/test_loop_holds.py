@@ -13,12 +13,14 @@ import asyncio
 import base64
 import dataclasses
 import json
+import sys
 import threading
 from typing import Any
 
 import aiohttp
 import anthropic
 import msgspec
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -34,6 +36,7 @@ from tokentrail.engines.sglang import SGLangEngine
 from tokentrail.engines.wire_json import PIECE_BYTES, Rows, loads_in_pieces
 from tokentrail.errors import RequestTooLarge
 from tokentrail.messages import b64encode_in_pieces
+from tokentrail.text import detokenize
 from tokentrail.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tokentrail.text.vision import b64decode_in_pieces
 
@@ -303,6 +306,9 @@ class RecordingTokenizer:
         self.inner = inner
         self.calls: list[str] = []
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         self.calls.append("decode")
         return str(self.inner.decode(ids, skip_special_tokens=skip_special_tokens))
@@ -312,14 +318,51 @@ class RecordingTokenizer:
         return list(self.inner.decode_batch(batch, skip_special_tokens=skip_special_tokens))
 
 
-def test_a_long_turns_text_is_decoded_where_the_interpreter_is_let_go(tokenizer) -> None:
-    # `tokenizers` holds the GIL through `decode` (47 ms for a 109K-token turn) and lets go
-    # of it in `decode_batch`: a long turn's text comes from the latter, the very same text.
+def test_a_long_turns_text_is_decoded_where_the_interpreter_is_let_go(
+    tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `tokenizers` holds the GIL through `decode` (47 ms for a 109K-token turn). A byte-level
+    # vocabulary's text comes from the core's table; any other from `decode_batch`, which
+    # lets go of it: the very same text.
+    monkeypatch.setattr(detokenize, "VERIFY_DECODE", False)
     recording = RecordingTokenizer(tokenizer.tokenizer)
     loaded = dataclasses.replace(tokenizer, tokenizer=recording)
     ids = [(k * 7919 + 151) % 151_000 for k in range(LONG_TURN)] + [IM_END]
-    assert loaded.decode(ids) == tokenizer.tokenizer.decode(ids, skip_special_tokens=False)
+    want = tokenizer.tokenizer.decode(ids, skip_special_tokens=False)
+    assert loaded.decode(ids) == want
+    assert recording.calls == []  # the core's table
+    object.__setattr__(loaded, "_detokenizer", (loaded.vocab_size, None))  # not byte-level
+    assert loaded.decode(ids) == want
     assert loaded.decode(ids[:100]) == tokenizer.tokenizer.decode(
         ids[:100], skip_special_tokens=False
     )
     assert recording.calls == ["decode_batch", "decode"]
+
+
+def test_the_cores_decode_of_a_long_turn_lets_the_interpreter_go(tokenizer) -> None:
+    # With a long switch interval another thread runs only when the interpreter is let go:
+    # it counts while the core decodes 2M ids (an array: no list to read with it held).
+    detokenizer = tokenizer.detokenizer()
+    assert detokenizer is not None
+    ids = np.arange(2_000_000, dtype=np.uint32) % 151_000
+    counted = [0]
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            counted[0] += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.05)
+    thread = threading.Thread(target=count)
+    try:
+        thread.start()
+        before = counted[0]
+        text = detokenizer.decode(ids)
+        during = counted[0] - before
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert len(text) > 2_000_000
+    assert during > 0

@@ -19,6 +19,7 @@ __all__ = [
     "REPLAY_STATUS",
     "BodyIndex",
     "BuiltSample",
+    "Detokenizer",
     "Drift",
     "DriftEvent",
     "IncrementalTokenizer",
@@ -326,6 +327,19 @@ class IncrementalTokenizer:
         """Ids taken from kept prompts instead of being encoded, over all `encode` calls."""
     def encoded_bytes(self) -> int:
         """Bytes of text actually run through the tokenizer, over all `encode` calls."""
+
+@final
+class Detokenizer:
+    """The text of token ids, as `tokenizers`' `decode` gives it with the special tokens kept,
+    for a tokenizer whose decoder is `ByteLevel`."""
+
+    def __new__(cls, tokenizer_json: str) -> Detokenizer:
+        """Raises `TokenizerError` for a tokenizer.json that does not load or whose decoder is
+        not `ByteLevel`, saying why."""
+    def decode(self, ids: _TokenIds) -> str:
+        """The text of `ids` (a list of ints or an integer array)."""
+    def __len__(self) -> int:
+        """How many ids the table holds (one past the largest id with a token)."""
 
 @final
 class BodyIndex:

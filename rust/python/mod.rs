@@ -14,6 +14,7 @@ use crate::tape::Status;
 mod body;
 mod builder;
 mod convert;
+mod detokenize;
 mod numbers;
 mod pack;
 mod records;
@@ -49,6 +50,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<records::PyPacked>()?;
     m.add_class::<store::PyTurnStore>()?;
     m.add_class::<tokenize::PyIncrementalTokenizer>()?;
+    m.add_class::<detokenize::PyDetokenizer>()?;
     m.add_class::<body::PyBodyIndex>()?;
     m.add_function(wrap_pyfunction!(body::index_body, m)?)?;
     m.add_function(wrap_pyfunction!(body::diff_bodies, m)?)?;

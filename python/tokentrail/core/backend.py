@@ -34,6 +34,7 @@ class Core:
         self.REPLAY_STATUS = impl.REPLAY_STATUS
         self.TurnStore = impl.TurnStore
         self.IncrementalTokenizer = impl.IncrementalTokenizer
+        self.Detokenizer = impl.Detokenizer
         self.common_prefix_len = impl.common_prefix_len
         self.linearize = impl.linearize
         self.pack = impl.pack

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import (
     AddedToken,
@@ -32,7 +32,7 @@ from tokenizers import (
 )
 
 from tokentrail.errors import TokenizerError
-from tokentrail.text import vocabularies
+from tokentrail.text import detokenize, vocabularies
 from tokentrail.text.chat_template import ChatTemplate
 from tokentrail.text.families import (
     Family,
@@ -49,6 +49,9 @@ from tokentrail.text.vocabularies import (
     stand_in,
     write_atomically,
 )
+
+if TYPE_CHECKING:
+    from tokentrail._core import Detokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +105,6 @@ QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 QWEN3_FIRST_ADDED_ID = 151643
 
 
-# Up to this many ids a decode holds the interpreter well under a millisecond.
-DECODE_INLINE_TOKENS = 2048
-
-
 @dataclass(frozen=True, eq=False)
 class LoadedTokenizer:
     """A tokenizer with the chat template and special tokens that belong to it."""
@@ -129,6 +128,11 @@ class LoadedTokenizer:
     # The model family (`text.families`) whose parsers and stop tokens go with this tokenizer,
     # when known: set by builtins, or matched from a model directory's chat template.
     family: str | None = None
+    # The core's table of every id's bytes (`_core.Detokenizer`) with the vocabulary size it
+    # was built at, made on the first decode; None in it where the decoder is not byte-level.
+    _detokenizer: tuple[int, Detokenizer | None] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not self.end_token_ids:
@@ -154,12 +158,18 @@ class LoadedTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of `ids`, special tokens kept as their text. A long run is decoded as a batch
-        of one: `tokenizers` lets go of the interpreter in `decode_batch` (not in `decode`,
-        which held it, and the event loop waiting for it, 47 ms for a 109K-token turn)."""
-        if len(ids) > DECODE_INLINE_TOKENS:
-            return self.tokenizer.decode_batch([list(ids)], skip_special_tokens=False)[0]
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        """Text of `ids`, special tokens kept as their text (`text.detokenize`)."""
+        return detokenize.decode(self.detokenizer(), self.tokenizer, self.name, ids)
+
+    def detokenizer(self) -> Detokenizer | None:
+        """The core's detokenizer (made on first use, and again when tokens were added since);
+        None where the decoder is not byte-level."""
+        size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        built = self._detokenizer
+        if built is None or built[0] != size:
+            built = (size, detokenize.byte_level(self.tokenizer, self.name))
+            object.__setattr__(self, "_detokenizer", built)
+        return built[1]
 
     def decode_turn(self, output_ids: Iterable[int]) -> str:
         """Text of a sampled turn without the end-of-turn tokens that close it (the engine's

@@ -256,6 +256,7 @@ def _prompt_parts(
     splicer = Splicer(tokenizer, pipeline.chat_template, pipeline.family)
     # The manager's backend encodes too, so a whole pipeline runs on one of them.
     encoder = IncrementalEncoder(tokenizer, pipeline.manager.core.backend)
+    tokenizer.detokenizer()  # its table made now, not in the first turn's first decode
     return splicer, PromptBuilder(splicer, encoder, pipeline.splice_verify_every)
 
 

@@ -8,6 +8,7 @@ two together and the benchmarks measure one against the other.
 from __future__ import annotations
 
 from tokentrail.core.reference.body import BodyIndex, diff_bodies, index_body
+from tokentrail.core.reference.detokenize import Detokenizer
 from tokentrail.core.reference.linearize import (
     CLEAN,
     FORK,
@@ -38,6 +39,7 @@ __all__ = [
     "REPLAY_STATUS",
     "BodyIndex",
     "BuiltSample",
+    "Detokenizer",
     "Drift",
     "DriftEvent",
     "IncrementalTokenizer",
