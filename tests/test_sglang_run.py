@@ -142,9 +142,8 @@ def test_a_plain_run_is_taken_as_json_loads_reads_it_event_by_event(run: tuple[b
     minus_zero = {"parse_int": lambda s: -0.0 if s == "-0" else int(s)}
     loaded = [json.loads(e, **minus_zero) for e in body[6:-2].split(b"\n\ndata: ")]
     entries = [tuple(r) for e in loaded for r in e["meta_info"]["output_token_logprobs"]]
-    assert same(got[0], [(float(lp), t, x) for lp, t, x in entries])
-    assert got[1] == [t for _, t, _ in entries]
-    assert same(got[2], [float(lp) for lp, _, _ in entries])
+    assert got[0] == [t for _, t, _ in entries]
+    assert same(got[1], [float(lp) for lp, _, _ in entries])
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -173,11 +172,12 @@ def test_each_way_off_the_plain_shape_is_left_to_the_per_event_reader(fault: str
 
 
 def test_a_run_longer_than_a_chunk_of_entries_is_read_whole() -> None:
-    # The core makes the entries 16,384 at a time, letting the interpreter go in between.
+    # The core makes the ids and logprobs 16,384 at a time, letting the interpreter go in
+    # between.
     n = 40_000
     event = {"meta_info": {"output_token_logprobs": [], "completion_tokens": n}}
     event["meta_info"]["output_token_logprobs"] = [[-(i % 7) / 8, i, None] for i in range(n)]
     body = f"data: {json.dumps(event)}\n\n".encode()
     got = _core.sglang_run(body, 0)
     assert got is not None and same(got, reference.sglang_run(body, 0))
-    assert got[1] == list(range(n))
+    assert got[0] == list(range(n))

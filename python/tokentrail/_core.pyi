@@ -391,10 +391,8 @@ def number_array(
     `NaN`, an integer past 64 bits, broken syntax): the caller parses it itself. Parsed with
     the GIL released."""
 
-def sglang_run(
-    body: bytes, have: int
-) -> tuple[list[tuple[float, int, str | None]], list[int], list[float]] | None:
-    """`(entries, ids, logprobs)` of the run of SGLang stream events whose bytes are `body`
-    (`data: ` + the events joined by `\\n\\ndata: ` + `\\n\\n`), after `have` tokens taken,
-    or None where an event is not of the plain shape (`rust/sglang_run.rs`) or the counts do
-    not add up. Parsed with the GIL released."""
+def sglang_run(body: bytes, have: int) -> tuple[list[int], list[float]] | None:
+    """`(ids, logprobs)` of the run of SGLang stream events whose bytes are `body` (`data: ` +
+    the events joined by `\\n\\ndata: ` + `\\n\\n`), after `have` tokens taken, or None
+    where an event is not of the plain shape (`rust/sglang_run.rs`) or the counts do not add
+    up. An entry's text is checked, not kept. Parsed with the GIL released."""

@@ -208,8 +208,9 @@ class StreamCapture:
     def __init__(self, req: GenerateRequest, sink: TokenSink) -> None:
         self.req = req
         self.sink = sink
-        self.entries: list[Any] = []
+        # Every token taken: its id, its logprob.
         self.ids: list[int] = []
+        self.logprobs: list[float] = []
         self.last: dict[str, Any] | Event | None = None
         self.limit = req.sampling.max_new_tokens + 1  # an end-of-turn token past the budget
         self.cumulative = False
@@ -252,7 +253,7 @@ class StreamCapture:
                 "sglang stream event has no meta_info.output_token_logprobs (return_logprob)"
             )
         total = meta.get("completion_tokens")
-        have = len(self.entries)
+        have = len(self.ids)
         if not isinstance(total, int) or isinstance(total, bool):
             total = len(entries)  # no count: take the events as cumulative
         if len(entries) == total and total >= have:
@@ -267,7 +268,6 @@ class StreamCapture:
                 f"{total} completion tokens after {have}: neither all so far nor the new ones"
             )
         ids, logprobs = _entries(new)
-        self.entries.extend(new)
         self.ids.extend(ids)
         output_ids = obj.get("output_ids")
         if output_ids is not None and list(output_ids) not in (self.ids, ids):
@@ -286,6 +286,7 @@ class StreamCapture:
                 f"{self.req.sampling.max_new_tokens} allows",
             )
         self.last = last
+        self.logprobs.extend(logprobs)
         self.pending_ids.extend(ids)
         self.pending_logprobs.extend(logprobs)
 
@@ -298,7 +299,11 @@ class StreamCapture:
         meta = dict(last["meta_info"])
         if meta.get("finish_reason") is None:
             raise EngineError("sglang stream ended before its last event (no finish_reason)")
-        meta["output_token_logprobs"] = self.entries
+        # The entries as rows of two columns, each of one type (every path above checked them):
+        # read back by column, with no row made.
+        rows: list[Any] = [None] * (2 * len(self.ids))
+        rows[0::2], rows[1::2] = self.logprobs, self.ids
+        meta["output_token_logprobs"] = Rows(2, rows, (float, int))
         return {"output_ids": self.ids, "meta_info": meta}
 
 

@@ -61,7 +61,6 @@ _WHOLE = msgspec.json.Decoder()
 class Capture(Protocol):
     """What `FastEvents` reads and adds to (`sglang.StreamCapture`)."""
 
-    entries: list[Any]
     ids: list[int]
     cumulative: bool
     limit: int
@@ -97,7 +96,7 @@ class FastEvents:
             return False
         cap = self.capture
         total = head.meta_info.completion_tokens
-        have = len(cap.entries)
+        have = len(cap.ids)
         raw = bytes(head.meta_info.output_token_logprobs)
         try:
             new = self._suffix(raw, self.entries_head, _ENTRIES)
@@ -120,7 +119,6 @@ class FastEvents:
             return False
         if every is None:
             return False
-        cap.entries.extend(new)
         cap.ids.extend(ids)
         cap.cumulative = cap.cumulative or cumulative
         self.entries_head = raw[:-1] if n == total and raw.endswith(b"]") else None
@@ -138,13 +136,12 @@ class FastEvents:
             return False
         # The bytes read, as they came (a `Run`), else the events joined as they would have.
         body = events.body if isinstance(events, Run) else RUN_OPEN + RUN_SEP.join(events) + RUN_END
-        taken = self.core.sglang_run(body, len(cap.entries))
+        taken = self.core.sglang_run(body, len(cap.ids))
         if taken is None:
             return False
-        entries, ids, logprobs = taken
+        ids, logprobs = taken
         if len(cap.ids) + len(ids) > cap.limit:
             return False  # the reference names the event that went over
-        cap.entries.extend(entries)
         cap.ids.extend(ids)
         self.forget()
         cap.add(events[-1:][0], ids, logprobs)  # (a `Run` cuts out its last event alone)
@@ -160,7 +157,7 @@ class FastEvents:
         cap = self.capture
         entries = typed.meta_info.output_token_logprobs
         total = typed.meta_info.completion_tokens
-        have, n = len(cap.entries), len(entries)
+        have, n = len(cap.ids), len(entries)
         if n == total and total >= have:
             new = entries[have:]
             cumulative = have > 0 and total > 0
@@ -174,7 +171,6 @@ class FastEvents:
             known = len(cap.ids)
             if not (len(out) == known + len(ids) and out[known:] == ids and out[:known] == cap.ids):
                 return False
-        cap.entries.extend(new)
         cap.ids.extend(ids)
         cap.cumulative = cap.cumulative or cumulative
         self.forget()  # the next cumulative event is read whole, and its bytes kept

@@ -102,11 +102,10 @@ def _event(text: str) -> tuple[list[tuple[float, int, str | None]], int, list[in
     return entries, _int(meta["completion_tokens"]), out
 
 
-def sglang_run(
-    body: bytes, have: int
-) -> tuple[list[tuple[float, int, str | None]], list[int], list[float]] | None:
-    """`(entries, ids, logprobs)` of the run whose bytes are `body`, after `have` tokens taken,
-    or None where an event is not of the plain shape or the counts do not add up."""
+def sglang_run(body: bytes, have: int) -> tuple[list[int], list[float]] | None:
+    """`(ids, logprobs)` of the run whose bytes are `body`, after `have` tokens taken, or None
+    where an event is not of the plain shape or the counts do not add up (a row's text is
+    checked, not kept)."""
     if not (body.startswith(_OPEN) and body.endswith(_CLOSE)):
         return None
     entries: list[tuple[float, int, str | None]] = []
@@ -120,4 +119,4 @@ def sglang_run(
             entries += new
     except (_Refused, ValueError, KeyError, RecursionError):
         return None
-    return entries, [e[1] for e in entries], [e[0] for e in entries]
+    return [e[1] for e in entries], [e[0] for e in entries]
