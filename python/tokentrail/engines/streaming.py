@@ -178,6 +178,7 @@ async def sse_events(
         batch: Sequence[Event] | None = None
         if len(chunks) > 1 and size <= JOIN_BYTES * len(chunks):
             chunks = [b"".join(chunks)]  # small events: one pass over them, not one a chunk
+        if len(chunks) == 1:
             # Where they are all single-line events, they are left unsplit as one run.
             batch = parser.run(chunks[0])
         if batch is None:
