@@ -20,6 +20,7 @@ pub mod prefix;
 pub mod pretokenize;
 mod python;
 pub mod sglang_run;
+pub mod sse_run;
 pub mod store;
 pub mod tape;
 pub mod tokenize;

@@ -20,6 +20,7 @@ mod pack;
 mod records;
 mod rows;
 mod sglang_run;
+mod sse_run;
 mod store;
 mod tokenize;
 
@@ -59,6 +60,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack::pack_samples, m)?)?;
     m.add_function(wrap_pyfunction!(numbers::number_array, m)?)?;
     m.add_function(wrap_pyfunction!(sglang_run::sglang_run, m)?)?;
+    m.add_function(wrap_pyfunction!(sse_run::sse_run, m)?)?;
     Ok(())
 }
 

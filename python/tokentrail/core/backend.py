@@ -42,6 +42,7 @@ class Core:
         self.diff_bodies = impl.diff_bodies
         self.number_array = impl.number_array
         self.sglang_run = impl.sglang_run
+        self.sse_run = impl.sse_run
 
     def __repr__(self) -> str:
         return f"Core({self.backend.value!r})"

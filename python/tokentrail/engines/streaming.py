@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 
+from tokentrail.core.backend import load_backend
 from tokentrail.engines.base import GenerateRequest, Generation
 
 __all__ = [
@@ -208,6 +209,7 @@ class _Events:
 
     def __init__(self, max_event_bytes: int) -> None:
         self.max = max_event_bytes
+        self.core = load_backend()
         self.rest = b""  # what follows the last complete event (fast) or line (general)
         self.data: list[bytes] = []  # the general reader's lines of the event it is in
         self.size = 0
@@ -255,26 +257,17 @@ class _Events:
 
     def run(self, chunk: bytes) -> Run | None:
         """The complete events of `chunk` as a `Run` where they are all of its shape (the
-        rest kept for the next read), else None with nothing taken, for `feed`."""
+        rest kept for the next read; `core.sse_run`, one pass), else None with nothing
+        taken, for `feed`."""
         if self.data:
             return None
         buf = self.rest + chunk if self.rest else chunk
-        end = buf.rfind(b"\n\n") + 2
-        if end < 2 or not buf.startswith(b"data: ") or len(buf) - end > self.max or b"\r" in buf:
+        shape = self.core.sse_run(buf, self.max)
+        if shape is None:
             return None  # (with a CR, what is kept for the next read may end an event)
-        body = buf[:end] if end < len(buf) else buf
-        seps = body.count(RUN_SEP)
-        # Every LF is one of the separators' or the last two; no event is over the bound
-        # (the body's length bounds each); `[DONE]` and CR go the general way.
-        if (
-            body.count(b"\n") != 2 * seps + 2
-            or len(body) - 8 > self.max
-            or body.startswith(b"data: [DONE]\n")
-            or b"\n\ndata: [DONE]\n" in body
-        ):
-            return None
+        end, events = shape
         self.rest = buf[end:]
-        return Run(body, seps + 1)
+        return Run(buf[:end] if end < len(buf) else buf, events)
 
     def _lines(self, buf: bytes, out: list[Event]) -> bool:
         """The general reader: complete lines of `buf`, what follows the last LF kept."""

@@ -27,6 +27,7 @@ from tokentrail.core.reference.linearize import (
 from tokentrail.core.reference.numbers import number_array
 from tokentrail.core.reference.pack import Packed, pack
 from tokentrail.core.reference.sglang_run import sglang_run
+from tokentrail.core.reference.sse_run import sse_run
 from tokentrail.core.reference.store import TurnStore
 from tokentrail.core.reference.tape import REPLAY_STATUS
 from tokentrail.core.reference.tokenize import IncrementalTokenizer
@@ -55,5 +56,6 @@ __all__ = [
     "number_array",
     "pack",
     "sglang_run",
+    "sse_run",
     "token_list",
 ]
