@@ -1,7 +1,8 @@
 """Where a read's run of single-line `data: ` events ends: the Rust core's one pass
 (`_core.sse_run`) against the reference (`core.reference.sse_run`, the checks the engine client
 made in Python before), on generated reads: runs of events, with blank lines, comments, other
-fields, CR, `[DONE]`, events cut short and bounds that some events pass."""
+fields, CR, `[DONE]` (which ends a run before it), events cut short and bounds that some events
+pass."""
 
 from __future__ import annotations
 
@@ -42,4 +43,7 @@ def test_a_run_of_plain_events_is_cut_after_its_last_blank_line(
     got = _core.sse_run(body + tail, 1 << 20)
     assert got == reference.sse_run(body + tail, 1 << 20)
     if not tail.startswith(b"\n"):
-        assert got == (len(body), len(events))
+        assert got == (len(body), len(events), False)
+    done = body + b"data: [DONE]\n\n" + tail
+    assert _core.sse_run(done, 1 << 20) == (len(body), len(events), True)
+    assert reference.sse_run(done, 1 << 20) == (len(body), len(events), True)

@@ -98,15 +98,18 @@ def reference_events(chunks: list[bytes], max_event_bytes: int) -> list[list[byt
 
 
 def fast_events(chunks: list[bytes], max_event_bytes: int) -> list[list[bytes]]:
-    """`_Events` as `sse_events` drives it: a read whole as a `Run` where it is one, else
-    event by event."""
+    """`_Events` as `sse_events` drives it: a read whole as a `Run` where it is one (the stream
+    over where a `[DONE]` ends it), else event by event."""
     parser = _Events(max_event_bytes)
     runs: list[list[bytes]] = []
     for chunk in chunks:
         run = parser.run(chunk)
         if run is not None:
-            events = run_events(run)
-            runs.append(events)
+            if run:
+                assert isinstance(run, Run)
+                runs.append(run_events(run))
+            if parser.done:
+                return runs
             continue
         batch: list[Any] = []
         done = parser.feed(chunk, batch)
@@ -217,9 +220,13 @@ def test_a_run_of_single_line_events_is_kept_unsplit() -> None:
     run = parser.run(b'data: {"a":1}\n\ndata: {"a":2}\n\ndata: {"a"')
     assert isinstance(run, Run) and len(run) == 2 and run._events is None
     assert [bytes(e) for e in run] == [b'{"a":1}', b'{"a":2}']
-    assert parser.run(b":3}\n\ndata: [DONE]\n\n") is None  # `[DONE]`: event by event
+    # `[DONE]` ends the run before it, and the stream.
+    last = parser.run(b":3}\n\ndata: [DONE]\n\n")
+    assert isinstance(last, Run) and [bytes(e) for e in last] == [b'{"a":3}'] and parser.done
+    assert _Events(1 << 20).run(b"data: [DONE]\n\n") == []
+    # The line reader says the same.
     out: list[Any] = []
-    assert parser.feed(b":3}\n\ndata: [DONE]\n\n", out)
+    assert _Events(1 << 20).feed(b'data: {"a":3}\n\ndata: [DONE]\n\n', out)
     assert [bytes(e) for e in out] == [b'{"a":3}']
     for odd in (b": ping\n\n", b"data:{}\n\n", b"data: {}\r\n\r\n", b"\ndata: {}\n\n"):
         assert _Events(1 << 20).run(b"data: {}\n\n" + odd) is None

@@ -398,7 +398,8 @@ def sglang_run(body: bytes, have: int) -> tuple[list[int], list[float]] | None:
     where an event is not of the plain shape (`rust/sglang_run.rs`) or the counts do not add
     up. An entry's text is checked, not kept. Parsed with the GIL released."""
 
-def sse_run(buf: bytes, max_event: int) -> tuple[int, int] | None:
-    """`(end, events)` where `buf[:end]` is a run of complete single-line `data: ` events (no
-    comment, other field, CR or `[DONE]`) holding `events` of them, none and not what follows
-    them over `max_event` bytes; None where `buf` is not of that shape."""
+def sse_run(buf: bytes, max_event: int) -> tuple[int, int, bool] | None:
+    """`(end, events, done)` where `buf[:end]` is a run of complete single-line `data: ` events
+    (no comment, other field or CR) holding `events` of them, none and not what follows them
+    over `max_event` bytes, and `done` where a `[DONE]` event ends it; None where `buf` is not
+    of that shape."""

@@ -182,6 +182,10 @@ async def sse_events(
         if len(chunks) == 1:
             # Where they are all single-line events, they are left unsplit as one run.
             batch = parser.run(chunks[0])
+            if batch is not None and parser.done:
+                if batch:
+                    yield batch
+                return
         if batch is None:
             events: list[Event] = []
             for chunk in chunks:
@@ -210,6 +214,7 @@ class _Events:
     def __init__(self, max_event_bytes: int) -> None:
         self.max = max_event_bytes
         self.core = load_backend()
+        self.done = False  # a `[DONE]` event ended the last run
         self.rest = b""  # what follows the last complete event (fast) or line (general)
         self.data: list[bytes] = []  # the general reader's lines of the event it is in
         self.size = 0
@@ -255,18 +260,20 @@ class _Events:
             return self._lines(rest, out)
         return False
 
-    def run(self, chunk: bytes) -> Run | None:
+    def run(self, chunk: bytes) -> Sequence[Event] | None:
         """The complete events of `chunk` as a `Run` where they are all of its shape (the
-        rest kept for the next read; `core.sse_run`, one pass), else None with nothing
-        taken, for `feed`."""
+        rest kept for the next read; `core.sse_run`, one pass; `done` set where a `[DONE]`
+        event ends them), else None with nothing taken, for `feed`."""
         if self.data:
             return None
         buf = self.rest + chunk if self.rest else chunk
         shape = self.core.sse_run(buf, self.max)
         if shape is None:
             return None  # (with a CR, what is kept for the next read may end an event)
-        end, events = shape
+        end, events, self.done = shape
         self.rest = buf[end:]
+        if not events:
+            return []
         return Run(buf[:end] if end < len(buf) else buf, events)
 
     def _lines(self, buf: bytes, out: list[Event]) -> bool:
