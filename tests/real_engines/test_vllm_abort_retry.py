@@ -149,7 +149,9 @@ def test_a_push_with_mode_abort_mid_turn_is_retried_under_the_new_weights(
             return client.chat.completions.create(
                 model="tiny",
                 messages=[{"role": "user", "content": "Tell me about the sea."}],
-                max_tokens=MAX_TOKENS,
+                # Long, so the push lands mid-turn: vLLM samples a 600-token turn of this
+                # tiny model in well under a second, before a push could reach it.
+                max_tokens=LONG_TURN,
                 temperature=1.0,
                 seed=7,
             )
