@@ -17,19 +17,49 @@ use memchr::memmem;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 
-/// One token of a run: its logprob, id and text (`output_token_logprobs`' row).
-pub type Entry = (f64, i64, Option<String>);
+/// The tokens of a run taken, in order: each one's logprob and id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Taken {
+    pub logprobs: Vec<f64>,
+    pub ids: Vec<i64>,
+}
+
+/// One row of `output_token_logprobs`: its logprob, its id and its text, which is checked and
+/// not kept (a stream's text is the decode of its ids).
+type Entry = (f64, i64, Text);
+
+/// A row's text: `null` or a string, read without making it.
+struct Text;
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("null or a string")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Text, E> {
+                Ok(Text)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Text, E> {
+                Ok(Text)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
 
 const OPEN: &[u8] = b"data: ";
 const SEP: &[u8] = b"\n\ndata: ";
 const CLOSE: &[u8] = b"\n\n";
 
 /// The run whose bytes are `body`, following `have` tokens already taken; `None` where any
-/// event is not of the plain shape or the counts do not add up; else its entries, in order.
-pub fn take(body: &[u8], have: usize) -> Option<Vec<Entry>> {
+/// event is not of the plain shape or the counts do not add up.
+pub fn take(body: &[u8], have: usize) -> Option<Taken> {
     let inner = body.strip_prefix(OPEN)?.strip_suffix(CLOSE)?;
     let text = std::str::from_utf8(inner).ok()?;
-    let mut taken = Vec::new();
+    let mut taken = Taken::default();
     let mut total = i64::try_from(have).ok()?;
     let mut start = 0;
     let cuts = memmem::find_iter(inner, SEP).chain(std::iter::once(inner.len()));
@@ -49,7 +79,10 @@ pub fn take(body: &[u8], have: usize) -> Option<Vec<Entry>> {
                 return None;
             }
         }
-        taken.extend(entries);
+        for (logprob, id, Text) in entries {
+            taken.logprobs.push(logprob);
+            taken.ids.push(id);
+        }
     }
     Some(taken)
 }
@@ -182,8 +215,8 @@ mod tests {
             r#"{"meta_info":{"completion_tokens":5,"output_token_logprobs":[[-1,6,"x"],[0.25,7,null]]},"output_ids":null}"#,
         ]);
         let taken = take(&body, 2).unwrap();
-        let x = Some("x".to_string());
-        assert_eq!(taken, vec![(-0.5, 5, None), (-1.0, 6, x), (0.25, 7, None)]);
+        assert_eq!(taken.ids, vec![5, 6, 7]);
+        assert_eq!(taken.logprobs, vec![-0.5, -1.0, 0.25]);
     }
 
     #[test]

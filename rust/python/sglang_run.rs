@@ -14,8 +14,7 @@ type Run<'py> = (Bound<'py, PyList>, Bound<'py, PyList>);
 /// The tokens of the run of SGLang stream events whose bytes are `body` (`data: ` + the events
 /// joined by `\n\ndata: ` + `\n\n`), after `have` tokens taken: `(ids, logprobs)`, or None
 /// where an event is not of the plain shape or the counts do not add up. Parsed with the GIL
-/// released; the lists are made a chunk at a time. (An entry's text is checked, not kept: a
-/// stream's text is the decode of its ids.)
+/// released; the lists are made a chunk at a time.
 #[pyfunction]
 pub(super) fn sglang_run<'py>(
     py: Python<'py>,
@@ -26,7 +25,7 @@ pub(super) fn sglang_run<'py>(
         return Ok(None);
     };
     let (ids, logprobs) = (PyList::empty(py), PyList::empty(py));
-    for (n, (logprob, id, _text)) in taken.into_iter().enumerate() {
+    for (n, (logprob, id)) in taken.logprobs.into_iter().zip(taken.ids).enumerate() {
         if n > 0 && n % CHUNK == 0 {
             py.detach(|| ());
         }
