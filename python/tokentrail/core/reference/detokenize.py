@@ -14,25 +14,13 @@ from collections.abc import Sequence
 
 from tokentrail.core.reference.linearize import token_list
 from tokentrail.errors import TokenizerError
+from tokentrail.text.vocabularies import bytes_to_unicode
 
 __all__ = ["Detokenizer"]
 
 
-def _byte_level_chars() -> dict[str, int]:
-    """GPT-2's mapping: the printable bytes stand for themselves, the others for the chars
-    from U+0100 on, in byte order."""
-    chars: dict[str, int] = {}
-    shifted = 0
-    for byte in range(256):
-        if 0x21 <= byte <= 0x7E or 0xA1 <= byte <= 0xAC or 0xAE <= byte <= 0xFF:
-            chars[chr(byte)] = byte
-        else:
-            chars[chr(256 + shifted)] = byte
-            shifted += 1
-    return chars
-
-
-_CHARS = _byte_level_chars()
+# GPT-2's printable char of each byte, read back.
+_CHARS = {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def _token_bytes(token: str) -> bytes:
