@@ -3,7 +3,7 @@ use std::fmt;
 
 /// Everything the core refuses. The binding maps each variant to a named Python exception
 /// (`TokenIdError`, `LogprobLengthError`, `PolicyError`, `PackError`, `TokenizerError` or
-/// `ReplayError`, all `ValueError`s).
+/// `ReplayError`, all `ValueError`s; `ChunkedBodyError`, an engine's fault).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
     /// A token id is negative, not an integer, or does not fit in 32 bits; the message says
@@ -61,6 +61,8 @@ pub enum Error {
     /// Replay data (routed experts, indexer top-k) that does not fit its tape or its turn; the
     /// message names the channel and the problem.
     Replay(String),
+    /// A chunked HTTP body whose framing is broken; the message says how.
+    Chunked(String),
     /// A packed sample's replay rows (`what`) are not one per token.
     PackRows {
         sample: usize,
@@ -73,9 +75,10 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::TokenId(message) | Error::Tokenizer(message) | Error::Replay(message) => {
-                f.write_str(message)
-            }
+            Error::TokenId(message)
+            | Error::Tokenizer(message)
+            | Error::Replay(message)
+            | Error::Chunked(message) => f.write_str(message),
             Error::LogprobLength { logprobs, outputs } => {
                 write!(f, "{logprobs} logprobs for {outputs} output tokens")
             }

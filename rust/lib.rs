@@ -13,6 +13,7 @@ pub mod detokenize;
 pub mod drift;
 pub mod error;
 pub mod fast;
+pub mod http_chunks;
 pub mod linearize;
 pub mod numbers;
 pub mod pack;

@@ -12,6 +12,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 # Every decode by the core's byte-level table, in this process and in the servers the tests
 # start, is checked against `tokenizers`' (`text.detokenize.VERIFY_DECODE`).
 os.environ.setdefault("TOKENTRAIL_VERIFY_DECODE", "1")
+# And every chunked body whose framing the core takes off is read by the reference too
+# (`engines.streaming.VERIFY_CHUNKS`).
+os.environ.setdefault("TOKENTRAIL_VERIFY_CHUNKS", "1")
 
 # The run's peak memory, printed at the end and held to a budget (support/memory_budget.py).
 from support.memory_budget import (  # noqa: E402, F401

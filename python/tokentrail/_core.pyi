@@ -30,6 +30,7 @@ __all__ = [
     "TurnStore",
     "common_prefix_len",
     "diff_bodies",
+    "http_chunks",
     "index_body",
     "linearize",
     "number_array",
@@ -403,3 +404,11 @@ def sse_run(buf: bytes, max_event: int) -> tuple[int, int, bool] | None:
     (no comment, other field or CR) holding `events` of them, none and not what follows them
     over `max_event` bytes, and `done` where a `[DONE]` event ends it; None where `buf` is not
     of that shape."""
+
+def http_chunks(buf: bytes, left: int) -> tuple[bytes, int, int, bool]:
+    """`(body, end, left, last)` of the read `buf` of a body in chunked transfer coding,
+    `left` bytes into the current chunk (its data and CRLF still to come; 0 at a size line):
+    the chunks' data joined, the bytes taken (the rest starts a size line or the trailers, for
+    the next read), the bytes of the current chunk still to come, and whether the last chunk
+    and its trailers ended the body (`rust/http_chunks.rs`). Raises `ChunkedBodyError` for
+    broken framing."""

@@ -184,6 +184,12 @@ def engine_error(message: str, engine_status: int | None) -> EngineError:
     return EngineError(message, engine_status)
 
 
+class ChunkedBodyError(EngineError):
+    """An engine's chunked response body whose framing is broken (a chunk size that is not a
+    hex number, data not followed by CRLF): raised by the core's `http_chunks`; the engine
+    client says which engine and URL."""
+
+
 class EngineOutputError(EngineError):
     """The engine answered, but with output that cannot be trained on: a token id outside the
     vocabulary, a logprob that is not a finite number <= 0, logprobs and tokens that differ in

@@ -15,6 +15,7 @@ mod body;
 mod builder;
 mod convert;
 mod detokenize;
+mod http_chunks;
 mod numbers;
 mod pack;
 mod records;
@@ -31,6 +32,7 @@ pyo3::import_exception!(tokentrail.errors, PackError);
 pyo3::import_exception!(tokentrail.errors, TokenizerError);
 pyo3::import_exception!(tokentrail.errors, ReplayError);
 pyo3::import_exception!(tokentrail.errors, BodyShapeError);
+pyo3::import_exception!(tokentrail.errors, ChunkedBodyError);
 
 /// tokentrail's Rust hot path: the same names and semantics as `tokentrail.core.reference`.
 #[pymodule]
@@ -61,6 +63,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(numbers::number_array, m)?)?;
     m.add_function(wrap_pyfunction!(sglang_run::sglang_run, m)?)?;
     m.add_function(wrap_pyfunction!(sse_run::sse_run, m)?)?;
+    m.add_function(wrap_pyfunction!(http_chunks::http_chunks, m)?)?;
     Ok(())
 }
 
@@ -84,6 +87,7 @@ impl From<Error> for PyErr {
             | Error::PackTooLong { .. } => PackError::new_err(message),
             Error::Tokenizer(_) => TokenizerError::new_err(message),
             Error::Replay(_) => ReplayError::new_err(message),
+            Error::Chunked(_) => ChunkedBodyError::new_err(message),
         }
     }
 }

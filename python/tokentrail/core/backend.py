@@ -43,6 +43,7 @@ class Core:
         self.number_array = impl.number_array
         self.sglang_run = impl.sglang_run
         self.sse_run = impl.sse_run
+        self.http_chunks = impl.http_chunks
 
     def __repr__(self) -> str:
         return f"Core({self.backend.value!r})"

@@ -25,6 +25,7 @@ from tokentrail.engines.base import (
     SESSION_HEADER,
     GenerateRequest,
 )
+from tokentrail.engines.connection import engine_connector
 from tokentrail.engines.streaming import (
     COALESCE_MAX_S,
     COALESCE_S,
@@ -35,7 +36,13 @@ from tokentrail.engines.streaming import (
 )
 from tokentrail.engines.wire_json import loads_in_pieces
 from tokentrail.engines.wire_rows import lift_base64
-from tokentrail.errors import EngineError, EngineOutputError, EngineSpecError, engine_error
+from tokentrail.errors import (
+    ChunkedBodyError,
+    EngineError,
+    EngineOutputError,
+    EngineSpecError,
+    engine_error,
+)
 from tokentrail.kinds import EngineFault
 
 logger = logging.getLogger(__name__)
@@ -112,7 +119,9 @@ class HTTPEngine:
         # A session belongs to the loop it was made in; a new loop (each `asyncio.run`) needs
         # its own. The old one cannot be closed from here and is dropped.
         if self._session is None or self._session.closed or self._loop is not loop:
-            self._session = aiohttp.ClientSession(timeout=self._timeout(self.timeout))
+            self._session = aiohttp.ClientSession(
+                connector=engine_connector(), timeout=self._timeout(self.timeout)
+            )
             self._loop = loop
         return self._session
 
@@ -270,6 +279,11 @@ class HTTPEngine:
                         EngineFault.TOO_LONG,
                         f"{self.name} at {url} streamed an event of more than "
                         f"{max_event_bytes} bytes, more than the request can take",
+                    ) from None
+                except ChunkedBodyError as exc:
+                    resp.close()
+                    raise EngineError(
+                        f"{self.name} at {url} streamed a broken body: {exc}"
                     ) from None
         except aiohttp.ConnectionTimeoutError:
             raise EngineError(

@@ -11,6 +11,7 @@ whole output so far in every event).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -18,6 +19,9 @@ import aiohttp
 
 from tokentrail.core.backend import load_backend
 from tokentrail.engines.base import GenerateRequest, Generation
+from tokentrail.engines.connection import EngineConnection
+from tokentrail.errors import ChunkedBodyError
+from tokentrail.kinds import Backend
 
 __all__ = [
     "COALESCE_GROWTH",
@@ -32,6 +36,11 @@ __all__ = [
     "TokenSink",
     "sse_events",
 ]
+
+# With this set (the test suite sets it, for every stream it sends), each read of a body whose
+# framing the core takes off is read by the reference too, and the two must agree.
+VERIFY_CHUNKS_ENV = "TOKENTRAIL_VERIFY_CHUNKS"
+VERIFY_CHUNKS = os.environ.get(VERIFY_CHUNKS_ENV, "") not in ("", "0")
 
 # Called with each run of newly sampled ids and their logprobs, in order, as they arrive.
 TokenSink = Callable[[Sequence[int], Sequence[float]], None]
@@ -323,7 +332,9 @@ class _Body:
 
     aiohttp hands its buffer over chunk by chunk, each one a call into the connection's flow
     control, and an engine sends one HTTP chunk an event: where aiohttp's reader is the one
-    this was written against, its buffer is taken whole instead (`readany` otherwise)."""
+    this was written against, its buffer is taken whole instead (`readany` otherwise). Where
+    the connection hands an event stream over undecoded (`engines.connection`), the chunk
+    framing is taken off here, in the core, a read at a time."""
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self.content = resp.content
@@ -332,9 +343,51 @@ class _Body:
         )
         conn = resp.connection
         self.transport = conn.transport if conn is not None else None
+        protocol = conn.protocol if conn is not None else None
+        # The connection whose undecoded body this is, until its last chunk is read.
+        self.framed = (
+            protocol
+            if isinstance(protocol, EngineConnection) and protocol.raw_body is self.content
+            else None
+        )
+        self.core = load_backend()
+        self.left = 0  # bytes of the current chunk still to come (its data and CRLF)
+        self.carry = b""  # a size line or trailers not complete in the last read
 
     async def read(self) -> list[bytes]:
         """What arrived since the last call (waiting for something); empty at the end."""
+        while True:
+            chunks = await self._take()
+            framed = self.framed
+            if framed is None:
+                return chunks
+            if not chunks:
+                # aiohttp's parser, still in the body, refuses an end before the last chunk.
+                raise ChunkedBodyError("the body ended before its last chunk")
+            buf = b"".join([self.carry, *chunks]) if self.carry or len(chunks) > 1 else chunks[0]
+            left = self.left
+            body, end, self.left, last = self.core.http_chunks(buf, left)
+            if VERIFY_CHUNKS and load_backend(Backend.PYTHON).http_chunks(buf, left) != (
+                body,
+                end,
+                self.left,
+                last,
+            ):
+                raise ChunkedBodyError(
+                    f"the core's reading of a chunked body is not the reference's "
+                    f"({VERIFY_CHUNKS_ENV} is set)"
+                )
+            self.carry = buf[end:]
+            if last:
+                self.framed = None
+                framed.end_raw_body(self.carry)
+                self.carry = b""
+            if body:
+                return [body]
+            if last:
+                return []
+
+    async def _take(self) -> list[bytes]:
         if not self.fast:
             chunk = await self.content.readany()
             return [chunk] if chunk else []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tokentrail.core.reference.body import BodyIndex, diff_bodies, index_body
 from tokentrail.core.reference.detokenize import Detokenizer
+from tokentrail.core.reference.http_chunks import http_chunks
 from tokentrail.core.reference.linearize import (
     CLEAN,
     FORK,
@@ -51,6 +52,7 @@ __all__ = [
     "TurnStore",
     "common_prefix_len",
     "diff_bodies",
+    "http_chunks",
     "index_body",
     "linearize",
     "number_array",
