@@ -51,7 +51,7 @@ class StreamDecoder:
         self.before = ""
 
     def feed(self, ids: Sequence[int]) -> str:
-        self.ids.extend(int(t) for t in ids)
+        self.ids.extend(map(int, ids))
         end = len(self.ids)
         # End-of-turn tokens at the end may close the turn (`decode_turn` drops them): wait.
         while end > self.read and self.ids[end - 1] in self.tokenizer.end_token_ids:
