@@ -4,6 +4,7 @@ with no token, and the text of a real turn."""
 
 from __future__ import annotations
 
+import pickle
 import random
 
 import numpy as np
@@ -81,6 +82,19 @@ def test_loaded_tokenizers_decode_through_the_table_and_stay_in_step(
     monkeypatch.setattr(detokenize, "decode_slow", lambda tokenizer, ids: "other")
     with pytest.raises(TokenizerError, match="is not tokenizers'"):
         loaded.decode(ids)
+
+
+def test_a_loaded_tokenizer_pickles_after_a_decode_and_its_copy_decodes_alike() -> None:
+    # Worker processes and Ray actors get the tokenizer pickled; the core's table does not
+    # pickle, and the copy makes its own.
+    loaded = load_tokenizer()
+    ids = loaded.encode("héllo <think> wörld")
+    text = loaded.decode(ids)
+    assert loaded._detokenizer is not None
+    copy = pickle.loads(pickle.dumps(loaded))
+    assert copy._detokenizer is None and loaded._detokenizer is not None
+    assert copy.decode(ids) == text and copy._detokenizer is not None
+    assert copy.encode(text) == ids
 
 
 def test_a_decoder_other_than_byte_level_is_decoded_by_tokenizers() -> None:

@@ -138,6 +138,11 @@ class LoadedTokenizer:
         if not self.end_token_ids:
             object.__setattr__(self, "end_token_ids", frozenset({self.eos_token_id}))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The core's table does not pickle: a copy (a worker process, a Ray actor) makes its
+        # own on its first decode.
+        return {**self.__dict__, "_detokenizer": None}
+
     @property
     def vocab_size(self) -> int:
         """Number of token ids, added tokens included."""
