@@ -293,3 +293,25 @@ SSE, CHUNKED = b"Content-Type: text/event-stream", b"Transfer-Encoding: chunked"
 )
 def test_which_heads_are_event_streams(head: bytes, taken: bool) -> None:
     assert is_event_stream(head) is taken
+
+
+def test_the_suites_check_names_a_core_that_reads_a_body_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tokentrail.core.backend import load_backend
+    from tokentrail.engines import streaming
+
+    monkeypatch.setattr(streaming, "VERIFY_CHUNKS", True)
+    monkeypatch.setattr(load_backend("python"), "http_chunks", lambda buf, left: (b"", 0, 0, 0))
+    pieces = [SSE_HEAD, chunk(b"data: 1\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
+
+    async def go() -> None:
+        async with WireServer([pieces]) as url:
+            engine = HTTPEngine(url)
+            try:
+                await engine._request_stream("/generate", {}, {}, 1 << 20, Collect())
+            finally:
+                await engine.close()
+
+    with pytest.raises(EngineError, match="is not the reference's"):
+        asyncio.run(go())

@@ -365,18 +365,7 @@ class _Body:
                 # aiohttp's parser, still in the body, refuses an end before the last chunk.
                 raise ChunkedBodyError("the body ended before its last chunk")
             buf = b"".join([self.carry, *chunks]) if self.carry or len(chunks) > 1 else chunks[0]
-            left = self.left
-            body, end, self.left, last = self.core.http_chunks(buf, left)
-            if VERIFY_CHUNKS and load_backend(Backend.PYTHON).http_chunks(buf, left) != (
-                body,
-                end,
-                self.left,
-                last,
-            ):
-                raise ChunkedBodyError(
-                    f"the core's reading of a chunked body is not the reference's "
-                    f"({VERIFY_CHUNKS_ENV} is set)"
-                )
+            body, end, self.left, last = self._unchunk(buf)
             self.carry = buf[end:]
             if last:
                 self.framed = None
@@ -386,6 +375,16 @@ class _Body:
                 return [body]
             if last:
                 return []
+
+    def _unchunk(self, buf: bytes) -> tuple[bytes, int, int, bool]:
+        """`core.http_chunks` of `buf` from where the last read left off."""
+        got = self.core.http_chunks(buf, self.left)
+        if VERIFY_CHUNKS and load_backend(Backend.PYTHON).http_chunks(buf, self.left) != got:
+            raise ChunkedBodyError(
+                f"the core's reading of a chunked body is not the reference's "
+                f"({VERIFY_CHUNKS_ENV} is set)"
+            )
+        return got
 
     async def _take(self) -> list[bytes]:
         if not self.fast:
