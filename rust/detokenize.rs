@@ -12,9 +12,10 @@
 //! a tokenizer's merges are only needed to encode, and building them is most of loading one.
 use std::collections::HashMap;
 
-use crate::fast::byte_level_decoder;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
+
+use crate::fast::byte_level_decoder;
 
 /// The bytes of every token id of one tokenizer.
 pub struct Detokenizer {

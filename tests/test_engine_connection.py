@@ -197,25 +197,6 @@ def test_anything_but_a_chunked_event_stream_goes_through_aiohttps_parser() -> N
     assert raw == [False, False]
 
 
-def test_an_error_status_is_read_by_aiohttp_and_named() -> None:
-    body = json.dumps({"error": {"message": "bad things"}}).encode()
-    answer = [
-        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/event-stream\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n" + chunk(body) + b"0\r\n\r\n"
-    ]
-
-    async def go() -> None:
-        async with WireServer([answer]) as url:
-            engine = HTTPEngine(url)
-            try:
-                await engine._request_stream("/generate", {}, {}, 1 << 20, Collect())
-            finally:
-                await engine.close()
-
-    with pytest.raises(EngineError, match="bad things"):
-        asyncio.run(go())
-
-
 class Collect:
     """A `RunCapture` that keeps the decoded events."""
 
@@ -224,6 +205,27 @@ class Collect:
 
     def take_run(self, events: Sequence[Event], decode: Callable[[Event], Any]) -> None:
         self.events.extend(decode(e) for e in events)
+
+
+async def stream_through_engine(pieces: list[bytes], capture: Collect) -> None:
+    """The engine client's stream of one answer written as `pieces`, into `capture`."""
+    async with WireServer([pieces]) as url:
+        engine = HTTPEngine(url)
+        try:
+            await engine._request_stream("/generate", {}, {}, 1 << 20, capture)
+        finally:
+            await engine.close()
+
+
+def test_an_error_status_is_read_by_aiohttp_and_named() -> None:
+    body = json.dumps({"error": {"message": "bad things"}}).encode()
+    answer = [
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/event-stream\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + chunk(body) + b"0\r\n\r\n"
+    ]
+
+    with pytest.raises(EngineError, match="bad things"):
+        asyncio.run(stream_through_engine(answer, Collect()))
 
 
 @pytest.mark.parametrize(
@@ -240,16 +242,8 @@ def test_broken_framing_and_a_cut_body_are_the_engines_errors(
 ) -> None:
     capture = Collect()
 
-    async def go() -> None:
-        async with WireServer([pieces]) as url:
-            engine = HTTPEngine(url)
-            try:
-                await engine._request_stream("/generate", {}, {}, 1 << 20, capture)
-            finally:
-                await engine.close()
-
     with pytest.raises(EngineError, match=why):
-        asyncio.run(go())
+        asyncio.run(stream_through_engine(pieces, capture))
     assert capture.events[:1] in ([], [1])  # what came before the fault, if anything
 
 
@@ -305,13 +299,5 @@ def test_the_suites_check_names_a_core_that_reads_a_body_otherwise(
     monkeypatch.setattr(load_backend("python"), "http_chunks", lambda buf, left: (b"", 0, 0, 0))
     pieces = [SSE_HEAD, chunk(b"data: 1\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
 
-    async def go() -> None:
-        async with WireServer([pieces]) as url:
-            engine = HTTPEngine(url)
-            try:
-                await engine._request_stream("/generate", {}, {}, 1 << 20, Collect())
-            finally:
-                await engine.close()
-
     with pytest.raises(EngineError, match="is not the reference's"):
-        asyncio.run(go())
+        asyncio.run(stream_through_engine(pieces, Collect()))

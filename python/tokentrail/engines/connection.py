@@ -117,16 +117,12 @@ def is_event_stream(head: bytes) -> bool:
 
 # What `EngineConnection` takes from aiohttp, looked for once (without them all, the engine
 # client's connections are aiohttp's own; a test holds the installed aiohttp to having them).
-TAKES_OVER = (
-    all(
-        hasattr(ResponseHandler, name)
-        for name in ("_reschedule_timeout", "set_response_params", "data_received")
-    )
-    and all(
-        hasattr(aiohttp.StreamReader, name)
-        for name in ("begin_http_chunk_receiving", "feed_data", "is_eof", "exception")
-    )
-    and hasattr(aiohttp.TCPConnector, "_create_direct_connection")
+TAKES_OVER = all(
+    hasattr(ResponseHandler, name)
+    for name in ("_reschedule_timeout", "set_response_params", "data_received")
+) and all(
+    hasattr(aiohttp.StreamReader, name)
+    for name in ("begin_http_chunk_receiving", "feed_data", "is_eof", "exception")
 )
 
 
