@@ -14,7 +14,6 @@ import asyncio
 import concurrent.futures
 import json
 import shutil
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from transformers import AutoModelForCausalLM
 from support.fake_engines import FakeVLLM
 from support.real_sessions import finished_samples
 from support.serve import serving
-from support.vllm_server import VLLMServer, fields
+from support.vllm_server import VLLMServer, fields, read, until
 from tokentrail.integrations.weights import VLLMWeights
 from tokentrail.kinds import PauseMode
 from tokentrail.model.audit import recompute_samples
@@ -77,19 +76,17 @@ def post(url: str, path: str, body: Any) -> tuple[int, Any]:
 def when_idle(vllm: VLLMServer) -> float:
     """Until the shared server runs and queues nothing (a request an earlier test left behind
     would make `when_sampling` see tokens that are not this turn's); its generated count then."""
-    deadline = time.monotonic() + 120
-    while vllm.metric(RUNNING) + vllm.metric(WAITING) > 0:
-        assert time.monotonic() < deadline, "vLLM stayed busy"
-        time.sleep(0.05)
-    return vllm.metric(GENERATED)
+    until(vllm, lambda: vllm.metric(RUNNING) + vllm.metric(WAITING) == 0, 120, "vLLM stayed busy")
+    return read(vllm, GENERATED)
 
 
 def when_sampling(vllm: VLLMServer, before: float, tokens: int = 24) -> None:
     """Until this turn runs in vLLM and it generated `tokens` more than `before`."""
-    deadline = time.monotonic() + 120
-    while vllm.metric(RUNNING) < 1 or vllm.metric(GENERATED) < before + tokens:
-        assert time.monotonic() < deadline, "vLLM generated nothing"
-        time.sleep(0.01)
+
+    def sampling() -> bool:
+        return vllm.metric(RUNNING) >= 1 and vllm.metric(GENERATED) >= before + tokens
+
+    until(vllm, sampling, 120, "vLLM generated nothing")
 
 
 def test_vllm_answers_an_aborted_turn_with_what_it_sampled_as_the_stand_in_does(
@@ -149,8 +146,8 @@ def test_a_push_with_mode_abort_mid_turn_is_retried_under_the_new_weights(
             return client.chat.completions.create(
                 model="tiny",
                 messages=[{"role": "user", "content": "Tell me about the sea."}],
-                # Long, so the push lands mid-turn: vLLM samples a 600-token turn of this
-                # tiny model in well under a second, before a push could reach it.
+                # Long, so the push lands mid-turn: a 600-token turn of this tiny model
+                # takes vLLM a few seconds here, and can end before a push reaches it.
                 max_tokens=LONG_TURN,
                 temperature=1.0,
                 seed=7,

@@ -17,7 +17,9 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Iterator, Mapping
+import time
+import urllib.error
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from aiohttp import web
 
 from tokentrail.engines.vllm_process import VLLMServer
 
-__all__ = ["VLLMServer", "Exchange", "Recording", "recording", "vllm_python"]
+__all__ = ["VLLMServer", "Exchange", "Recording", "read", "recording", "until", "vllm_python"]
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON_ENV = "TOKENTRAIL_VLLM_PYTHON"
@@ -40,6 +42,41 @@ MAX_MODEL_LEN = 32768
 # A VL model's profiling builds dummy images this large, not the processor's largest (16M
 # pixels, two minutes of preprocessing on two cores); videos are off.
 VL_LIMITS = {"image": {"count": 2, "width": 256, "height": 256}, "video": 0}
+
+
+def until(vllm: VLLMServer, holds: Callable[[], bool], within_s: float, what: str) -> float:
+    """Polls `holds` (which reads vLLM's metrics) until it is true, and returns how long that
+    took; fails naming `what`, with the end of vLLM's log, once `within_s` has passed. A read
+    that times out or is refused counts as not yet: on a busy two-core machine vLLM's server
+    has gone unanswering for over 30 s at a time (a cold page cache in a fresh CI machine),
+    which is not what any test here checks; what a test checks is asserted on the counts."""
+    start = time.monotonic()
+    last: OSError | None = None
+    while True:
+        try:
+            if holds():
+                return time.monotonic() - start
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            last = e
+        if time.monotonic() - start > within_s:
+            seen = "" if last is None else f" (last read: {last!r})"
+            raise AssertionError(
+                f"{what} in {within_s:g} s{seen}; vLLM's log ends:\n{vllm.log_tail(2000)}"
+            )
+        time.sleep(0.02)
+
+
+def read(vllm: VLLMServer, name: str, within_s: float = 120.0) -> float:
+    """vLLM's metric `name`, read again while a read times out (as `until` does)."""
+    value = 0.0
+
+    def got() -> bool:
+        nonlocal value
+        value = vllm.metric(name)
+        return True
+
+    until(vllm, got, within_s, f"{name} could not be read")
+    return value
 
 
 def vllm_python() -> Path | None:
