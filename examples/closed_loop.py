@@ -317,8 +317,19 @@ def tokentrail_serve(engine: str, model_dir: Path) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def generated_tokens(sync: WeightSync) -> float:
-    return metric_sum(sync.url, sync.generated_metric)
+async def generated_tokens(sync: WeightSync, within_s: float = 120.0) -> float:
+    """The tokens the engine has generated, from its `/metrics`, read off the event loop (the
+    step's sessions go on meanwhile). A read that times out or is refused is made again until
+    `within_s` has passed: a busy engine on two cores can leave `/metrics` unanswered for tens
+    of seconds."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return await asyncio.to_thread(metric_sum, sync.url, sync.generated_metric)
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def rollouts(url: str, cfg: Config, arm: str, step: int) -> list[tuple[str, int, float]]:
@@ -340,7 +351,10 @@ async def push_while_in_flight(sync: WeightSync, version: str, cfg: Config, befo
     tokens), so turns are in flight across the update."""
     wanted = before + cfg.prompts * cfg.group * 2
     deadline = time.monotonic() + 60
-    while generated_tokens(sync) < wanted and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if await generated_tokens(sync, within_s=deadline - time.monotonic()) >= wanted:
+                break
         await asyncio.sleep(0.01)
     await asyncio.to_thread(sync.push, version, PauseMode(cfg.pause_mode))
 
@@ -359,9 +373,8 @@ async def run_arm(
         if trainer is not None and step > 0:
             sync.stage(trainer, arm, step)
             version = step
-            push = asyncio.ensure_future(
-                push_while_in_flight(sync, str(version), cfg, generated_tokens(sync))
-            )
+            before = await generated_tokens(sync)
+            push = asyncio.ensure_future(push_while_in_flight(sync, str(version), cfg, before))
         sessions = await rollouts(url, cfg, arm, step)
         if push is not None:
             await push

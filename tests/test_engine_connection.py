@@ -6,20 +6,25 @@ On generated streams (events split across chunks and several in one, trailers, t
 into reads anywhere, the head alone or with the body in one read): the same events as through
 aiohttp's parser, and the connection goes back to the pool. Anything but a `200` chunked event
 stream with no content coding goes through aiohttp's parser untouched; broken framing and a
-connection cut mid-body are named errors of the engine.
+connection cut mid-body are named errors of the engine. No turn goes out on a connection the
+engine is closing: idle ones are let go before uvicorn's keep-alive closes them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import random
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -301,3 +306,81 @@ def test_the_suites_check_names_a_core_that_reads_a_body_otherwise(
 
     with pytest.raises(EngineError, match="is not the reference's"):
         asyncio.run(stream_through_engine(pieces, Collect()))
+
+
+# --- keep-alive ----------------------------------------------------------------------------
+
+# uvicorn's default keep-alive, which vLLM and SGLang serve with: an idle connection is closed
+# this long after its last answer.
+SERVER_KEEPALIVE_S = 5.0
+
+
+@contextlib.contextmanager
+def closing_idle_connections() -> Iterator[str]:
+    """A server in a thread of its own (its closes go out while the test's loop is busy) that
+    answers `POST /g` and closes a connection `SERVER_KEEPALIVE_S` after its last answer."""
+    loop = asyncio.new_event_loop()
+    started: dict[str, Any] = {}
+    ready = threading.Event()
+
+    async def answer(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def start() -> None:
+        app = web.Application()
+        app.router.add_post("/g", answer)
+        runner = web.AppRunner(app, keepalive_timeout=SERVER_KEEPALIVE_S, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        started["runner"] = runner
+        started["url"] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    try:
+        yield started["url"]
+    finally:
+        asyncio.run_coroutine_threadsafe(started["runner"].cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+
+
+@pytest.mark.parametrize("client", ["engine", "aiohttp-default"])
+def test_no_request_goes_out_on_a_connection_the_engine_is_closing(client: str) -> None:
+    """A turn after an idle spell just over the server's keep-alive, the loop busy (other
+    turns) while the server's close arrives: the engine client has let the connection go and
+    opens a new one; aiohttp's default connector (15 s) sends the turn on the closed one, and
+    it fails, as a turn did in a closed RL loop against vLLM."""
+
+    async def go(url: str) -> Any:
+        if client == "engine":
+            engine = HTTPEngine(url)
+            try:
+                await engine._request_json("POST", "/g", {})
+                await asyncio.sleep(SERVER_KEEPALIVE_S - 1.0)
+                time.sleep(1.5)  # the server closes the connection meanwhile, unread here
+                return await engine._request_json("POST", "/g", {})
+            finally:
+                await engine.close()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/g", json={}) as resp:
+                await resp.read()
+            await asyncio.sleep(SERVER_KEEPALIVE_S - 1.0)
+            time.sleep(1.5)
+            async with http.post(f"{url}/g", json={}) as resp:
+                return await resp.json()
+
+    assert connection.ENGINE_KEEPALIVE_S < SERVER_KEEPALIVE_S
+    with closing_idle_connections() as url:
+        if client == "engine":
+            assert asyncio.run(go(url)) == {"ok": True}
+        else:
+            with pytest.raises(aiohttp.ClientError):
+                asyncio.run(go(url))

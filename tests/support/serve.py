@@ -14,6 +14,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -96,18 +97,25 @@ def serving(script: Path, *extra_args: str, engine: str | None = None) -> Iterat
     teacher-forced on the script)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tokentrail", "serve", "--port", str(port),
-         "--engine", engine or f"scripted:{script}", "--admin-token", ADMIN_TOKEN,
-         "--verify-resume", *extra_args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        wait_healthy(url, proc)
-        yield Served(url, proc)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    # Its output goes to a file: a pipe nobody reads stops the server once it holds 64 KB.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tokentrail", "serve", "--port", str(port),
+             "--engine", engine or f"scripted:{script}", "--admin-token", ADMIN_TOKEN,
+             "--verify-resume", *extra_args],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            try:
+                wait_healthy(url, proc)
+            except (RuntimeError, TimeoutError) as e:
+                log.seek(0)
+                tail = log.read()[-4000:].decode(errors="replace")
+                raise type(e)(f"{e}; its output ends:\n{tail}") from None
+            yield Served(url, proc)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 @contextmanager

@@ -10,6 +10,13 @@ coding; any other goes through aiohttp's parser as before. aiohttp still reads t
 handed the last chunk once the reader has found it, so the response ends and the connection
 goes back to the pool as it would have; a connection lost mid-body fails the reader as it
 always has (aiohttp's parser, still in the body, finds it incomplete).
+
+An idle connection is reused for `ENGINE_KEEPALIVE_S` at most, under the 5 s after which
+uvicorn (vLLM's and SGLang's server, at its default) closes one: aiohttp's own 15 s let a
+request go out on a connection the engine had just closed, whose close the loop, busy with
+other turns, had not read yet, and the turn failed (`Connection reset by peer`, `Server
+disconnected`: a 502 to the harness) after an idle spell of about 5 s, as between an agent's
+turns while a tool runs.
 """
 
 from __future__ import annotations
@@ -21,8 +28,11 @@ from typing import Any
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-__all__ = ["EngineConnection", "engine_connector"]
+__all__ = ["ENGINE_KEEPALIVE_S", "EngineConnection", "engine_connector"]
 
+# How long an idle connection to the engine is kept for reuse: under uvicorn's default
+# keep-alive (5 s), after which the engine closes it.
+ENGINE_KEEPALIVE_S = 4.0
 # A response head longer than this is left to aiohttp (which refuses it).
 MAX_HEAD_BYTES = 64 * 1024
 HEAD_END = b"\r\n\r\n"
@@ -128,8 +138,8 @@ TAKES_OVER = all(
 
 def engine_connector() -> aiohttp.TCPConnector:
     """A connector whose connections are `EngineConnection`s (aiohttp's own where the installed
-    aiohttp is not the one this was written against)."""
-    connector = aiohttp.TCPConnector()
+    aiohttp is not the one this was written against), idle ones kept `ENGINE_KEEPALIVE_S`."""
+    connector = aiohttp.TCPConnector(keepalive_timeout=ENGINE_KEEPALIVE_S)
     if TAKES_OVER and hasattr(connector, "_factory"):
         connector._factory = functools.partial(_connection, asyncio.get_running_loop())
     return connector
