@@ -47,9 +47,9 @@ VL_LIMITS = {"image": {"count": 2, "width": 256, "height": 256}, "video": 0}
 def until(vllm: VLLMServer, holds: Callable[[], bool], within_s: float, what: str) -> float:
     """Polls `holds` (which reads vLLM's metrics) until it is true, and returns how long that
     took; fails naming `what`, with the end of vLLM's log, once `within_s` has passed. A read
-    that times out or is refused counts as not yet: on a busy two-core machine vLLM's server
-    has gone unanswering for over 30 s at a time (a cold page cache in a fresh CI machine),
-    which is not what any test here checks; what a test checks is asserted on the counts."""
+    that times out or is refused counts as not yet: in one CI run on two cores, vLLM's server
+    left a read unanswered for 30 s, which is not what any test here checks; what a test
+    checks is asserted on the counts."""
     start = time.monotonic()
     last: OSError | None = None
     while True:
