@@ -13,13 +13,11 @@ engine is closing: idle ones are let go before uvicorn's keep-alive closes them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import json
 import random
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -28,6 +26,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.engine_thread import engine_in_thread
 from tokentrail.engines import connection
 from tokentrail.engines.connection import EngineConnection, engine_connector, is_event_stream
 from tokentrail.engines.http import HTTPEngine
@@ -315,41 +314,27 @@ def test_the_suites_check_names_a_core_that_reads_a_body_otherwise(
 SERVER_KEEPALIVE_S = 5.0
 
 
-@contextlib.contextmanager
-def closing_idle_connections() -> Iterator[str]:
-    """A server in a thread of its own (its closes go out while the test's loop is busy) that
-    answers `POST /g` and closes a connection `SERVER_KEEPALIVE_S` after its last answer."""
-    loop = asyncio.new_event_loop()
-    started: dict[str, Any] = {}
-    ready = threading.Event()
+class ClosingIdleConnections:
+    """A server that answers `POST /g` and closes a connection `SERVER_KEEPALIVE_S` after its
+    last answer; run in a thread of its own (`engine_in_thread`), so that its closes go out
+    while the test's loop is busy."""
 
-    async def answer(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
+    url = ""
 
-    async def start() -> None:
+    async def __aenter__(self) -> ClosingIdleConnections:
+        async def answer(_: web.Request) -> web.Response:
+            return web.json_response({"ok": True})
+
         app = web.Application()
         app.router.add_post("/g", answer)
-        runner = web.AppRunner(app, keepalive_timeout=SERVER_KEEPALIVE_S, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        started["runner"] = runner
-        started["url"] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        self.runner = web.AppRunner(app, keepalive_timeout=SERVER_KEEPALIVE_S, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        return self
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    try:
-        yield started["url"]
-    finally:
-        asyncio.run_coroutine_threadsafe(started["runner"].cleanup(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runner.cleanup()
 
 
 @pytest.mark.parametrize("client", ["engine", "aiohttp-default"])
@@ -360,27 +345,27 @@ def test_no_request_goes_out_on_a_connection_the_engine_is_closing(client: str) 
     it fails, as a turn did in a closed RL loop against vLLM."""
 
     async def go(url: str) -> Any:
-        if client == "engine":
-            engine = HTTPEngine(url)
+        engine = HTTPEngine(url)
+        async with aiohttp.ClientSession() as http:
+
+            async def turn() -> Any:
+                if client == "engine":
+                    return await engine._request_json("POST", "/g", {})
+                async with http.post(f"{url}/g", json={}) as resp:
+                    return await resp.json()
+
             try:
-                await engine._request_json("POST", "/g", {})
+                await turn()
                 await asyncio.sleep(SERVER_KEEPALIVE_S - 1.0)
                 time.sleep(1.5)  # the server closes the connection meanwhile, unread here
-                return await engine._request_json("POST", "/g", {})
+                return await turn()
             finally:
                 await engine.close()
-        async with aiohttp.ClientSession() as http:
-            async with http.post(f"{url}/g", json={}) as resp:
-                await resp.read()
-            await asyncio.sleep(SERVER_KEEPALIVE_S - 1.0)
-            time.sleep(1.5)
-            async with http.post(f"{url}/g", json={}) as resp:
-                return await resp.json()
 
     assert connection.ENGINE_KEEPALIVE_S < SERVER_KEEPALIVE_S
-    with closing_idle_connections() as url:
+    with engine_in_thread(ClosingIdleConnections()) as server:
         if client == "engine":
-            assert asyncio.run(go(url)) == {"ok": True}
+            assert asyncio.run(go(server.url)) == {"ok": True}
         else:
             with pytest.raises(aiohttp.ClientError):
-                asyncio.run(go(url))
+                asyncio.run(go(server.url))
