@@ -3,7 +3,7 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::convert::{counts_dict, logprob_vec, token_ids, turn, Logprobs, TurnArg};
+use super::convert::{counts_dict, held_ids, logprob_vec, token_ids, turn, Logprobs, TurnArg};
 use super::detached;
 use super::records::{built_sample, linearized, PyBuiltSample, PyDrift, PyLinearized, PySpan};
 use crate::builder::SampleBuilder;
@@ -107,8 +107,9 @@ impl PySampleBuilder {
 /// Length of the longest common prefix of two token sequences.
 #[pyfunction]
 pub(super) fn common_prefix_len(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let (a, b) = (token_ids(a, "a")?, token_ids(b, "b")?);
-    Ok(prefix::common_prefix_len(&a, &b))
+    // Read in place: a uint32 array is not copied (a prompt's are compared every turn).
+    let (a, b) = (held_ids(a, "a")?, held_ids(b, "b")?);
+    Ok(prefix::common_prefix_len(a.as_slice(), b.as_slice()))
 }
 
 /// Linearize chains of turns into samples.
