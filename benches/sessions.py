@@ -85,9 +85,11 @@ async def _record(
     try:
         tools, _ = claude_code_tools()
         spec = SessionSpec(seed=seed, steps=turns - 1, context_tokens=context, answer_words=40)
-        await HarnessSim(url, "bench", behaviour=Behaviour(), spec=spec, tools=tools).run(
-            "Refactor the modules and keep the tests green."
+        # The harness stops at 256 requests by default; a longer session asks for its turns.
+        sim = HarnessSim(
+            url, "bench", behaviour=Behaviour(), spec=spec, tools=tools, max_requests=max(256, turns)
         )
+        await sim.run("Refactor the modules and keep the tests green.")
     finally:
         await runner.cleanup()
     assert len(bodies) == len(engine.outputs), "every request was answered once"
@@ -100,7 +102,8 @@ async def _record(
 def record_session(
     tokenizer: LoadedTokenizer, turns: int, context: int, seed: int = 7
 ) -> list[RecordedTurn]:
-    """A session of `turns` requests growing to about `context` prompt tokens."""
+    """A session of `turns` requests growing to about `context` prompt tokens (each turn's
+    tool result about `2 * context / turns` characters)."""
     return asyncio.run(_record(tokenizer, turns, context, seed))
 
 
