@@ -87,7 +87,12 @@ async def _record(
         spec = SessionSpec(seed=seed, steps=turns - 1, context_tokens=context, answer_words=40)
         # The harness stops at 256 requests by default; a longer session asks for its turns.
         sim = HarnessSim(
-            url, "bench", behaviour=Behaviour(), spec=spec, tools=tools, max_requests=max(256, turns)
+            url,
+            "bench",
+            behaviour=Behaviour(),
+            spec=spec,
+            tools=tools,
+            max_requests=max(256, turns),
         )
         await sim.run("Refactor the modules and keep the tests green.")
     finally:

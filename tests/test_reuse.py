@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from hypothesis import given
@@ -443,3 +444,50 @@ def test_a_session_keeps_one_tool_list_while_the_harness_sends_the_same_one() ->
     tools = asyncio.run(play())
     assert len(tools) >= 6 and tools[0]
     assert all(t is tools[0] for t in tools)
+
+
+def test_a_tool_list_is_checked_until_a_request_carrying_it_is_accepted() -> None:
+    """The field check skips a tool list that kept its bytes since the session's previous
+    request; the memo only holds accepted requests, so a bad list is refused every time."""
+    from tokentrail.text.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    adapter = Adapter(engine=SimulatedEngine(tokenizer), tokenizer=tokenizer)
+    good_tools = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
+    bad_tools = [{**good_tools[0], "name": 5}]
+
+    def body(tools: list[dict[str, Any]]) -> bytes:
+        messages = [{"role": "user", "content": "Fix the bug."}]
+        return json.dumps(
+            {"model": "m", "max_tokens": 16, "messages": messages, "tools": tools}
+        ).encode()
+
+    async def play() -> list[tuple[int, str]]:
+        runner, url = await start_server(adapter)
+        statuses = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                for sid, tools in [
+                    ("a", good_tools),
+                    ("a", bad_tools),
+                    ("a", bad_tools),
+                    ("a", good_tools),
+                    ("a", good_tools),  # kept: not checked again
+                    ("b", bad_tools),
+                    ("b", bad_tools),
+                ]:
+                    headers = {"x-api-key": sid, "Content-Type": "application/json"}
+                    async with http.post(
+                        url + "/v1/messages", data=body(tools), headers=headers
+                    ) as resp:
+                        payload = await resp.json()
+                        message = payload.get("error", {}).get("message", "")
+                        statuses.append((resp.status, message))
+        finally:
+            await runner.cleanup()
+        return statuses
+
+    statuses = asyncio.run(play())
+    assert [s for s, _ in statuses] == [200, 400, 400, 200, 200, 400, 400]
+    assert all("tools[0].name" in m for s, m in statuses if s == 400)
+    assert adapter.sessions.memo.get("a") is not None and adapter.sessions.memo.get("b") is None
