@@ -115,7 +115,8 @@ def test_real_codex_over_a_streaming_engine(
     codex_exe: Path, tokenizer, tmp_path: Path, wire: str
 ) -> None:
     """The first process above with the engine streamed (`--engine-stream`) from a stand-in
-    that waits 1 s before each first token and streams two tokens an event, 10 ms apart: the
+    that waits 1 s before each first token and streams two tokens an event, 30 ms apart (at 10
+    ms, a loaded machine once took a whole short reply in two of the proxy's reads): the
     Responses stream keeps Codex waiting with keepalives (0.3 s), then its reasoning, text and
     tool-call deltas reach Codex as they are sampled, read apart before `response.completed`
     (a proxy between the two records what arrived when); Codex takes every reply without a
@@ -126,7 +127,7 @@ def test_real_codex_over_a_streaming_engine(
     (work / "test_calc.py").write_text(TEST)
     fake_cls = FakeSGLang if wire == "sglang" else FakeVLLM
     fake = fake_cls(
-        scripted_reply(SCRIPT), first_token_s=1.0, tokens_per_event=2, token_delay_s=0.01
+        scripted_reply(SCRIPT), first_token_s=1.0, tokens_per_event=2, token_delay_s=0.03
     )
     with engine_in_thread(fake) as stand_in:
         client = (SGLangEngine if wire == "sglang" else VLLMEngine)(stand_in.url, stream=True)
