@@ -7,10 +7,9 @@ prepare and record, as `sessions.replay_in_process`), with or without `journal_t
 adapter journals before a reply leaves: the turn's new messages and ids, SQLite in WAL mode).
 Time is process CPU (what a loaded machine's preemptions do not inflate), per turn over the
 second half of the session; every session is replayed off then on once a round, round after
-round (`--repeats` rounds), medians. Beside
-them: "on-off", the difference of those medians; "journal ms", `journal_turn` alone, timed
-around its call (the same medians); the bytes of a turn's event over that half (payload and
-ids, median).
+round (`--repeats` rounds), medians. Beside them: "on-off", the difference of those medians;
+"journal ms", `journal_turn` alone, timed around its call (the same medians); the bytes of a
+turn's event over that half (payload and ids, median).
 
 Two sets of sessions: `--turns` turns to each context, so that a turn adds more at a larger
 context (its tool result is padded to reach it); and sessions whose history grows while every

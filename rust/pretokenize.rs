@@ -33,12 +33,11 @@ const TRAILING_SPACE: &str = r"|\s+(?!\S)|\s+";
 /// quirk above); a piece with a longer run is split by fancy-regex.
 const LONG_RUN: usize = 1 << 16;
 
-/// One split's regex.
-enum Split {
-    /// Run by fancy-regex, as `tokenizers` runs it.
-    Fancy(Regex),
-    /// `EARLIER|\s+(?!\S)|\s+` with nothing fancy in `EARLIER`, run on the automata.
-    Trailing(Box<TrailingSpace>),
+/// One split's regex, as fancy-regex runs it (what `tokenizers` runs), and on the automata
+/// when it has the shape `TrailingSpace` takes.
+struct Split {
+    fancy: Regex,
+    automata: Option<Box<TrailingSpace>>,
 }
 
 /// A split `EARLIER|\s+(?!\S)|\s+` whose `EARLIER` branches need no backtracking.
@@ -48,8 +47,6 @@ struct TrailingSpace {
     /// `EARLIER` alone, asked where `any` matched a run of whitespace: whether the run is
     /// its last branch's.
     earlier: meta::Regex,
-    /// The split itself, for a piece with a whitespace run longer than `LONG_RUN`.
-    fancy: Regex,
 }
 
 impl TrailingSpace {
@@ -66,7 +63,6 @@ impl TrailingSpace {
         Some(TrailingSpace {
             any: meta::Regex::new(&format!(r"{earlier}|\s+")).ok()?,
             earlier: meta::Regex::new(earlier).ok()?,
-            fancy: Regex::new(pattern).ok()?,
         })
     }
 
@@ -77,15 +73,19 @@ impl TrailingSpace {
         while let Some(m) = self.any.search(&Input::new(text).range(at..)) {
             let (start, mut end) = (m.start(), m.end());
             let run = &text[start..end];
-            let after = text[end..].chars().next();
+            let long = run.len() > LONG_RUN;
             // A run of whitespace followed by more than whitespace: the last branches' (unless
             // an earlier branch matched it) leave its last character to what follows, when it
             // has more than one. A run ending the text is theirs whole.
-            let give_back = after.is_some_and(|c| !c.is_whitespace())
-                && run.chars().nth(1).is_some()
-                && run.chars().all(char::is_whitespace);
-            let long = run.len() > LONG_RUN && run.chars().all(char::is_whitespace);
-            if (give_back || long) && !self.earlier_matches_at(text, start) {
+            let gives_back = text[end..]
+                .chars()
+                .next()
+                .is_some_and(|c| !c.is_whitespace())
+                && run.chars().nth(1).is_some();
+            if (gives_back || long)
+                && run.chars().all(char::is_whitespace)
+                && !self.earlier_matches_at(text, start)
+            {
                 if long {
                     return None;
                 }
@@ -108,30 +108,22 @@ impl Split {
         // Built as `tokenizers` builds it first: a pattern it refuses is refused here.
         let fancy =
             Regex::new(pattern).map_err(|err| format!("its split regex does not build: {err}"))?;
-        Ok(match TrailingSpace::new(pattern) {
-            Some(trailing) => Split::Trailing(Box::new(trailing)),
-            None => Split::Fancy(fancy),
-        })
+        let automata = TrailingSpace::new(pattern).map(Box::new);
+        Ok(Split { fancy, automata })
     }
 
     /// The matches of the split in `text`, in order (up to fancy-regex's failure, if any).
     fn matches(&self, text: &str, found: &mut Vec<Range<usize>>) {
-        match self {
-            Split::Fancy(regex) => fancy_matches(regex, text, found),
-            Split::Trailing(trailing) => {
-                if trailing.matches(text, found).is_none() {
-                    found.clear();
-                    fancy_matches(&trailing.fancy, text, found);
-                }
+        if let Some(automata) = &self.automata {
+            if automata.matches(text, found).is_some() {
+                return;
             }
+            found.clear();
         }
-    }
-}
-
-fn fancy_matches(regex: &Regex, text: &str, found: &mut Vec<Range<usize>>) {
-    for m in regex.find_iter(text) {
-        let Ok(m) = m else { break };
-        found.push(m.start()..m.end());
+        for m in self.fancy.find_iter(text) {
+            let Ok(m) = m else { break };
+            found.push(m.start()..m.end());
+        }
     }
 }
 
@@ -153,9 +145,10 @@ impl Splitter {
     /// The splits of `patterns` all run by fancy-regex: what `tokenizers` runs.
     #[cfg(test)]
     fn fancy_only<'a>(patterns: impl IntoIterator<Item = &'a str>) -> Self {
-        let splits = patterns
-            .into_iter()
-            .map(|p| Split::Fancy(Regex::new(p).unwrap()));
+        let splits = patterns.into_iter().map(|p| Split {
+            fancy: Regex::new(p).unwrap(),
+            automata: None,
+        });
         Splitter {
             splits: splits.collect(),
         }
@@ -339,7 +332,7 @@ mod tests {
             let trailing: Vec<bool> = splitter
                 .splits
                 .iter()
-                .map(|s| matches!(s, super::Split::Trailing(_)))
+                .map(|s| s.automata.is_some())
                 .collect();
             let expected: Vec<bool> = chain.iter().map(|p| p.ends_with(TRAILING_SPACE)).collect();
             assert_eq!(trailing, expected, "{chain:?}");

@@ -122,7 +122,7 @@ class RequestReader:
         # A tools list that kept its bytes passed these checks with the session's previous
         # request (the memo holds a request only once it is accepted): not checked again.
         fields = (
-            {k: v for k, v in body.items() if k != "tools"} if parsed.unchanged(_TOOLS) else body
+            {k: v for k, v in body.items() if k not in _TOOLS} if parsed.unchanged(_TOOLS) else body
         )
         self.noted(proto.check_fields(fields, defaults=defaults))
         translated = self.translator.resumed(proto, parsed, sid)
